@@ -1,0 +1,20 @@
+"""Shared pieces of bge-triton-kit: the exception tree and small helpers used by every stage."""
+from kit.errors import (
+    ExportError,
+    InputError,
+    KitError,
+    ModelConfigError,
+    Overloaded,
+    ServerNotReady,
+    ServerUnavailable,
+)
+
+__all__ = [
+    "KitError",
+    "ExportError",
+    "ModelConfigError",
+    "ServerNotReady",
+    "ServerUnavailable",
+    "Overloaded",
+    "InputError",
+]

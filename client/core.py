@@ -1,0 +1,227 @@
+"""The sans-I/O core shared by the sync and async clients: settings, request building,
+response decoding, error mapping and the check of the server's model config.
+
+Nothing here opens a socket; the transports (client/transport.py) do the I/O and call in here.
+"""
+from __future__ import annotations
+
+import dataclasses
+from types import ModuleType
+from typing import Any, Sequence
+
+import numpy as np
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from client.errors import InputError, KitError, ModelConfigError, classify
+from client.retry import RetryPolicy
+
+__all__ = [
+    "BGE_QUERY_INSTRUCTION",
+    "DEFAULT_BUCKETS",
+    "ClientSettings",
+    "InferCall",
+    "ModelSpec",
+    "build_inputs",
+    "build_outputs",
+    "chunk_slices",
+    "classify",
+    "config_from_json",
+    "decode_embeddings",
+    "prepare_texts",
+    "text_call",
+    "tensor_call",
+    "validate_model_config",
+]
+
+BGE_QUERY_INSTRUCTION = "为这个句子生成表示以用于检索相关文章："
+DEFAULT_BUCKETS: tuple[int, ...] = (32, 64, 128, 256, 512)
+TEXT_INPUT, IDS_INPUT, MASK_INPUT, OUTPUT = "text", "input_ids", "attention_mask", "embedding"
+_DTYPE = {mc.TYPE_STRING: "TYPE_STRING", mc.TYPE_INT64: "TYPE_INT64", mc.TYPE_FP32: "TYPE_FP32"}
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientSettings:
+    """Everything a client needs, built once from arguments or CLI flags and passed down."""
+
+    url: str | None = None
+    model: str = "bge_large_zh"
+    protocol: str = "grpc"
+    mode: str = "text"
+    timeout_s: float = 10.0
+    retry: RetryPolicy = dataclasses.field(default_factory=RetryPolicy)
+    tokenizer: str | None = None
+    buckets: tuple[int, ...] = DEFAULT_BUCKETS
+    max_length: int | None = None
+    truncate: bool = True
+    query_instruction: str | None = BGE_QUERY_INSTRUCTION
+    expected_dim: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.protocol not in ("grpc", "http"):
+            raise InputError(f"protocol={self.protocol!r}: use 'grpc' (default) or 'http'")
+        if self.mode not in ("text", "tensor"):
+            raise InputError(f"mode={self.mode!r}: use 'text' (server tokenizes) or 'tensor'")
+        if self.mode == "tensor" and not self.tokenizer:
+            raise InputError("mode='tensor' needs tokenizer=<dir with tokenizer.json or hub id>, "
+                             "e.g. the exporter's MODEL_REPOSITORY/<model>/1/tokenizer")
+        if self.timeout_s <= 0:
+            raise InputError(f"timeout_s={self.timeout_s}: must be > 0 seconds")
+        if not self.buckets or any(int(b) <= 0 for b in self.buckets):
+            raise InputError(f"buckets={self.buckets!r}: give positive token lengths, e.g. (32, 64, 128)")
+        object.__setattr__(self, "buckets", tuple(sorted({int(b) for b in self.buckets})))
+        if self.url is None:
+            object.__setattr__(self, "url", "127.0.0.1:8001" if self.protocol == "grpc" else "127.0.0.1:8000")
+        if self.url.startswith(("http://", "https://", "grpc://")):
+            raise InputError(f"url={self.url!r}: give host:port without a scheme, e.g. 127.0.0.1:8001")
+
+    @property
+    def target_model(self) -> str:
+        """The Triton model the client calls: NAME (text mode) or NAME_onnx (tensor mode)."""
+        return self.model if self.mode == "text" else f"{self.model}_onnx"
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """What the client learned from the server's model config at connect."""
+
+    name: str
+    mode: str
+    dim: int
+    max_batch_size: int
+    parameters: dict[str, str]
+
+    @property
+    def max_length(self) -> int | None:
+        """The text endpoint's token limit (config parameter `max_length`), if it declares one."""
+        value = self.parameters.get("max_length", "")
+        return int(value) if value.isdigit() else None
+
+
+@dataclasses.dataclass(frozen=True)
+class InferCall:
+    """One inference request, protocol-neutral: model, named numpy inputs, request parameters."""
+
+    model: str
+    inputs: tuple[tuple[str, str, np.ndarray], ...]  # (name, Triton datatype, array)
+    parameters: dict[str, Any]
+    rows: int
+
+
+def config_from_json(payload: dict[str, Any]) -> mc.ModelConfig:
+    """Parse the HTTP endpoint's JSON model config with Triton's own protobuf schema."""
+    payload = payload.get("config", payload)
+    try:
+        return json_format.ParseDict(payload, mc.ModelConfig(), ignore_unknown_fields=True)
+    except json_format.ParseError as exc:
+        raise ModelConfigError(f"server returned a model config the schema cannot parse: {exc}") from exc
+
+
+def _describe(io: Any) -> str:
+    return f"'{io.name}' {_DTYPE.get(io.data_type, mc.DataType.Name(io.data_type))} dims {list(io.dims)}"
+
+
+def _expect_io(config: mc.ModelConfig, kind: str, name: str, dtype: int, dims: list[int] | None) -> Any:
+    """Find input/output `name` and check its type and dims; returns the tensor config."""
+    tensors = {t.name: t for t in getattr(config, kind)}
+    want = f"'{name}' {_DTYPE[dtype]} dims {dims if dims is not None else '[DIM]'}"
+    fix = ("Re-export with `python -m export` (contract: docs/architecture.md) "
+           "or choose the matching mode= / model=.")
+    if name not in tensors:
+        have = ", ".join(_describe(t) for t in tensors.values()) or "none"
+        raise ModelConfigError(f"model '{config.name}' has no {kind} {want}; it has {have}. {fix}")
+    tensor = tensors[name]
+    if tensor.data_type != dtype or (dims is not None and list(tensor.dims) != dims):
+        raise ModelConfigError(f"model '{config.name}' {kind} is {_describe(tensor)}, "
+                               f"the client sends/reads {want}. {fix}")
+    return tensor
+
+
+def validate_model_config(config: mc.ModelConfig, settings: ClientSettings) -> ModelSpec:
+    """Check the server's config against what the client will send; raise ModelConfigError naming the fix."""
+    if config.name and config.name != settings.target_model:
+        raise ModelConfigError(f"asked for model '{settings.target_model}', the server answered with "
+                               f"'{config.name}'; check model=")
+    if config.max_batch_size < 1:
+        raise ModelConfigError(f"model '{config.name}' has max_batch_size {config.max_batch_size}; the client "
+                               "sends [n, ...] batches: set max_batch_size >= 1 in its config.pbtxt")
+    if settings.mode == "text":
+        _expect_io(config, "input", TEXT_INPUT, mc.TYPE_STRING, [1])
+    else:
+        _expect_io(config, "input", IDS_INPUT, mc.TYPE_INT64, [-1])
+        _expect_io(config, "input", MASK_INPUT, mc.TYPE_INT64, [-1])
+    out = _expect_io(config, "output", OUTPUT, mc.TYPE_FP32, None)
+    if len(out.dims) != 1 or out.dims[0] < 1:
+        raise ModelConfigError(f"model '{config.name}' output {_describe(out)}: expected one fixed "
+                               "dimension [DIM] (pooled embedding). Re-export the model.")
+    dim = int(out.dims[0])
+    if settings.expected_dim is not None and dim != settings.expected_dim:
+        raise ModelConfigError(f"model '{config.name}' returns {dim}-dim embeddings, the caller expects "
+                               f"{settings.expected_dim} (expected_dim=); point model= at the right model")
+    params = {k: v.string_value for k, v in config.parameters.items()}
+    return ModelSpec(config.name or settings.target_model, settings.mode, dim, int(config.max_batch_size), params)
+
+
+def prepare_texts(texts: Sequence[str] | str, instruction: str | None = None) -> list[str]:
+    """Validate the caller's texts (a list of non-empty str) and prepend the query instruction."""
+    if isinstance(texts, str):
+        raise InputError("texts must be a list of strings, got one str; wrap it: [text]")
+    out = []
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise InputError(f"texts[{i}] is {type(text).__name__}, not str; pass decoded strings")
+        if not text.strip():
+            raise InputError(f"texts[{i}] is empty or whitespace; drop empty texts before embedding")
+        out.append(instruction + text if instruction else text)
+    return out
+
+
+def chunk_slices(n: int, max_batch: int) -> list[slice]:
+    """Split n rows into consecutive slices of at most max_batch (the server's max_batch_size)."""
+    return [slice(i, min(i + max_batch, n)) for i in range(0, n, max_batch)]
+
+
+def text_call(model: str, texts: Sequence[str], truncate: bool) -> InferCall:
+    """Text mode: BYTES [n, 1] utf-8 strings to the text endpoint, with the `truncate` parameter."""
+    arr = np.array([t.encode("utf-8") for t in texts], dtype=np.object_).reshape(-1, 1)
+    return InferCall(model, ((TEXT_INPUT, "BYTES", arr),), {"truncate": bool(truncate)}, len(texts))
+
+
+def tensor_call(model: str, input_ids: np.ndarray, attention_mask: np.ndarray) -> InferCall:
+    """Tensor mode: padded INT64 [n, L] ids and mask to the encoder."""
+    ids = np.ascontiguousarray(input_ids, dtype=np.int64)
+    mask = np.ascontiguousarray(attention_mask, dtype=np.int64)
+    return InferCall(model, ((IDS_INPUT, "INT64", ids), (MASK_INPUT, "INT64", mask)), {}, ids.shape[0])
+
+
+def build_inputs(module: ModuleType, call: InferCall) -> list[Any]:
+    """Turn an InferCall into tritonclient InferInput objects of `module` (tritonclient.grpc or .http)."""
+    is_http = module.__name__.startswith("tritonclient.http")
+    inputs = []
+    for name, dtype, arr in call.inputs:
+        tensor = module.InferInput(name, list(arr.shape), dtype)
+        if is_http:
+            tensor.set_data_from_numpy(arr, binary_data=True)
+        else:
+            tensor.set_data_from_numpy(arr)
+        inputs.append(tensor)
+    return inputs
+
+
+def build_outputs(module: ModuleType) -> list[Any]:
+    """Ask for the `embedding` output (binary over HTTP)."""
+    if module.__name__.startswith("tritonclient.http"):
+        return [module.InferRequestedOutput(OUTPUT, binary_data=True)]
+    return [module.InferRequestedOutput(OUTPUT)]
+
+
+def decode_embeddings(result: Any, rows: int, dim: int) -> np.ndarray:
+    """Read `embedding` from an InferResult and check it is float32 [rows, dim]."""
+    arr = result.as_numpy(OUTPUT)
+    if arr is None:
+        raise KitError(f"response has no '{OUTPUT}' output; check the model's outputs (docs/architecture.md)")
+    arr = np.asarray(arr, dtype=np.float32)
+    if arr.shape != (rows, dim):
+        raise KitError(f"response '{OUTPUT}' has shape {arr.shape}, expected ({rows}, {dim}); "
+                       "the server model does not follow the contract - re-export it")
+    return arr

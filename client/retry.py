@@ -1,0 +1,98 @@
+"""Retry policy: exponential backoff with full jitter, bounded attempts and a bounded total time.
+
+The policy is pure (delays come from an injectable RNG and clock); `call_with_retry` and
+`acall_with_retry` are the two thin loops that sleep between attempts.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+import time
+from typing import Awaitable, Callable, TypeVar
+
+from client.errors import classify, is_retryable
+
+__all__ = ["RetryPolicy", "call_with_retry", "acall_with_retry"]
+
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True)
+class RetryPolicy:
+    """max_attempts tries in all; sleep U(0, min(max_backoff_s, initial_backoff_s * 2**k)) between
+    them (AWS "full jitter"); never start an attempt after total_s has passed."""
+
+    max_attempts: int = 4
+    initial_backoff_s: float = 0.05
+    max_backoff_s: float = 2.0
+    total_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1 or self.initial_backoff_s < 0 or self.max_backoff_s < 0 or self.total_s <= 0:
+            raise ValueError(f"bad RetryPolicy {self}: need max_attempts >= 1, backoffs >= 0, total_s > 0")
+
+    @classmethod
+    def off(cls) -> "RetryPolicy":
+        """One attempt, no retry."""
+        return cls(max_attempts=1)
+
+    def backoff(self, retry_index: int, rng: random.Random | None = None) -> float:
+        """Delay before retry number retry_index (0-based): full jitter over the capped exponential."""
+        cap = min(self.max_backoff_s, self.initial_backoff_s * (2 ** retry_index))
+        return (rng or random).uniform(0.0, cap)
+
+    def next_delay(self, err: BaseException, attempt: int, elapsed_s: float,
+                   rng: random.Random | None = None) -> float | None:
+        """Seconds to wait before the next attempt, or None to give up (attempt is 1-based)."""
+        if not is_retryable(err) or attempt >= self.max_attempts:
+            return None
+        delay = self.backoff(attempt - 1, rng)
+        if elapsed_s + delay >= self.total_s:
+            return None
+        return delay
+
+    def attempt_timeout(self, timeout_s: float, elapsed_s: float) -> float:
+        """Per-attempt timeout, shortened so the last attempt ends by total_s."""
+        return max(0.001, min(timeout_s, self.total_s - elapsed_s))
+
+
+def call_with_retry(fn: Callable[[float], T], policy: RetryPolicy, timeout_s: float, where: str,
+                    clock: Callable[[], float] = time.monotonic,
+                    sleep: Callable[[float], None] = time.sleep) -> T:
+    """Call fn(per_attempt_timeout) until it succeeds or the policy gives up; raise a KitError."""
+    start, attempt = clock(), 0
+    while True:
+        attempt += 1
+        try:
+            return fn(policy.attempt_timeout(timeout_s, clock() - start))
+        except BaseException as exc:  # noqa: BLE001 - classified and re-raised below
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+            err = classify(exc, where, timeout_s)
+            delay = policy.next_delay(err, attempt, clock() - start)
+            if delay is None:
+                if attempt > 1:
+                    err.args = (f"{err.args[0]} (gave up after {attempt} attempts)",) if err.args else err.args
+                raise err from (None if err is exc else exc)
+            sleep(delay)
+
+
+async def acall_with_retry(fn: Callable[[float], Awaitable[T]], policy: RetryPolicy, timeout_s: float,
+                           where: str, clock: Callable[[], float] = time.monotonic) -> T:
+    """Async twin of call_with_retry; cancellation propagates at once and is never retried."""
+    start, attempt = clock(), 0
+    while True:
+        attempt += 1
+        try:
+            return await fn(policy.attempt_timeout(timeout_s, clock() - start))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - classified and re-raised below
+            err = classify(exc, where, timeout_s)
+            delay = policy.next_delay(err, attempt, clock() - start)
+            if delay is None:
+                if attempt > 1:
+                    err.args = (f"{err.args[0]} (gave up after {attempt} attempts)",) if err.args else err.args
+                raise err from (None if err is exc else exc)
+            await asyncio.sleep(delay)

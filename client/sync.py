@@ -1,0 +1,112 @@
+"""EmbeddingClient: the blocking client (a context manager), over gRPC (default) or HTTP."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from client.base import BaseEmbeddingClient
+from client.core import decode_embeddings
+from client.errors import classify
+from client.retry import call_with_retry
+from client.transport import make_sync_transport
+
+__all__ = ["EmbeddingClient"]
+
+
+class EmbeddingClient(BaseEmbeddingClient):
+    """Blocking embeddings client.
+
+    >>> with EmbeddingClient("127.0.0.1:8001", model="bge_large_zh") as c:
+    ...     vectors = c.embed_documents(["文本一", "文本二"])   # float32 [2, 1024]
+
+    gRPC clients are thread-safe; an HTTP client (gevent) belongs to one thread.
+    """
+
+    def __init__(self, url: str | None = None, model: str = "bge_large_zh", protocol: str = "grpc",
+                 mode: str = "text", **kwargs: Any) -> None:
+        super().__init__(url, model, protocol, mode, **kwargs)
+        self._transport: Any = None
+
+    # -- connection -------------------------------------------------------------------------
+    def connect(self) -> "EmbeddingClient":
+        """Open the transport, read the server's model config and check it (ModelConfigError on mismatch)."""
+        if self._spec is not None:
+            return self
+        s = self.settings
+        if self._transport is None:
+            self._transport = make_sync_transport(s)
+        where = f"model config of '{s.target_model}' at {s.url}"
+        config = call_with_retry(lambda t: self._transport.model_config(s.target_model, t),
+                                 s.retry, s.timeout_s, where)
+        text_endpoint = None
+        if s.mode == "tensor":
+            try:
+                text_endpoint = self._transport.model_config(s.model, s.timeout_s)
+            except Exception:  # noqa: BLE001 - optional: only its max_length parameter is read
+                text_endpoint = None
+        self._accept_config(config, text_endpoint)
+        return self
+
+    def close(self) -> None:
+        """Close the transport; the client can connect() again afterwards."""
+        if self._transport is not None:
+            self._transport.close()
+            self._transport = None
+        self._spec = None
+
+    def __enter__(self) -> "EmbeddingClient":
+        try:
+            return self.connect()
+        except BaseException:
+            self.close()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- embeddings -------------------------------------------------------------------------
+    def embed_documents(self, texts: Sequence[str], *, timeout_s: float | None = None,
+                        truncate: bool | None = None) -> np.ndarray:
+        """Embed passages: float32 [n, dim], L2-normalised, in input order."""
+        return self._embed(texts, query=False, timeout_s=timeout_s, truncate=truncate)
+
+    def embed_queries(self, texts: Sequence[str], *, timeout_s: float | None = None,
+                      truncate: bool | None = None) -> np.ndarray:
+        """Embed search queries (the query instruction prepended): float32 [n, dim]."""
+        return self._embed(texts, query=True, timeout_s=timeout_s, truncate=truncate)
+
+    def _embed(self, texts: Sequence[str], query: bool, timeout_s: float | None,
+               truncate: bool | None) -> np.ndarray:
+        self.connect()
+        s = self.settings
+        timeout = s.timeout_s if timeout_s is None else timeout_s
+        n, plan = self._plan(texts, query, truncate)
+        parts = []
+        for call, idx in plan:
+            where = f"infer '{call.model}' ({call.rows} texts) at {s.url}"
+            result = call_with_retry(lambda t, c=call: self._transport.infer(c, t), s.retry, timeout, where)
+            parts.append((idx, decode_embeddings(result, call.rows, self.spec.dim)))
+        return self._assemble(n, parts)
+
+    # -- health -----------------------------------------------------------------------------
+    def health(self) -> dict[str, Any]:
+        """Server and model readiness plus the model's spec; never raises for a down server."""
+        s = self.settings
+        report: dict[str, Any] = {"url": s.url, "protocol": s.protocol, "model": s.target_model}
+        if self._transport is None:
+            self._transport = make_sync_transport(s)
+        try:
+            report["server_ready"] = self._transport.ready(None, s.timeout_s)
+            report["model_ready"] = self._transport.ready(s.target_model, s.timeout_s)
+            self.connect()
+            report.update(dim=self.spec.dim, max_batch_size=self.spec.max_batch_size,
+                          parameters=self.spec.parameters, ok=True)
+        except BaseException as exc:  # noqa: BLE001 - gevent.Timeout is a BaseException; reported
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+            err = classify(exc, "health", s.timeout_s)
+            report.update(ok=False, error=f"{type(err).__name__}: {err}")
+        report.setdefault("server_ready", False)
+        report.setdefault("model_ready", False)
+        return report

@@ -1,0 +1,147 @@
+"""The I/O edge: four thin adapters over tritonclient (gRPC / HTTP x sync / asyncio).
+
+Each adapter exposes the same four calls - model_config, infer, ready, close - with a per-call
+timeout, and lets transport exceptions escape untouched: client.retry classifies them.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from client.core import ClientSettings, InferCall, build_inputs, build_outputs, config_from_json
+
+__all__ = ["make_sync_transport", "make_async_transport"]
+
+
+class GrpcSync:
+    """tritonclient.grpc: thread-safe; deadlines through client_timeout."""
+
+    def __init__(self, url: str) -> None:
+        import tritonclient.grpc as mod
+
+        self.mod = mod
+        self.client = mod.InferenceServerClient(url=url)
+
+    def model_config(self, name: str, timeout_s: float) -> mc.ModelConfig:
+        return self.client.get_model_config(name, client_timeout=timeout_s).config
+
+    def infer(self, call: InferCall, timeout_s: float) -> Any:
+        return self.client.infer(call.model, build_inputs(self.mod, call), outputs=build_outputs(self.mod),
+                                 parameters=call.parameters or None, client_timeout=timeout_s)
+
+    def ready(self, model: str | None, timeout_s: float) -> bool:
+        if model is None:
+            return bool(self.client.is_server_ready(client_timeout=timeout_s))
+        return bool(self.client.is_model_ready(model, client_timeout=timeout_s))
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class HttpSync:
+    """tritonclient.http (geventhttpclient): one thread per client; deadlines through gevent.Timeout."""
+
+    def __init__(self, url: str, timeout_s: float) -> None:
+        import tritonclient.http as mod
+
+        self.mod = mod
+        self.client = mod.InferenceServerClient(url=url, connection_timeout=timeout_s, network_timeout=timeout_s)
+
+    def _bounded(self, timeout_s: float, fn, *args, **kwargs) -> Any:
+        import gevent
+
+        with gevent.Timeout(timeout_s):
+            return fn(*args, **kwargs)
+
+    def model_config(self, name: str, timeout_s: float) -> mc.ModelConfig:
+        return config_from_json(self._bounded(timeout_s, self.client.get_model_config, name))
+
+    def infer(self, call: InferCall, timeout_s: float) -> Any:
+        return self._bounded(timeout_s, self.client.infer, call.model, build_inputs(self.mod, call),
+                             outputs=build_outputs(self.mod), parameters=call.parameters or None)
+
+    def ready(self, model: str | None, timeout_s: float) -> bool:
+        if model is None:
+            return bool(self._bounded(timeout_s, self.client.is_server_ready))
+        return bool(self._bounded(timeout_s, self.client.is_model_ready, model))
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class GrpcAsync:
+    """tritonclient.grpc.aio: deadlines through client_timeout."""
+
+    def __init__(self, url: str) -> None:
+        import tritonclient.grpc as mod
+        import tritonclient.grpc.aio as aio
+
+        self.mod = mod
+        self.client = aio.InferenceServerClient(url=url)
+
+    async def model_config(self, name: str, timeout_s: float) -> mc.ModelConfig:
+        return (await self.client.get_model_config(name, client_timeout=timeout_s)).config
+
+    async def infer(self, call: InferCall, timeout_s: float) -> Any:
+        return await self.client.infer(call.model, build_inputs(self.mod, call), outputs=build_outputs(self.mod),
+                                       parameters=call.parameters or None, client_timeout=timeout_s)
+
+    async def ready(self, model: str | None, timeout_s: float) -> bool:
+        if model is None:
+            return bool(await self.client.is_server_ready(client_timeout=timeout_s))
+        return bool(await self.client.is_model_ready(model, client_timeout=timeout_s))
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+class HttpAsync:
+    """tritonclient.http.aio (aiohttp): deadlines through asyncio.wait_for."""
+
+    def __init__(self, url: str, timeout_s: float) -> None:
+        import tritonclient.http as mod
+
+        self.mod = mod
+        self.url = url
+        self.timeout_s = timeout_s
+        self.client: Any = None  # aiohttp needs a running loop: created on first use
+
+    def _client(self) -> Any:
+        if self.client is None:
+            import tritonclient.http.aio as aio
+
+            self.client = aio.InferenceServerClient(url=self.url, conn_timeout=max(self.timeout_s, 1.0))
+        return self.client
+
+    async def model_config(self, name: str, timeout_s: float) -> mc.ModelConfig:
+        return config_from_json(await asyncio.wait_for(self._client().get_model_config(name), timeout_s))
+
+    async def infer(self, call: InferCall, timeout_s: float) -> Any:
+        coro = self._client().infer(call.model, build_inputs(self.mod, call), outputs=build_outputs(self.mod),
+                                    parameters=call.parameters or None)
+        return await asyncio.wait_for(coro, timeout_s)
+
+    async def ready(self, model: str | None, timeout_s: float) -> bool:
+        coro = self._client().is_server_ready() if model is None else self._client().is_model_ready(model)
+        return bool(await asyncio.wait_for(coro, timeout_s))
+
+    async def close(self) -> None:
+        if self.client is not None:
+            await self.client.close()
+            self.client = None
+
+
+def make_sync_transport(settings: ClientSettings) -> GrpcSync | HttpSync:
+    """The sync adapter for settings.protocol."""
+    if settings.protocol == "grpc":
+        return GrpcSync(settings.url)
+    return HttpSync(settings.url, settings.timeout_s)
+
+
+def make_async_transport(settings: ClientSettings) -> GrpcAsync | HttpAsync:
+    """The asyncio adapter for settings.protocol."""
+    if settings.protocol == "grpc":
+        return GrpcAsync(settings.url)
+    return HttpAsync(settings.url, settings.timeout_s)

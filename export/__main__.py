@@ -1,0 +1,44 @@
+"""`python -m export`: HF model -> validated ONNX in the model repository; prints a results table."""
+from __future__ import annotations
+
+import sys
+from typing import Sequence
+
+from kit.errors import ExportError
+
+from .pipeline import ExportResult, run_export
+from .settings import parse_settings
+
+
+def results_table(result: ExportResult) -> str:
+    """A markdown table of what was exported and how close it is to PyTorch; synthetic exports say SYNTHETIC."""
+    r, f = result.report, result.fidelity
+    topk = "-" if f.topk_agreement is None else f"{f.topk_agreement:.3f}" + (" (not enforced: synthetic)"
+                                                                              if r["synthetic"] else "")
+    rows = [
+        ("model", r["label"]), ("precision", r["precision"]), ("pooling", f"{r['pooling']} ({r['pooling_origin']})"),
+        ("dim / max_length / opset", f"{r['dim']} / {r['max_length']} / {r['opset']}"),
+        ("min cosine vs PyTorch", f"{f.min_cosine:.6f}"), ("mean cosine vs PyTorch", f"{f.mean_cosine:.6f}"),
+        ("max abs diff", f"{f.max_abs_diff:.2e}"), ("batch vs single max abs", f"{f.batch_vs_single_max_abs:.2e}"),
+        (f"top-{f.topk or 10} agreement vs fp32", topk), ("validation", "PASSED" if f.passed else "FAILED"),
+        ("model.onnx", f"{r['files']['onnx']} ({r['onnx_bytes'] / 1e6:.1f} MB)"),
+        ("time (s)", ", ".join(f"{k} {v}" for k, v in r["timings_s"].items())),
+    ]
+    head = "SYNTHETIC MODEL: random weights, for speed work only\n" if r["synthetic"] else ""
+    return head + "| | |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one export; 0 on success, 1 with the error on stderr otherwise."""
+    try:
+        settings = parse_settings(argv)
+        result = run_export(settings)
+    except ExportError as err:
+        print(f"export failed: {err}", file=sys.stderr)
+        return 1
+    print(results_table(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""The exporter's one settings object, built once from command-line flags and passed down to every step."""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from kit.errors import ExportError
+
+PRECISIONS = ("fp32", "fp16", "int8")
+POOLINGS = ("cls", "mean")
+MIN_OPSET = 14  # optimum's BERT export needs 14 (scaled_dot_product / Trilu)
+MAX_OPSET = 21  # Triton 24.10 ships ONNX Runtime 1.19, which reads opset <= 21
+DEFAULT_OPSET = 17
+SYNTHETIC_PREFIX = "synthetic:"
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Fidelity bars an export must meet against the PyTorch reference (real weights only, see validate.py)."""
+
+    min_cosine_float: float = 0.999  # fp32 and fp16: worst text
+    min_cosine_int8: float = 0.98
+    mean_cosine_int8: float = 0.99
+    topk_agreement_int8: float = 0.95  # top-k neighbours of the queries agree with fp32
+    topk: int = 10
+    # batch of N (padded) vs N singles through the same graph, max abs difference of the unit vectors
+    batch_max_abs: dict = field(default_factory=lambda: {"fp32": 1e-4, "fp16": 5e-3, "int8": 1e-2})
+
+
+@dataclass(frozen=True)
+class ExportSettings:
+    """Everything one `python -m export` run needs; nothing else reads flags or the environment."""
+
+    model: str
+    repository: Path
+    name: str
+    precision: str = "fp16"
+    max_length: int | None = None  # None: the model's own (sentence-transformers max_seq_length, else positions)
+    pooling: str | None = None  # None: from 1_Pooling/config.json, CLS when absent
+    opset: int = DEFAULT_OPSET
+    int8_recipe: str = "nbits8"  # export.optimize.RECIPES
+    seed: int = 0  # synthetic weights and the validation sample are drawn with it
+    cache_dir: Path = Path(".kit/cache")  # synthetic model dirs and intermediate ONNX files
+    hf_cache: Path | None = None  # a Hugging Face hub cache dir to look in (default: transformers' own)
+    threads: int = 0  # ONNX Runtime intra-op threads for validation; 0 = ORT default
+    retrieval_queries: int = 100
+    retrieval_corpus: int = 1000
+    retrieval_max_length: int = 128  # truncation for the neighbour check only: keeps it to a minute on CPU
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    quiet: bool = False  # no progress bars (tests)
+
+    @property
+    def synthetic(self) -> bool:
+        """True when the model is generated here with random weights (every output must say so)."""
+        return self.model.startswith(SYNTHETIC_PREFIX)
+
+    def check(self) -> "ExportSettings":
+        """Reject bad values early, each with the value and the fix."""
+        if self.precision not in PRECISIONS:
+            raise ExportError(f"--precision {self.precision!r} is not one of {PRECISIONS}; pick fp16 (GPU) or int8 (CPU).")
+        if self.pooling is not None and self.pooling not in POOLINGS:
+            raise ExportError(f"--pooling {self.pooling!r} is not one of {POOLINGS}; omit it to use the model's own.")
+        if not MIN_OPSET <= self.opset <= MAX_OPSET:
+            raise ExportError(
+                f"--opset {self.opset} is outside {MIN_OPSET}..{MAX_OPSET}; Triton 24.10 (ONNX Runtime 1.19) reads "
+                f"opset <= {MAX_OPSET}. Use --opset {DEFAULT_OPSET}."
+            )
+        if self.max_length is not None and self.max_length < 8:
+            raise ExportError(f"--max-length {self.max_length} is too small; use at least 8 (BGE: 512).")
+        if not self.name or not self.name.replace("_", "").replace("-", "").isalnum():
+            raise ExportError(f"--name {self.name!r} is not a valid Triton model name; use letters, digits and _ (e.g. bge_large_zh).")
+        if self.repository.exists() and not self.repository.is_dir():
+            raise ExportError(f"--repository {self.repository} is a file, not a directory; pass a model repository folder.")
+        if self.retrieval_queries < 1 or self.retrieval_corpus < self.thresholds.topk:
+            raise ExportError(
+                f"--retrieval-queries {self.retrieval_queries} / --retrieval-corpus {self.retrieval_corpus} too small; "
+                f"need >= 1 query and >= {self.thresholds.topk} texts."
+            )
+        return self
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `python -m export` command line."""
+    p = argparse.ArgumentParser(
+        prog="python -m export",
+        description="Export a BERT-like embedding model (BGE-Large-zh) to a validated ONNX encoder with pooling and "
+        "L2 normalisation in the graph, and write it into a Triton model repository as NAME_onnx + NAME.",
+    )
+    p.add_argument("--model", required=True, help="hub id (from the local HF cache), local model dir, "
+                   "synthetic:bge-large-zh or synthetic:bge-small-zh (random weights, labelled SYNTHETIC)")
+    p.add_argument("--repository", required=True, type=Path, help="model repository dir (e.g. model_repository)")
+    p.add_argument("--name", required=True, help="model name: writes NAME_onnx (encoder) and NAME (text endpoint)")
+    p.add_argument("--precision", default="fp16", choices=PRECISIONS, help="fp16 for GPU, int8 for CPU (default fp16)")
+    p.add_argument("--max-length", type=int, default=None, help="max tokens per text (default: the model's own, BGE 512)")
+    p.add_argument("--pooling", choices=POOLINGS, default=None, help="override the model's pooling (default: its "
+                   "1_Pooling/config.json, CLS when absent)")
+    p.add_argument("--opset", type=int, default=DEFAULT_OPSET, help=f"ONNX opset {MIN_OPSET}..{MAX_OPSET} (default {DEFAULT_OPSET})")
+    p.add_argument("--int8-recipe", default="nbits8", help="INT8 quantisation recipe (export.optimize.RECIPES; "
+                   "default nbits8: 8-bit blockwise MatMulNBits with int8 compute, the one that holds the bars)")
+    p.add_argument("--seed", type=int, default=0, help="seed of synthetic weights and validation sampling (default 0)")
+    p.add_argument("--cache-dir", type=Path, default=Path(".kit/cache"), help="where synthetic models and "
+                   "intermediate files go (default .kit/cache)")
+    p.add_argument("--hf-cache", type=Path, default=None, help="Hugging Face hub cache to resolve hub ids from "
+                   "(default: transformers' own, e.g. ~/.cache/huggingface/hub)")
+    p.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads in validation (0 = default)")
+    p.add_argument("--retrieval-queries", type=int, default=100, help="queries of the int8 neighbour check (default 100)")
+    p.add_argument("--retrieval-corpus", type=int, default=1000, help="texts searched by the neighbour check (default 1000)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    return p
+
+
+def parse_settings(argv: Sequence[str] | None = None) -> ExportSettings:
+    """Build and check the settings from flags."""
+    a = build_parser().parse_args(argv)
+    return ExportSettings(
+        model=a.model, repository=a.repository, name=a.name, precision=a.precision, max_length=a.max_length,
+        pooling=a.pooling, opset=a.opset, int8_recipe=a.int8_recipe, seed=a.seed, cache_dir=a.cache_dir, hf_cache=a.hf_cache, threads=a.threads,
+        retrieval_queries=a.retrieval_queries, retrieval_corpus=a.retrieval_corpus, quiet=a.quiet,
+    ).check()

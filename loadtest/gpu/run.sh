@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# GPU bench on a bare GPU host: real tritonserver from the nvidia-pytriton wheel + synthetic
+# BGE-Large-zh (24 layers, hidden 1024) in torch fp16, five batching scenarios, reports/gpu/.
+# Needs: NVIDIA GPU + driver, python3 (3.8-3.13, built with a shared libpython) with torch (CUDA),
+# transformers, numpy; and loadtest/gpu/wheels/nvidia_pytriton-0.7.0-*.whl (fetch_wheels.sh)
+# unless nvidia-pytriton is installed. No network, no Docker.
+# Usage: bash loadtest/gpu/run.sh [bench_gpu.py flags...]   e.g. --device cpu for a dry run
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+py="${PYTHON:-python3}"
+cd "$root"
+
+"$py" - <<'PY'
+import importlib.util, sys, sysconfig
+missing = [m for m in ("torch", "transformers", "numpy") if importlib.util.find_spec(m) is None]
+if missing:
+    sys.exit(f"run.sh: missing Python packages: {', '.join(missing)} (pip install them, or set PYTHON=)")
+if not sysconfig.get_config_var("Py_ENABLE_SHARED"):
+    print("run.sh: warning: this Python has no shared libpython; the python backend stub may not start",
+          file=sys.stderr)
+PY
+if ! "$py" -c "import importlib.util,sys; sys.exit(importlib.util.find_spec('pytriton') is None)" \
+   && ! ls "$here"/wheels/nvidia_pytriton-*.whl >/dev/null 2>&1; then
+  echo "run.sh: no nvidia-pytriton: run 'bash loadtest/gpu/fetch_wheels.sh' where PyPI is reachable" >&2
+  exit 2
+fi
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu=name,driver_version,memory.total,utilization.gpu --format=csv
+fi
+exec "$py" "$here/bench_gpu.py" "$@"

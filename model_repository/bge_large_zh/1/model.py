@@ -1,0 +1,208 @@
+"""Text endpoint of the kit (Triton python backend): text in, normalised embedding out.
+
+One Triton batch of requests (each request: `text` BYTES [n, 1]) is tokenized at once, sorted by
+length, cut into sub-batches under a token budget (B x padded L <= budget, B <= sub_batch_max),
+padded to a multiple of 8, and sent to the encoder model through BLS with async_exec so the
+sub-batches overlap. Results go back in order, one response per request. A bad request gets its
+own error response; the other requests of the batch are not touched.
+"""
+import asyncio
+import json
+import os
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+from tokenizers import Tokenizer
+
+
+def _param(cfg, key, default):
+    return cfg.get("parameters", {}).get(key, {}).get("string_value", default)
+
+
+def _truthy(value):
+    if isinstance(value, bool):
+        return value
+    return str(value).strip().lower() not in ("false", "0", "no", "off")
+
+
+def plan_sub_batches(lengths, budget, max_batch, multiple, overhead_tokens=64):
+    """Length-aware split of one Triton batch into encoder sub-batches, optimal by DP.
+
+    Texts are sorted by length; contiguous runs become sub-batches padded to the run's longest
+    (rounded up to `multiple`). Cost of a run = B x padded_L + overhead_tokens (the fixed cost of
+    one encoder call, in token units); constraints B <= max_batch and B x padded_L <= budget (a
+    lone text longer than the budget still gets its own run). Returns [(indices, padded_len)].
+    """
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    n = len(order)
+    pads = [-(-lengths[i] // multiple) * multiple for i in order]
+    best = [0.0] + [float("inf")] * n
+    cut = [0] * (n + 1)
+    for j in range(1, n + 1):  # best[j]: cheapest split of the j shortest texts
+        pad = pads[j - 1]
+        for i in range(j - 1, -1, -1):  # run = order[i:j], padded to pads[j-1]
+            size = j - i
+            if size > max_batch or (size > 1 and size * pad > budget):
+                break
+            cost = best[i] + size * pad + overhead_tokens
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    plans, j = [], n
+    while j > 0:
+        i = cut[j]
+        plans.append((order[i:j], pads[j - 1]))
+        j = i
+    return plans[::-1]
+
+
+def _error(message):
+    try:
+        return pb_utils.TritonError(message, pb_utils.TritonError.INVALID_ARG)
+    except (AttributeError, TypeError):  # older python_backend without error codes
+        return pb_utils.TritonError(message)
+
+
+class TritonPythonModel:
+    """Tokenize, length-aware sub-batching, BLS to the encoder, scatter back."""
+
+    def initialize(self, args):
+        cfg = json.loads(args["model_config"])
+        version_dir = os.path.join(args["model_repository"], args["model_version"])
+        tok_dir = os.path.join(version_dir, _param(cfg, "tokenizer_dir", "tokenizer"))
+        tok_file = os.path.join(tok_dir, "tokenizer.json")
+        if not os.path.isfile(tok_file):
+            raise pb_utils.TritonModelException(
+                f"{tok_file} is missing: run `python -m export --repository <repo> --name {cfg['name']}`")
+        self.encoder = _param(cfg, "onnx_model", cfg["name"] + "_onnx")
+        self.max_length = int(_param(cfg, "max_length", "512"))
+        self.budget = int(_param(cfg, "token_budget", "8192"))
+        self.multiple = max(1, int(_param(cfg, "pad_to_multiple", "8")))
+        self.sub_batch_max = int(_param(cfg, "sub_batch_max", "64"))
+        self.overhead_tokens = int(_param(cfg, "split_overhead_tokens", "64"))
+        self.dim = int(cfg["output"][0]["dims"][-1])
+        self.full = Tokenizer.from_file(tok_file)  # no truncation: exact counts for truncate=false
+        self.full.no_truncation()
+        self.full.no_padding()
+        self.trunc = Tokenizer.from_file(tok_file)
+        self.trunc.no_padding()
+        self.trunc.enable_truncation(self.max_length)
+        self.pad_id = self.full.token_to_id("[PAD]") or 0
+        self._metrics(cfg["name"])
+
+    def _metrics(self, model):
+        counter = pb_utils.MetricFamily.COUNTER
+        labels = {"model": model}
+        self.families = []  # a MetricFamily must outlive its Metric objects
+
+        def fam(name, description):
+            self.families.append(pb_utils.MetricFamily(name=name, description=description, kind=counter))
+            return self.families[-1]
+
+        self.m_real = fam("kit_real_tokens_total", "Real (unpadded) tokens encoded").Metric(labels=labels)
+        self.m_padded = fam("kit_padded_tokens_total",
+                            "Tokens sent to the encoder after padding (padding ratio = padded / real)"
+                            ).Metric(labels=labels)
+        self.m_batches = fam("kit_text_batches_total", "Triton batches executed by the text endpoint"
+                             ).Metric(labels=labels)
+        self.m_texts = fam("kit_texts_total", "Texts embedded (tokens per batch = real tokens / batches)"
+                           ).Metric(labels=labels)
+        self.m_subs = fam("kit_sub_batches_total", "Encoder sub-batches (per batch = sub_batches / batches)"
+                          ).Metric(labels=labels)
+        self.m_bad = fam("kit_rejected_requests_total", "Requests answered with an input error"
+                         ).Metric(labels=labels)
+
+    def _texts_of(self, request):
+        """Decode one request's texts; return (list of str, truncate flag) or raise ValueError."""
+        tensor = pb_utils.get_input_tensor_by_name(request, "text")
+        raw = tensor.as_numpy().reshape(-1)
+        params = json.loads(request.parameters() or "{}")
+        truncate = _truthy(params.get("truncate", True))
+        texts = []
+        for j, item in enumerate(raw):
+            if isinstance(item, str):
+                text = item
+            else:
+                try:
+                    text = bytes(item).decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise ValueError(f"text {j} is not valid UTF-8 ({exc.reason} at byte {exc.start}): "
+                                     "send UTF-8 encoded text") from None
+            if "\x00" in text:
+                raise ValueError(f"text {j} contains a NUL byte: remove control characters")
+            if not text.strip():
+                raise ValueError(f"text {j} is empty or whitespace only: send at least one visible character")
+            texts.append(text)
+        return texts, truncate
+
+    async def execute(self, requests):
+        responses = [None] * len(requests)
+        slots = []  # (request index, first row, count)
+        all_ids = []
+        for r, request in enumerate(requests):
+            try:
+                texts, truncate = self._texts_of(request)
+                encs = (self.trunc if truncate else self.full).encode_batch(texts)
+                if not truncate:
+                    for j, enc in enumerate(encs):
+                        if len(enc.ids) > self.max_length:
+                            raise ValueError(f"text {j} has {len(enc.ids)} tokens, over the limit of "
+                                             f"{self.max_length}: shorten it or send truncate=true")
+            except ValueError as exc:
+                responses[r] = pb_utils.InferenceResponse(error=_error(str(exc)))
+                self.m_bad.increment(1)
+                continue
+            slots.append((r, len(all_ids), len(encs)))
+            all_ids.extend(enc.ids for enc in encs)
+        if all_ids:
+            try:
+                vectors = await self._encode(all_ids)
+            except RuntimeError as exc:
+                for r, _, _ in slots:
+                    responses[r] = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
+                return responses
+            for r, start, count in slots:
+                responses[r] = pb_utils.InferenceResponse(
+                    [pb_utils.Tensor("embedding", vectors[start:start + count])])
+        return responses
+
+    async def _encode(self, all_ids):
+        lengths = [len(ids) for ids in all_ids]
+        plans = plan_sub_batches(lengths, self.budget, self.sub_batch_max, self.multiple,
+                                 self.overhead_tokens)
+        calls = []
+        padded = 0
+        for rows, pad_len in plans:
+            ids = np.full((len(rows), pad_len), self.pad_id, dtype=np.int64)
+            mask = np.zeros((len(rows), pad_len), dtype=np.int64)
+            for k, i in enumerate(rows):
+                ids[k, :lengths[i]] = all_ids[i]
+                mask[k, :lengths[i]] = 1
+            padded += ids.size
+            calls.append(self._bls(ids, mask))
+        results = await asyncio.gather(*calls)
+        out = np.empty((len(all_ids), self.dim), dtype=np.float32)
+        for (rows, _), vecs in zip(plans, results):
+            out[rows] = vecs
+        self.m_real.increment(sum(lengths))
+        self.m_padded.increment(padded)
+        self.m_batches.increment(1)
+        self.m_texts.increment(len(all_ids))
+        self.m_subs.increment(len(plans))
+        return out
+
+    async def _bls(self, ids, mask):
+        kwargs = dict(model_name=self.encoder, requested_output_names=["embedding"],
+                      inputs=[pb_utils.Tensor("input_ids", ids), pb_utils.Tensor("attention_mask", mask)])
+        try:
+            kwargs["preferred_memory"] = pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_CPU, 0)
+        except AttributeError:
+            pass  # older python_backend: outputs already come back in CPU memory
+        response = await pb_utils.InferenceRequest(**kwargs).async_exec()
+        if response.has_error():
+            raise RuntimeError(f"encoder {self.encoder} failed: {response.error().message()}")
+        tensor = pb_utils.get_output_tensor_by_name(response, "embedding")
+        if tensor.is_cpu():
+            return tensor.as_numpy()
+        from torch.utils.dlpack import from_dlpack  # GPU output: only when CPU memory was not honoured
+
+        return from_dlpack(tensor.to_dlpack()).cpu().numpy()

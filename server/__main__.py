@@ -1,0 +1,89 @@
+"""`python -m server up|down|status`: the local real tritonserver (CPU variant of the repository)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import urllib.request
+from pathlib import Path
+
+from kit.errors import KitError
+from server.cpu_variant import CpuVariant
+from server.launcher import DEFAULT_STATE, REPO_ROOT, LocalServer, ServerSettings, _alive, _ready, stop_pid
+from server.repository import iter_models
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m server", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    up = sub.add_parser("up", help="render the CPU variant, start tritonserver on 127.0.0.1, wait until ready")
+    up.add_argument("--repository", type=Path, default=REPO_ROOT / "model_repository")
+    up.add_argument("--http-port", type=int, default=8000)
+    up.add_argument("--grpc-port", type=int, default=8001)
+    up.add_argument("--metrics-port", type=int, default=8002)
+    up.add_argument("--model-control", choices=["none", "explicit"], default="none")
+    up.add_argument("--executor", choices=["onnxruntime", "costmodel"], default="onnxruntime",
+                    help="encoder executor: ONNX Runtime, or the calibrated GPU cost model (emulated)")
+    up.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0 = all cores)")
+    up.add_argument("--ready-timeout", type=float, default=180.0)
+    for name in ("down", "status"):
+        sub.add_parser(name, help=f"{name} the server started by `up`").add_argument(
+            "--state-dir", type=Path, default=DEFAULT_STATE)
+    up.add_argument("--state-dir", type=Path, default=DEFAULT_STATE)
+    return p
+
+
+def _info(state: Path) -> dict | None:
+    path = state / "server.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.cmd == "up":
+            info = _info(args.state_dir)
+            if info and _alive(info["pid"]) and (args.state_dir / "server.pid").exists():
+                print(f"already running: pid {info['pid']} (http 127.0.0.1:{info['http_port']}); "
+                      "`python -m server down` first", file=sys.stderr)
+                return 1
+            settings = ServerSettings(repository=args.repository, http_port=args.http_port,
+                                      grpc_port=args.grpc_port, metrics_port=args.metrics_port,
+                                      state_dir=args.state_dir, model_control=args.model_control,
+                                      load_models=("*",) if args.model_control == "explicit" else (),
+                                      ready_timeout_s=args.ready_timeout,
+                                      variant=CpuVariant(executor=args.executor, intra_op_threads=args.threads))
+            srv = LocalServer(settings).start()
+            models = [name for name, _ in iter_models(args.repository)]
+            print(f"tritonserver ready: pid {srv.proc.pid}, http {srv.http_url}, grpc {srv.grpc_url}, "
+                  f"metrics {srv.metrics_url}; models {models}; log {srv.log_path}")
+            return 0
+        info = _info(args.state_dir)
+        pid_file = args.state_dir / "server.pid"
+        if not info or not pid_file.exists():
+            print("no server started from this state dir", file=sys.stderr)
+            return 1 if args.cmd == "down" else 3
+        pid = int(pid_file.read_text())
+        if args.cmd == "down":
+            was = stop_pid(pid)
+            pid_file.unlink(missing_ok=True)
+            print(f"stopped pid {pid}" if was else f"pid {pid} was not running")
+            return 0
+        alive, ready = _alive(pid), _ready(info["http_port"])
+        print(f"pid {pid}: {'running' if alive else 'not running'}, {'ready' if ready else 'not ready'}, "
+              f"http 127.0.0.1:{info['http_port']} grpc 127.0.0.1:{info['grpc_port']} "
+              f"metrics 127.0.0.1:{info['metrics_port']}, repository {info['repository']}")
+        if ready:
+            req = urllib.request.Request(f"http://127.0.0.1:{info['http_port']}/v2/repository/index",
+                                         data=b"{}", method="POST")
+            with urllib.request.urlopen(req, timeout=5) as resp:
+                for m in json.loads(resp.read()):
+                    print(f"  {m.get('name')} v{m.get('version', '-')}: {m.get('state', '?')} {m.get('reason', '')}")
+        return 0 if alive and ready else 3
+    except KitError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""CPU stand-in for the onnxruntime backend: a Triton python-backend model running ONNX Runtime.
+
+Rendered by server.cpu_variant as <NAME>_onnx/1/model.py. Same name, inputs, outputs and
+dynamic_batching as the GPU config. Executor `costmodel` sleeps a + b*B*L microseconds instead
+(an emulated GPU, labelled so by every report that uses it).
+"""
+import json
+import os
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def _param(cfg, key, default):
+    return cfg.get("parameters", {}).get(key, {}).get("string_value", default)
+
+
+def _vocab_size(path):
+    """Rows of the word-embedding table feeding input_ids (None if it cannot be found)."""
+    try:
+        import onnx
+
+        model = onnx.load(path, load_external_data=False)
+        shapes = {init.name: list(init.dims) for init in model.graph.initializer}
+        for node in model.graph.node:
+            if node.op_type == "Gather" and len(node.input) > 1 and node.input[1] == "input_ids":
+                dims = shapes.get(node.input[0])
+                if dims:
+                    return int(dims[0])
+            if node.op_type == "EmbedLayerNormalization" and node.input[0] == "input_ids":
+                dims = shapes.get(node.input[2])
+                if dims:
+                    return int(dims[0])
+    except Exception:  # best effort: the check is an extra, ORT still guards the Gather
+        return None
+    return None
+
+
+class TritonPythonModel:
+    """Runs one Triton batch (requests of equal sequence length) as one ONNX Runtime call."""
+
+    def initialize(self, args):
+        cfg = json.loads(args["model_config"])
+        self.dim = int(cfg["output"][0]["dims"][-1])
+        self.executor = _param(cfg, "executor", "onnxruntime")
+        self.cost_a = float(_param(cfg, "cost_a_us", "6260")) / 1e6
+        self.cost_b = float(_param(cfg, "cost_b_us", "10")) / 1e6
+        self.rng = np.random.default_rng(0)
+        self.session = None
+        self.vocab_size = int(_param(cfg, "vocab_size", "0")) or None
+        if self.executor == "onnxruntime":
+            import onnxruntime as ort
+
+            path = os.path.join(args["model_repository"], args["model_version"], "model.onnx")
+            if not os.path.isfile(path):
+                raise pb_utils.TritonModelException(
+                    f"{path} is missing: run `python -m export --repository <repo> --name <name>` first")
+            opts = ort.SessionOptions()
+            threads = int(_param(cfg, "intra_op_threads", "0"))
+            if threads > 0:
+                opts.intra_op_num_threads = threads
+            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            self.session = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+            self.input_names = [i.name for i in self.session.get_inputs()]
+            self.vocab_size = _vocab_size(path)
+        elif self.executor != "costmodel":
+            raise pb_utils.TritonModelException(
+                f"unknown executor {self.executor!r}: use 'onnxruntime' or 'costmodel'")
+
+    def _check(self, ids, mask):
+        """Name what is wrong with one request's tensors, so it fails alone and not its batch."""
+        if ids.ndim != 2 or ids.shape[1] == 0:
+            return f"input_ids must be [batch, seq_len] with seq_len >= 1, got shape {list(ids.shape)}"
+        if self.vocab_size and (ids.min() < 0 or ids.max() >= self.vocab_size):
+            bad = int(ids.max() if ids.max() >= self.vocab_size else ids.min())
+            return f"token id {bad} is outside the vocabulary [0, {self.vocab_size}): tokenize with the model's tokenizer"
+        if mask.min() < 0 or mask.max() > 1:
+            return "attention_mask must hold only 0 and 1"
+        if (mask.sum(axis=1) == 0).any():
+            return "attention_mask has a row with no real token: every text needs at least [CLS]"
+        return None
+
+    def _run(self, ids, mask):
+        if self.session is None:
+            time.sleep(self.cost_a + self.cost_b * ids.shape[0] * ids.shape[1])
+            vecs = self.rng.standard_normal((ids.shape[0], self.dim)).astype(np.float32)
+            return vecs / np.linalg.norm(vecs, axis=1, keepdims=True)
+        feeds = {"input_ids": ids, "attention_mask": mask}
+        return self.session.run(["embedding"], {k: v for k, v in feeds.items() if k in self.input_names})[0]
+
+    def execute(self, requests):
+        responses = [None] * len(requests)
+        groups = {}
+        for i, request in enumerate(requests):
+            ids = pb_utils.get_input_tensor_by_name(request, "input_ids").as_numpy()
+            mask = pb_utils.get_input_tensor_by_name(request, "attention_mask").as_numpy()
+            if ids.shape != mask.shape:
+                responses[i] = pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                    f"input_ids shape {list(ids.shape)} != attention_mask shape {list(mask.shape)}"))
+                continue
+            problem = self._check(ids, mask)
+            if problem:
+                responses[i] = pb_utils.InferenceResponse(error=pb_utils.TritonError(problem))
+                continue
+            groups.setdefault(ids.shape[1], []).append((i, ids, mask))
+        for items in groups.values():
+            ids = np.concatenate([it[1] for it in items]).astype(np.int64, copy=False)
+            mask = np.concatenate([it[2] for it in items]).astype(np.int64, copy=False)
+            try:
+                out = self._run(ids, mask).astype(np.float32, copy=False)
+            except Exception as exc:  # ORT raises its own types (e.g. index out of range): answer, don't crash
+                for i, _, _ in items:
+                    responses[i] = pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                        f"encoder failed on batch {list(ids.shape)}: {exc}"))
+                continue
+            start = 0
+            for i, req_ids, _ in items:
+                n = req_ids.shape[0]
+                responses[i] = pb_utils.InferenceResponse([pb_utils.Tensor("embedding", out[start:start + n])])
+                start += n
+        return responses

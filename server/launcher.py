@@ -1,0 +1,234 @@
+"""Run a REAL tritonserver (Triton 2.51 from the nvidia-pytriton wheel) on CPU, bound to 127.0.0.1.
+
+Prepares a writable backends dir with the python stub that matches the running interpreter,
+renders the CPU variant of the repository, starts the server, waits for /v2/health/ready,
+and records pid + ports in a state dir. Stops only the pid it started.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from kit.errors import ServerNotReady
+from server.cpu_variant import CpuVariant, render_cpu_variant
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_STATE = REPO_ROOT / ".kit" / "server"
+PY_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+@dataclass
+class ServerSettings:
+    """Everything `server up` needs; built once from flags (or by tests) and passed down."""
+
+    repository: Path = REPO_ROOT / "model_repository"
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    state_dir: Path = DEFAULT_STATE
+    model_control: str = "none"  # or "explicit" (the tuner loads configs with overrides)
+    load_models: tuple[str, ...] = ()  # with explicit control: models to load at start ("*" = all)
+    ready_timeout_s: float = 180.0
+    log_verbose: int = 0
+    variant: CpuVariant = field(default_factory=CpuVariant)
+    extra_args: tuple[str, ...] = ()
+
+
+def _pytriton_root() -> Path:
+    try:
+        import pytriton
+    except ImportError as exc:
+        raise ServerNotReady("nvidia-pytriton is not installed: run `make setup` "
+                             "(or pip install nvidia-pytriton==0.7.0)") from exc
+    root = Path(pytriton.__file__).resolve().parent / "tritonserver"
+    if not (root / "bin" / "tritonserver").is_file():
+        raise ServerNotReady(f"no tritonserver binary under {root}: reinstall nvidia-pytriton==0.7.0")
+    return root
+
+
+def prepare_backends(cache_dir: Path) -> Path:
+    """Copy the wheel's backends dir to a writable cache and add the matching python stub."""
+    root = _pytriton_root()
+    stub = root / "python_backend_stubs" / PY_VERSION / "triton_python_backend_stub"
+    if not stub.is_file():
+        have = sorted(p.name for p in (root / "python_backend_stubs").iterdir())
+        raise ServerNotReady(f"no python backend stub for Python {PY_VERSION} in the wheel (it has {have}): "
+                             "use one of those Python versions for the venv")
+    dst = cache_dir / f"backends-py{PY_VERSION}"
+    target_stub = dst / "python" / "triton_python_backend_stub"
+    if not target_stub.is_file():
+        if dst.exists():
+            shutil.rmtree(dst)
+        shutil.copytree(root / "backends", dst)
+        shutil.copy2(stub, target_stub)
+        target_stub.chmod(0o755)
+    return dst
+
+
+def server_env() -> dict[str, str]:
+    """Environment for tritonserver and its python stubs: this venv's packages and libpython."""
+    env = dict(os.environ)
+    paths = [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], str(REPO_ROOT)]
+    if env.get("PYTHONPATH"):
+        paths.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    libdir = sysconfig.get_config_var("LIBDIR") or str(Path(sys.base_prefix) / "lib")
+    wheel_libs = str(_pytriton_root().parent.parent / "nvidia_pytriton.libs")  # libcudart etc. for the stub
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, wheel_libs, env.get("LD_LIBRARY_PATH")) if p)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])  # stub finds the venv
+    env.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
+    return env
+
+
+def build_command(settings: ServerSettings, backends: Path, repo: Path) -> list[str]:
+    """The tritonserver command line: explicit ports, loopback only."""
+    cmd = [
+        str(_pytriton_root() / "bin" / "tritonserver"),
+        f"--model-repository={repo}",
+        f"--backend-directory={backends}",
+        f"--http-port={settings.http_port}", "--http-address=127.0.0.1",
+        f"--grpc-port={settings.grpc_port}", "--grpc-address=127.0.0.1",
+        f"--metrics-port={settings.metrics_port}", "--metrics-address=127.0.0.1",
+        "--allow-cpu-metrics=true", "--allow-gpu-metrics=false",
+        f"--model-control-mode={settings.model_control}",
+        f"--log-verbose={settings.log_verbose}",
+        "--exit-on-error=true", "--strict-readiness=true",
+        f"--backend-config=python,shm-default-byte-size={4 * 1024 * 1024}",
+    ]
+    for model in settings.load_models:
+        cmd.append(f"--load-model={model}")
+    cmd.extend(settings.extra_args)
+    return cmd
+
+
+def _ready(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=2) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        return False
+
+
+def log_tail(path: Path, lines: int = 40) -> str:
+    """Last lines of the server log, for error messages."""
+    if not path.exists():
+        return "(no log written)"
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+class LocalServer:
+    """A real tritonserver process; `with LocalServer(settings) as srv:` starts and stops it."""
+
+    def __init__(self, settings: ServerSettings):
+        self.settings = settings
+        self.state = Path(settings.state_dir)
+        self.log_path = self.state / "tritonserver.log"
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.settings.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.settings.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.settings.metrics_port}/metrics"
+
+    def start(self) -> "LocalServer":
+        s = self.settings
+        self.state.mkdir(parents=True, exist_ok=True)
+        if not Path(s.repository).is_dir():
+            raise ServerNotReady(f"model repository {s.repository} does not exist: run `python -m export` first")
+        backends = prepare_backends(REPO_ROOT / ".kit" / "cache")
+        rendered = render_cpu_variant(Path(s.repository), self.state / "repository", s.variant)
+        cmd = build_command(s, backends, rendered)
+        log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=server_env(),
+                                     cwd=self.state, start_new_session=True)
+        log.close()
+        info = {"pid": self.proc.pid, "http_port": s.http_port, "grpc_port": s.grpc_port,
+                "metrics_port": s.metrics_port, "repository": str(s.repository), "log": str(self.log_path),
+                "started": time.time(), "variant": {k: str(v) for k, v in asdict(s.variant).items()}}
+        (self.state / "server.json").write_text(json.dumps(info, indent=2))
+        (self.state / "server.pid").write_text(str(self.proc.pid))
+        self.wait_ready(s.ready_timeout_s)
+        return self
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                self._forget()
+                raise ServerNotReady(f"tritonserver exited with code {self.proc.returncode} during start-up. "
+                                     f"Log tail ({self.log_path}):\n{log_tail(self.log_path)}")
+            if _ready(self.settings.http_port):
+                return
+            time.sleep(0.25)
+        self.stop()
+        raise ServerNotReady(f"tritonserver not ready after {timeout_s:.0f} s. "
+                             f"Log tail ({self.log_path}):\n{log_tail(self.log_path)}")
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """SIGTERM the pid we started (graceful), SIGKILL after timeout_s."""
+        if self.proc is None:
+            return
+        stop_pid(self.proc.pid, timeout_s, self.proc)
+        self.proc = None
+        self._forget()
+
+    def _forget(self) -> None:
+        for name in ("server.pid",):
+            (self.state / name).unlink(missing_ok=True)
+
+    def __enter__(self) -> "LocalServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def stop_pid(pid: int, timeout_s: float = 20.0, proc: subprocess.Popen | None = None) -> bool:
+    """Stop one tritonserver pid: SIGTERM, wait, then SIGKILL. True if it was running."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None:
+            if proc.poll() is not None:
+                return True
+        elif not _alive(pid):
+            return True
+        time.sleep(0.1)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return True
+    if proc is not None:
+        proc.wait(timeout=10)
+    return True
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie child of ours counts as gone
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False

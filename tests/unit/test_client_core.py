@@ -1,0 +1,167 @@
+"""Unit tests of the client's sans-I/O core: config checks, request building, decoding, planning."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+from tritonclient.grpc import service_pb2
+
+import client
+from client.base import BaseEmbeddingClient
+from client.core import (
+    ClientSettings,
+    build_inputs,
+    build_outputs,
+    chunk_slices,
+    config_from_json,
+    decode_embeddings,
+    prepare_texts,
+    tensor_call,
+    text_call,
+    validate_model_config,
+)
+from client.errors import InputError, KitError, ModelConfigError
+
+TEXT_CFG = """
+name: "minilm" backend: "python" max_batch_size: 8
+input { name: "text" data_type: TYPE_STRING dims: 1 }
+output { name: "embedding" data_type: TYPE_FP32 dims: 4 }
+parameters { key: "max_length" value { string_value: "128" } }
+"""
+ONNX_CFG = """
+name: "minilm_onnx" backend: "onnxruntime" max_batch_size: 3
+input { name: "input_ids" data_type: TYPE_INT64 dims: -1 }
+input { name: "attention_mask" data_type: TYPE_INT64 dims: -1 }
+output { name: "embedding" data_type: TYPE_FP32 dims: 4 }
+"""
+
+
+def cfg(text: str) -> mc.ModelConfig:
+    return text_format.Parse(text, mc.ModelConfig())
+
+
+def test_public_api_all() -> None:
+    assert sorted(client.__all__) == sorted(set(client.__all__))
+    for name in client.__all__:
+        assert getattr(client, name) is not None
+    from kit.errors import Overloaded, ServerUnavailable
+
+    assert client.Overloaded is Overloaded and issubclass(client.Overloaded, ServerUnavailable)
+
+
+def test_settings_defaults_and_errors() -> None:
+    assert ClientSettings().url == "127.0.0.1:8001"
+    assert ClientSettings(protocol="http").url == "127.0.0.1:8000"
+    assert ClientSettings(mode="tensor", tokenizer="x", model="m").target_model == "m_onnx"
+    assert ClientSettings(buckets=(64, 32, 64)).buckets == (32, 64)
+    for bad in ({"protocol": "udp"}, {"mode": "tensor"}, {"timeout_s": 0}, {"url": "http://h:1"}, {"buckets": ()}):
+        with pytest.raises(InputError):
+            ClientSettings(**bad)
+
+
+def test_validate_text_and_tensor_configs() -> None:
+    spec = validate_model_config(cfg(TEXT_CFG), ClientSettings(model="minilm"))
+    assert (spec.dim, spec.max_batch_size, spec.max_length) == (4, 8, 128)
+    spec = validate_model_config(cfg(ONNX_CFG), ClientSettings(model="minilm", mode="tensor", tokenizer="t"))
+    assert (spec.name, spec.dim, spec.max_batch_size) == ("minilm_onnx", 4, 3)
+
+
+@pytest.mark.parametrize("edit, fragment", [
+    (lambda c: c.input[0].__setattr__("data_type", mc.TYPE_INT64), "TYPE_INT64"),
+    (lambda c: c.input[0].__setattr__("name", "sentence"), "no input 'text'"),
+    (lambda c: c.output[0].__setattr__("data_type", mc.TYPE_FP16), "TYPE_FP16"),
+    (lambda c: c.output[0].dims.append(2), "one fixed dimension"),
+    (lambda c: c.__setattr__("max_batch_size", 0), "max_batch_size >= 1"),
+    (lambda c: c.__setattr__("name", "other"), "check model="),
+])
+def test_validate_mismatch_names_the_fix(edit, fragment: str) -> None:
+    config = cfg(TEXT_CFG)
+    edit(config)
+    with pytest.raises(ModelConfigError, match=fragment):
+        validate_model_config(config, ClientSettings(model="minilm"))
+
+
+def test_validate_expected_dim_and_tensor_mode_on_text_model() -> None:
+    with pytest.raises(ModelConfigError, match="expects 1024"):
+        validate_model_config(cfg(TEXT_CFG), ClientSettings(model="minilm", expected_dim=1024))
+    text_as_onnx = cfg(TEXT_CFG)
+    text_as_onnx.name = "minilm_onnx"
+    with pytest.raises(ModelConfigError, match="input_ids"):
+        validate_model_config(text_as_onnx, ClientSettings(model="minilm", mode="tensor", tokenizer="t"))
+
+
+def test_config_from_http_json() -> None:
+    payload = {"name": "minilm", "max_batch_size": 8, "unknown_future_field": 1,
+               "input": [{"name": "text", "data_type": "TYPE_STRING", "dims": [1]}],
+               "output": [{"name": "embedding", "data_type": "TYPE_FP32", "dims": [4]}]}
+    assert validate_model_config(config_from_json(payload), ClientSettings(model="minilm")).dim == 4
+    with pytest.raises(ModelConfigError):
+        config_from_json({"max_batch_size": "many"})
+
+
+def test_prepare_texts() -> None:
+    assert prepare_texts(["a", "b"], "Q:") == ["Q:a", "Q:b"]
+    assert prepare_texts(["a"]) == ["a"]
+    with pytest.raises(InputError, match="wrap it"):
+        prepare_texts("abc")
+    with pytest.raises(InputError, match=r"texts\[1\] is empty"):
+        prepare_texts(["a", "  "])
+    with pytest.raises(InputError, match="bytes"):
+        prepare_texts(["a", b"b"])  # type: ignore[list-item]
+
+
+def test_chunk_slices() -> None:
+    assert chunk_slices(0, 4) == []
+    assert [(s.start, s.stop) for s in chunk_slices(10, 4)] == [(0, 4), (4, 8), (8, 10)]
+
+
+@pytest.mark.parametrize("module", [grpcclient, httpclient])
+def test_build_inputs_text_and_tensor(module) -> None:
+    call = text_call("m", ["中文", "b"], truncate=False)
+    assert call.parameters == {"truncate": False} and call.rows == 2
+    (text,) = build_inputs(module, call)
+    assert (text.name(), text.datatype(), text.shape()) == ("text", "BYTES", [2, 1])
+    ids, mask = build_inputs(module, tensor_call("m_onnx", np.ones((2, 32)), np.ones((2, 32))))
+    assert (ids.datatype(), ids.shape(), mask.name()) == ("INT64", [2, 32], "attention_mask")
+    assert build_outputs(module)[0].name() == "embedding"
+
+
+def _grpc_result(arr: np.ndarray) -> grpcclient.InferResult:
+    resp = service_pb2.ModelInferResponse(model_name="m")
+    out = resp.outputs.add(name="embedding", datatype="FP32", shape=list(arr.shape))
+    assert out is not None
+    resp.raw_output_contents.append(arr.astype(np.float32).tobytes())
+    return grpcclient.InferResult(resp)
+
+
+def test_decode_checks_shape() -> None:
+    arr = np.arange(8, dtype=np.float32).reshape(2, 4)
+    np.testing.assert_array_equal(decode_embeddings(_grpc_result(arr), 2, 4), arr)
+    with pytest.raises(KitError, match=r"expected \(3, 4\)"):
+        decode_embeddings(_grpc_result(arr), 3, 4)
+
+
+class _Planner(BaseEmbeddingClient):
+    pass
+
+
+def test_plan_splits_at_max_batch_and_assembles_in_order() -> None:
+    c = _Planner(model="minilm", query_instruction="Q:")
+    c._accept_config(cfg(TEXT_CFG), None)
+    texts = [f"t{i}" for i in range(19)]
+    n, plan = c._plan(texts, query=True)
+    assert n == 19 and [call.rows for call, _ in plan] == [8, 8, 3]
+    first = plan[0][0].inputs[0][2]
+    assert first[0, 0] == b"Q:t0"
+    parts = [(idx, np.repeat(idx[:, None].astype(np.float32), 4, axis=1)) for _, idx in plan]
+    out = c._assemble(n, parts)
+    assert out.dtype == np.float32 and out.shape == (19, 4)
+    np.testing.assert_array_equal(out[:, 0], np.arange(19))
+
+
+def test_spec_needs_connect() -> None:
+    with pytest.raises(KitError, match="not connected"):
+        _ = _Planner(model="minilm").spec

@@ -1,0 +1,101 @@
+"""The GPU bench's pieces that need no server: configs (Triton's schema), sub-batch plans, FLOPs, goals."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from loadtest.gpu import report, scenarios
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _load_bert_model_module():
+    """bert_model.py imports triton_python_backend_utils, which only exists inside the stub."""
+    stub = type(sys)("triton_python_backend_utils")
+    sys.modules.setdefault("triton_python_backend_utils", stub)
+    spec = importlib.util.spec_from_file_location("bench_bert_model", scenarios.MODEL_SOURCE)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_every_rendered_config_parses_with_tritons_schema(tmp_path: Path) -> None:
+    scs = scenarios.build_scenarios(32, 1_000_000, 5000)
+    assert [s.key for s in scs] == ["s1_batch1", "s2_static", "s3_dynamic", "s4_delay0",
+                                    "s5a_mixed_padded", "s5b_mixed_length_aware"]
+    root = scenarios.write_repository(tmp_path / "repo", scs, {"fixed": 64, "mixed": 256},
+                                      dims=scenarios.MODEL_SIZES["large"], device="cuda", dtype="fp16",
+                                      seed=0, token_budget=4096, instances=1)
+    for sc in scs:
+        cfg = text_format.Parse((root / sc.model_name / "config.pbtxt").read_text(),
+                                model_config_pb2.ModelConfig())
+        assert (root / sc.model_name / "1" / "model.py").exists()
+        assert cfg.name == sc.model_name and cfg.backend == "python"
+        assert cfg.max_batch_size == sc.max_batch
+        assert list(cfg.input[0].dims) == [64 if sc.workload == "fixed" else 256]
+        assert list(cfg.output[0].dims) == [1024]
+        assert cfg.parameters["synthetic"].string_value == "true"
+        assert cfg.parameters["model_id"].string_value == "synthetic:bge-large-zh"
+        assert cfg.HasField("dynamic_batching") == (sc.delay_us is not None)
+    s1, s2, s3, s4 = (text_format.Parse((root / f"bench_{k}" / "config.pbtxt").read_text(),
+                                        model_config_pb2.ModelConfig())
+                      for k in ("s1_batch1", "s2_static", "s3_dynamic", "s4_delay0"))
+    assert s1.max_batch_size == 1 and not s1.HasField("dynamic_batching")
+    assert list(s2.dynamic_batching.preferred_batch_size) == [32]
+    assert s2.dynamic_batching.max_queue_delay_microseconds == 1_000_000
+    assert s3.dynamic_batching.max_queue_delay_microseconds == 5000
+    assert s4.dynamic_batching.max_queue_delay_microseconds == 0
+
+
+def test_large_size_is_bge_large_zh_architecture() -> None:
+    d = scenarios.MODEL_SIZES["large"]
+    assert (d.layers, d.hidden, d.heads, d.intermediate, d.vocab) == (24, 1024, 16, 4096, 21128)
+    # ~2 x 302M encoder weights per token, plus attention: 64 tokens ~ 39 GFLOP
+    assert 35e9 < d.flops_per_sequence(64, 64 * 64) < 45e9
+
+
+@pytest.mark.parametrize("padding", ["longest", "length_aware"])
+def test_sub_batch_plans_cover_every_row_once(padding: str) -> None:
+    mod = _load_bert_model_module()
+    lengths = np.array([5, 200, 17, 64, 9, 130, 33, 1, 250])
+    plans = mod.plan_sub_batches(lengths, padding, 8, 512)
+    rows = np.concatenate([idx for idx, _ in plans])
+    assert sorted(rows.tolist()) == list(range(len(lengths)))
+    for idx, width in plans:
+        assert width >= lengths[idx].max()
+        if padding == "length_aware":
+            assert width % 8 == 0
+            assert len(idx) == 1 or len(idx) * width <= 512
+    if padding == "longest":
+        assert len(plans) == 1 and plans[0][1] == 250
+
+
+def test_length_aware_pads_fewer_tokens_than_longest() -> None:
+    mod = _load_bert_model_module()
+    lengths = np.random.default_rng(0).integers(4, 256, 64)
+    def padded(p):
+        return sum(len(i) * w for i, w in mod.plan_sub_batches(lengths, p, 8, 4096))
+    assert padded("length_aware") < 0.75 * padded("longest")
+
+
+def _row(key: str, qps: float, low_avg: float, frac: float) -> report.Row:
+    return report.Row(key, key, "synthetic:bge-large-zh", 32, "32", "0", "fixed", "longest", 128,
+                      qps, 1.0, 1.0, 1.0, 1.0, 0.1, 1.0, None, 1.0, frac, 0, 10.0, 10.0,
+                      low_avg, low_avg, low_avg, 1.0, None, 0)
+
+
+def test_goals_against_batch1_of_the_same_run() -> None:
+    rows = [_row("s1_batch1", 100.0, 5.0, 0.05), _row("s3_dynamic", 900.0, 10.0, 0.5),
+            _row("s4_delay0", 820.0, 6.0, 0.39)]
+    verdict = {g: ok for g, _, ok in report.evaluate_goals(rows)}
+    assert verdict["s3_dynamic: peak throughput / batch-1 >= 8.1x"]
+    assert not verdict["s3_dynamic: low-load avg latency - batch-1's <= 1.4 ms"]
+    assert verdict["s4_delay0: peak throughput / batch-1 >= 8.1x"]
+    assert verdict["s4_delay0: low-load avg latency - batch-1's <= 1.4 ms"]
+    assert not verdict["s4_delay0: model compute at peak >= 40% of measured matmul rate"]

@@ -86,6 +86,7 @@ def render_cpu_variant(repository: Path, out_dir: Path, variant: CpuVariant = Cp
         for version in (p for p in model_dir.iterdir() if p.is_dir()):
             _link_tree(version, dst / version.name)
         if cpu.backend == "python" and cfg.backend != "python":
+            (dst / "1").mkdir(parents=True, exist_ok=True)  # model.py goes there even before an export
             for version in (p for p in dst.iterdir() if p.is_dir() and p.name.isdigit()):
                 model_py = version / "model.py"
                 if model_py.exists() or model_py.is_symlink():

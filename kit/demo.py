@@ -1,0 +1,160 @@
+"""`python -m kit.demo`: the main job end to end on this machine.
+
+Exports BAAI/bge-large-zh-v1.5 when it can be loaded offline (local dir or HF cache), otherwise
+synthetic:bge-large-zh (random weights, said loudly); starts the real local tritonserver; embeds
+Chinese sentences through the text endpoint with the client SDK; prints dims, norms, the
+similarity matrix and Triton's batch statistics; stops the server by its pid.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from kit.errors import ExportError, KitError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+REAL_MODEL = "BAAI/bge-large-zh-v1.5"
+SYNTHETIC_MODEL = "synthetic:bge-large-zh"
+SENTENCES = [
+    "今天天气很好，我们去公园散步吧。",
+    "今天阳光明媚，适合去公园走走。",
+    "这家餐厅的菜太难吃了，服务也很差。",
+    "向量检索是检索增强生成系统的第一步。",
+    "Triton 的动态批处理可以提高 GPU 的吞吐量。",
+]
+BANNER = """
+############################################################################
+#  SYNTHETIC WEIGHTS: BAAI/bge-large-zh-v1.5 cannot be loaded here (no    #
+#  local copy, no HF cache, no hub). The demo serves synthetic:bge-large-zh #
+#  - the exact BERT-large architecture with RANDOM weights. Speed and the  #
+#  serving path are real; the similarities below carry NO meaning.         #
+############################################################################
+"""
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    """Flags of the demo command."""
+
+    model: str | None
+    precision: str
+    repository: Path
+    name: str
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+    force_export: bool
+
+
+def _parse(argv: list[str] | None) -> DemoSettings:
+    p = argparse.ArgumentParser(prog="python -m kit.demo", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None,
+                   help=f"model to export (default: {REAL_MODEL} if loadable offline, else {SYNTHETIC_MODEL})")
+    p.add_argument("--precision", default="int8", choices=["fp32", "int8", "fp16"],
+                   help="int8 is the CPU choice (default); fp16 is for GPU")
+    p.add_argument("--repository", type=Path, default=REPO_ROOT / ".kit" / "demo" / "repository")
+    p.add_argument("--name", default="bge_large_zh")
+    p.add_argument("--http-port", type=int, default=8000)
+    p.add_argument("--grpc-port", type=int, default=8001)
+    p.add_argument("--metrics-port", type=int, default=8002)
+    p.add_argument("--force-export", action="store_true", help="export again even if the repository has it")
+    a = p.parse_args(argv)
+    return DemoSettings(a.model, a.precision, a.repository, a.name, a.http_port, a.grpc_port, a.metrics_port,
+                        a.force_export)
+
+
+def choose_model(requested: str | None) -> str:
+    """The real BGE-Large-zh when it resolves offline, the synthetic one otherwise."""
+    if requested:
+        return requested
+    from export.settings import ExportSettings
+    from export.source import resolve_path
+
+    try:
+        resolve_path(ExportSettings(model=REAL_MODEL, repository=Path("."), name="probe"))
+        return REAL_MODEL
+    except ExportError as exc:
+        print(f"note: {exc}", file=sys.stderr)
+        return SYNTHETIC_MODEL
+
+
+def ensure_export(s: DemoSettings, model: str) -> dict:
+    """Run the exporter unless the repository already holds this model at this precision."""
+    report_path = s.repository / f"{s.name}_onnx" / "1" / "export_report.json"
+    if report_path.exists() and not s.force_export:
+        report = json.loads(report_path.read_text())
+        if report.get("model") == model and report.get("precision") == s.precision:
+            print(f"reusing export in {s.repository} (--force-export to redo)")
+            return report
+    from export.__main__ import main as export_main
+
+    t0 = time.perf_counter()
+    code = export_main(["--model", model, "--repository", str(s.repository), "--name", s.name,
+                        "--precision", s.precision])
+    if code != 0:
+        raise ExportError(f"export of {model} failed (exit {code}); see the table above")
+    print(f"export took {time.perf_counter() - t0:.0f} s")
+    return json.loads(report_path.read_text())
+
+
+def show(vectors: np.ndarray, synthetic: bool) -> None:
+    """Dims, norms and the cosine similarity matrix."""
+    print(f"\nembeddings: shape {vectors.shape}, dtype {vectors.dtype}"
+          + ("  [SYNTHETIC weights: similarities are meaningless]" if synthetic else ""))
+    for text, vec in zip(SENTENCES, vectors):
+        print(f"  norm {np.linalg.norm(vec):.4f}  {text}")
+    sim = vectors @ vectors.T
+    print("\ncosine similarity:")
+    print("      " + "".join(f"{j:>7d}" for j in range(len(SENTENCES))))
+    for i, row in enumerate(sim):
+        print(f"  {i:>3d} " + "".join(f"{v:7.3f}" for v in row))
+
+
+def batch_stats(url: str, model: str) -> list[tuple[int, int]]:
+    """(batch size, executions) pairs from Triton's statistics extension."""
+    import tritonclient.grpc as grpcclient
+
+    stats = grpcclient.InferenceServerClient(url).get_inference_statistics(model, as_json=True)
+    rows = stats["model_stats"][0].get("batch_stats", [])
+    return sorted((int(r["batch_size"]), int(r["compute_infer"]["count"])) for r in rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    s = _parse(argv)
+    try:
+        model = choose_model(s.model)
+        synthetic = model.startswith("synthetic:")
+        if synthetic:
+            print(BANNER)
+        report = ensure_export(s, model)
+        from client import EmbeddingClient
+        from server.launcher import LocalServer, ServerSettings
+
+        settings = ServerSettings(repository=s.repository, http_port=s.http_port, grpc_port=s.grpc_port,
+                                  metrics_port=s.metrics_port, state_dir=REPO_ROOT / ".kit" / "demo" / "server")
+        with LocalServer(settings) as srv:
+            print(f"tritonserver pid {srv.proc.pid} ready on {srv.grpc_url} (gRPC), {srv.http_url} (HTTP)")
+            with EmbeddingClient(url=srv.grpc_url, model=s.name) as client:
+                t0 = time.perf_counter()
+                vectors = client.embed_documents(SENTENCES)
+                print(f"embedded {len(SENTENCES)} sentences in {1000 * (time.perf_counter() - t0):.0f} ms "
+                      f"({model}, {report.get('precision')}, pooling {report.get('pooling')})")
+            show(vectors, synthetic)
+            for m in (s.name, f"{s.name}_onnx"):
+                print(f"\nTriton batch stats {m} (batch size, executions): {batch_stats(srv.grpc_url, m)}")
+        print("\nserver stopped." + ("  (SYNTHETIC weights were served)" if synthetic else ""))
+        return 0
+    except KitError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test test-unit bench clean-reports help
+.PHONY: setup demo test test-unit bench help compose-check gpu-wheels gpu-bench
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -29,3 +29,13 @@ test-unit: setup  ## unit tests only (no server)
 
 bench: setup  ## the seed-table benchmark on the local Triton (reports/bench)
 	$(PY) -m loadtest.bench --out reports/bench
+
+compose-check: setup  ## validate docker-compose.yml and the GPU configs (Triton schema + ORT backend keys)
+	docker-compose --env-file deploy/.env.example config -q
+	$(PY) deploy/check_configs.py model_repository
+
+gpu-wheels:  ## download what a bare GPU host lacks into loadtest/gpu/wheels (needs PyPI)
+	bash loadtest/gpu/fetch_wheels.sh
+
+gpu-bench:  ## on a bare GPU host: the bench with synthetic:bge-large-zh in torch FP16 -> reports/gpu
+	bash loadtest/gpu/run.sh

@@ -103,6 +103,7 @@ def build_command(settings: ServerSettings, backends: Path, repo: Path) -> list[
         f"--model-control-mode={settings.model_control}",
         f"--log-verbose={settings.log_verbose}",
         "--exit-on-error=true", "--strict-readiness=true",
+        "--disable-auto-complete-config",  # configs are complete; saves a second stub import per model
         f"--backend-config=python,shm-default-byte-size={4 * 1024 * 1024}",
     ]
     for model in settings.load_models:

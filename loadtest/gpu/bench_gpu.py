@@ -114,6 +114,27 @@ def _percentile(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, math.ceil(q / 100.0 * len(s)) - 1))]
 
 
+def _collect(queue, workers, deadline: float, what: str) -> list:
+    """One result per load process; fails fast if a process died without sending one."""
+    import queue as queue_mod
+
+    results = []
+    while len(results) < len(workers):
+        try:
+            status, payload = queue.get(timeout=1.0)
+        except queue_mod.Empty:
+            dead = [w for w in workers if w.exitcode not in (None, 0)]
+            if dead or time.time() > deadline:
+                codes = [w.exitcode for w in workers]
+                raise tritonproc.BenchError(f"load processes of {what} gave {len(results)} of "
+                                            f"{len(workers)} results (exit codes {codes})") from None
+            continue
+        if status != "ok":
+            raise tritonproc.BenchError(f"load process failed in {what}: {payload}")
+        results.append(payload)
+    return results
+
+
 def run_phase(s: Settings, sc: scenarios.Scenario, server_url: str, sampler, mode: str, rate: float,
               seconds: float) -> dict:
     """One measurement window; returns latency percentiles, QPS, batch and queue stats, GPU util."""
@@ -137,12 +158,7 @@ def run_phase(s: Settings, sc: scenarios.Scenario, server_url: str, sampler, mod
     st0 = tritonproc.model_stats(server_url, sc.model_name)
     time.sleep(max(0.0, t_end - time.time()))
     st1 = tritonproc.model_stats(server_url, sc.model_name)
-    results = []
-    for _ in workers:
-        status, payload = queue.get(timeout=seconds + 180)
-        if status != "ok":
-            raise tritonproc.BenchError(f"load process failed in {sc.key} ({mode}): {payload}")
-        results.append(payload)
+    results = _collect(queue, workers, deadline=time.time() + seconds + 180, what=f"{sc.key} ({mode})")
     for w in workers:
         w.join(30)
     lat = [x for r in results for x in r.latencies_ms]

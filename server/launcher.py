@@ -127,12 +127,39 @@ def log_tail(path: Path, lines: int = 40) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
+def load_errors(path: Path, limit: int = 6) -> str:
+    """The model-load failures in the server log, one line each (the cause, without the traceback).
+
+    Triton prints them long before it exits; the log tail only holds its shutdown chatter.
+    """
+    if not path.exists():
+        return ""
+    found = []
+    for line in path.read_text(errors="replace").splitlines():
+        if "failed to load '" not in line or ": " not in line:
+            continue
+        msg = line.split('"', 1)[-1].rstrip('"')
+        msg = msg.replace("\\n", "\n").split("\n\nAt:", 1)[0].split("\nAt:", 1)[0].strip()
+        if msg not in found:
+            found.append(msg)
+    return "\n".join(f"  - {m}" for m in found[:limit])
+
+
+def _failure(path: Path) -> str:
+    """What to show when start-up fails: the model-load errors first, then the log tail."""
+    errors = load_errors(path)
+    head = f"Models that failed to load:\n{errors}\n" if errors else ""
+    return f"{head}Log tail ({path}):\n{log_tail(path)}"
+
+
 class LocalServer:
     """A real tritonserver process; `with LocalServer(settings) as srv:` starts and stops it."""
 
     def __init__(self, settings: ServerSettings):
+        settings.repository = Path(settings.repository).resolve()  # tritonserver runs with cwd=state
+        settings.state_dir = Path(settings.state_dir).resolve()
         self.settings = settings
-        self.state = Path(settings.state_dir)
+        self.state = settings.state_dir
         self.log_path = self.state / "tritonserver.log"
         self.proc: subprocess.Popen | None = None
 
@@ -173,14 +200,13 @@ class LocalServer:
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
                 self._forget()
-                raise ServerNotReady(f"tritonserver exited with code {self.proc.returncode} during start-up. "
-                                     f"Log tail ({self.log_path}):\n{log_tail(self.log_path)}")
+                raise ServerNotReady(f"tritonserver exited with code {self.proc.returncode} during start-up.\n"
+                                     f"{_failure(self.log_path)}")
             if _ready(self.settings.http_port):
                 return
             time.sleep(0.25)
         self.stop()
-        raise ServerNotReady(f"tritonserver not ready after {timeout_s:.0f} s. "
-                             f"Log tail ({self.log_path}):\n{log_tail(self.log_path)}")
+        raise ServerNotReady(f"tritonserver not ready after {timeout_s:.0f} s.\n{_failure(self.log_path)}")
 
     def stop(self, timeout_s: float = 20.0) -> None:
         """SIGTERM the pid we started (graceful), SIGKILL after timeout_s."""

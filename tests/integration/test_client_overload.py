@@ -34,7 +34,7 @@ def free_ports(n: int) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def tiny_queue_server(kit_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def tiny_queue_server(minilm_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     launcher = pytest.importorskip("server.launcher")
     from server.cpu_variant import CpuVariant
     from server.repository import Batching
@@ -43,7 +43,7 @@ def tiny_queue_server(kit_server: Any, tmp_path_factory: pytest.TempPathFactory)
     variant = CpuVariant(executor="costmodel", cost_a_us=300_000, cost_b_us=0.0,
                          batching={NAME: Batching(max_queue_size=1, max_batch_size=1, max_queue_delay_us=0),
                                    f"{NAME}_onnx": Batching(max_queue_size=1, max_queue_delay_us=0)})
-    settings = launcher.ServerSettings(repository=Path(kit_server.settings.repository), http_port=http,
+    settings = launcher.ServerSettings(repository=Path(minilm_repo), http_port=http,
                                        grpc_port=grpc, metrics_port=metrics, variant=variant,
                                        state_dir=tmp_path_factory.mktemp("tiny-queue-server"))
     with launcher.LocalServer(settings) as srv:

@@ -24,10 +24,9 @@ ATOL = 2e-4  # FP32 ONNX Runtime in the server vs here: different batch shapes /
 
 
 @pytest.fixture(scope="module")
-def srv(kit_server: Any) -> dict[str, Any]:
-    """grpc/http urls and the source repository of the lead's session server (see conftest.py)."""
-    return {"grpc": kit_server.grpc_url, "http": kit_server.http_url,
-            "repository": Path(kit_server.settings.repository)}
+def srv(triton_server: Any, minilm_repo: Path) -> dict[str, Any]:
+    """grpc/http urls of the session server (tests/conftest.py) and the exported MiniLM repository."""
+    return {"grpc": triton_server.grpc_url, "http": triton_server.http_url, "repository": Path(minilm_repo)}
 
 
 def ort_reference(repository: Path, texts: list[str], max_length: int) -> np.ndarray:

@@ -124,20 +124,21 @@ def to_int8(src: Path, dst: Path, recipe: Int8Recipe) -> dict:
     return info
 
 
-def convert(fp32: Path, work: Path, source: ModelSource, precision: str, recipe: str = DEFAULT_RECIPE) -> tuple[Path, dict]:
-    """fp32 graph -> fused graph in the target precision; returns its path and what was done (for the report)."""
+def convert(fp32: Path, work: Path, source: ModelSource, precision: str, recipe: str = DEFAULT_RECIPE
+            ) -> tuple[Path, Path, dict]:
+    """fp32 graph -> fused graph in the target precision; returns its path, the fused fp32 graph, and what was done."""
     use_gpu = precision == "fp16"
     fused = work / f"fused_{'gpu' if use_gpu else 'cpu'}.onnx"
     info: dict = {"fusion": fuse(fp32, fused, source, use_gpu=use_gpu)}
     if precision == "fp32":
-        return fused, info
+        return fused, fused, info
     if precision == "fp16":
         out = work / "embedding_fp16.onnx"
         to_fp16(fused, out)
         info["fp16"] = {"keep_io_types": True}
-        return out, info
+        return out, fused, info
     if recipe not in RECIPES:
         raise ExportError(f"INT8 recipe {recipe!r} is unknown; use one of {sorted(RECIPES)}.")
     out = work / f"embedding_int8_{recipe}.onnx"
     info["int8"] = to_int8(fused, out, RECIPES[recipe])
-    return out, info
+    return out, fused, info

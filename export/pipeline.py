@@ -79,7 +79,7 @@ def build_report(s: ExportSettings, source: ModelSource, graph: Path, info: dict
     }
 
 
-def run_export(s: ExportSettings, log=print) -> ExportResult:
+def run_export(s: ExportSettings) -> ExportResult:
     """Run every stage; raise ExportError (nothing written to the repository) when validation fails."""
     timings: dict[str, float] = {}
     tag = "SYNTHETIC " if s.synthetic else ""
@@ -106,10 +106,10 @@ def run_export(s: ExportSettings, log=print) -> ExportResult:
         fp32 = export_embedding_model(model, source, work, s.opset)
         done(2, t)
         t = stage(3)
-        graph, info = convert(fp32, work, source, s.precision, s.int8_recipe)
+        graph, fused_fp32, info = convert(fp32, work, source, s.precision, s.int8_recipe)
         done(3, t)
         t = stage(4)
-        fid = validate(model, tokenizer, graph, fp32, source, s, s.precision)
+        fid = validate(model, tokenizer, graph, fused_fp32, source, s, s.precision)
         done(4, t)
         report = build_report(s, source, graph, info, fid, timings)
         if not fid.passed:

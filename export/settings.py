@@ -45,8 +45,8 @@ class ExportSettings:
     cache_dir: Path = Path(".kit/cache")  # synthetic model dirs and intermediate ONNX files
     hf_cache: Path | None = None  # a Hugging Face hub cache dir to look in (default: transformers' own)
     threads: int = 0  # ONNX Runtime intra-op threads for validation; 0 = ORT default
-    retrieval_queries: int = 100
-    retrieval_corpus: int = 1000
+    retrieval_queries: int | None = None  # None: 100 (real weights) / 20 (synthetic: reported, not enforced)
+    retrieval_corpus: int | None = None  # None: 1000 (real weights) / 200 (synthetic)
     retrieval_max_length: int = 128  # truncation for the neighbour check only: keeps it to a minute on CPU
     thresholds: Thresholds = field(default_factory=Thresholds)
     quiet: bool = False  # no progress bars (tests)
@@ -55,6 +55,13 @@ class ExportSettings:
     def synthetic(self) -> bool:
         """True when the model is generated here with random weights (every output must say so)."""
         return self.model.startswith(SYNTHETIC_PREFIX)
+
+    @property
+    def neighbour_check(self) -> tuple[int, int]:
+        """(queries, corpus) of the int8 top-k check; smaller for synthetic models, whose result is not enforced."""
+        q = self.retrieval_queries or (20 if self.synthetic else 100)
+        c = self.retrieval_corpus or (200 if self.synthetic else 1000)
+        return q, c
 
     def check(self) -> "ExportSettings":
         """Reject bad values early, each with the value and the fix."""
@@ -73,9 +80,10 @@ class ExportSettings:
             raise ExportError(f"--name {self.name!r} is not a valid Triton model name; use letters, digits and _ (e.g. bge_large_zh).")
         if self.repository.exists() and not self.repository.is_dir():
             raise ExportError(f"--repository {self.repository} is a file, not a directory; pass a model repository folder.")
-        if self.retrieval_queries < 1 or self.retrieval_corpus < self.thresholds.topk:
+        q, c = self.neighbour_check
+        if q < 1 or c < self.thresholds.topk:
             raise ExportError(
-                f"--retrieval-queries {self.retrieval_queries} / --retrieval-corpus {self.retrieval_corpus} too small; "
+                f"--retrieval-queries {q} / --retrieval-corpus {c} too small; "
                 f"need >= 1 query and >= {self.thresholds.topk} texts."
             )
         return self
@@ -105,8 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hf-cache", type=Path, default=None, help="Hugging Face hub cache to resolve hub ids from "
                    "(default: transformers' own, e.g. ~/.cache/huggingface/hub)")
     p.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads in validation (0 = default)")
-    p.add_argument("--retrieval-queries", type=int, default=100, help="queries of the int8 neighbour check (default 100)")
-    p.add_argument("--retrieval-corpus", type=int, default=1000, help="texts searched by the neighbour check (default 1000)")
+    p.add_argument("--retrieval-queries", type=int, default=None, help="queries of the int8 top-10 neighbour check "
+                   "(default 100; 20 for synthetic models, where it is reported but not enforced)")
+    p.add_argument("--retrieval-corpus", type=int, default=None, help="texts searched by the neighbour check "
+                   "(default 1000; 200 for synthetic models)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     return p
 

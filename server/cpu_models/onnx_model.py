@@ -16,6 +16,14 @@ def _param(cfg, key, default):
     return cfg.get("parameters", {}).get(key, {}).get("string_value", default)
 
 
+def _input_error(message):
+    """A per-request input problem: INVALID_ARG (HTTP 400), so clients never retry it."""
+    try:
+        return pb_utils.TritonError(message, pb_utils.TritonError.INVALID_ARG)
+    except (AttributeError, TypeError):  # older python_backend without error codes
+        return pb_utils.TritonError(message)
+
+
 def _vocab_size(path):
     """Rows of the word-embedding table feeding input_ids (None if it cannot be found)."""
     try:
@@ -60,6 +68,10 @@ class TritonPythonModel:
             threads = int(_param(cfg, "intra_op_threads", "0"))
             if threads > 0:
                 opts.intra_op_num_threads = threads
+            # Spin-waiting intra-op threads steal the cores that Triton, the text endpoint's stub and
+            # the clients share with this model; off by default here (allow_spinning "1" restores it).
+            spinning = "1" if _param(cfg, "allow_spinning", "0").strip().lower() in ("1", "true") else "0"
+            opts.add_session_config_entry("session.intra_op.allow_spinning", spinning)
             opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
             self.session = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
             self.input_names = [i.name for i in self.session.get_inputs()]
@@ -96,17 +108,20 @@ class TritonPythonModel:
             ids = pb_utils.get_input_tensor_by_name(request, "input_ids").as_numpy()
             mask = pb_utils.get_input_tensor_by_name(request, "attention_mask").as_numpy()
             if ids.shape != mask.shape:
-                responses[i] = pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                responses[i] = pb_utils.InferenceResponse(error=_input_error(
                     f"input_ids shape {list(ids.shape)} != attention_mask shape {list(mask.shape)}"))
                 continue
             problem = self._check(ids, mask)
             if problem:
-                responses[i] = pb_utils.InferenceResponse(error=pb_utils.TritonError(problem))
+                responses[i] = pb_utils.InferenceResponse(error=_input_error(problem))
                 continue
             groups.setdefault(ids.shape[1], []).append((i, ids, mask))
         for items in groups.values():
-            ids = np.concatenate([it[1] for it in items]).astype(np.int64, copy=False)
-            mask = np.concatenate([it[2] for it in items]).astype(np.int64, copy=False)
+            if len(items) == 1:  # one request (e.g. one planned sub-batch of the text endpoint): no copy
+                ids, mask = items[0][1].astype(np.int64, copy=False), items[0][2].astype(np.int64, copy=False)
+            else:
+                ids = np.concatenate([it[1] for it in items]).astype(np.int64, copy=False)
+                mask = np.concatenate([it[2] for it in items]).astype(np.int64, copy=False)
             try:
                 out = self._run(ids, mask).astype(np.float32, copy=False)
             except Exception as exc:  # ORT raises its own types (e.g. index out of range): answer, don't crash

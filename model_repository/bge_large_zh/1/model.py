@@ -3,7 +3,8 @@
 One Triton batch of requests (each request: `text` BYTES [n, 1]) is tokenized at once, sorted by
 length, cut into sub-batches under a token budget (B x padded L <= budget, B <= sub_batch_max),
 padded to a multiple of 8, and sent to the encoder model through BLS with async_exec so the
-sub-batches overlap. Results go back in order, one response per request. A bad request gets its
+sub-batches overlap (at most `max_in_flight` queued at the encoder, so its batcher cannot merge them
+back past the token budget). Results go back in order, one response per request. A bad request gets its
 own error response; the other requests of the batch are not touched.
 """
 import asyncio
@@ -55,11 +56,20 @@ def plan_sub_batches(lengths, budget, max_batch, multiple, overhead_tokens=64):
     return plans[::-1]
 
 
-def _error(message):
+def _error(message, code=None):
+    """A TritonError with `code` (default INVALID_ARG: a bad request)."""
     try:
-        return pb_utils.TritonError(message, pb_utils.TritonError.INVALID_ARG)
+        return pb_utils.TritonError(message, pb_utils.TritonError.INVALID_ARG if code is None else code)
     except (AttributeError, TypeError):  # older python_backend without error codes
         return pb_utils.TritonError(message)
+
+
+class EncoderError(RuntimeError):
+    """The encoder answered an error; `code` is its TritonError code (None if unknown)."""
+
+    def __init__(self, message, code=None):
+        super().__init__(message)
+        self.code = code
 
 
 class TritonPythonModel:
@@ -79,6 +89,9 @@ class TritonPythonModel:
         self.multiple = max(1, int(_param(cfg, "pad_to_multiple", "8")))
         self.sub_batch_max = int(_param(cfg, "sub_batch_max", "64"))
         self.overhead_tokens = int(_param(cfg, "split_overhead_tokens", "64"))
+        # Sub-batches queued at the encoder at once. 2 keeps the encoder busy (one runs, one waits)
+        # without letting its dynamic batcher merge equal-shape sub-batches past the token budget.
+        self.max_in_flight = max(1, int(_param(cfg, "max_in_flight", "2")))
         self.dim = int(cfg["output"][0]["dims"][-1])
         self.full = Tokenizer.from_file(tok_file)  # no truncation: exact counts for truncate=false
         self.full.no_truncation()
@@ -136,23 +149,34 @@ class TritonPythonModel:
 
     async def execute(self, requests):
         responses = [None] * len(requests)
-        slots = []  # (request index, first row, count)
-        all_ids = []
+        decoded = []  # (request index, texts, truncate)
         for r, request in enumerate(requests):
             try:
                 texts, truncate = self._texts_of(request)
-                encs = (self.trunc if truncate else self.full).encode_batch(texts)
-                if not truncate:
-                    for j, enc in enumerate(encs):
-                        if len(enc.ids) > self.max_length:
-                            raise ValueError(f"text {j} has {len(enc.ids)} tokens, over the limit of "
-                                             f"{self.max_length}: shorten it or send truncate=true")
             except ValueError as exc:
-                responses[r] = pb_utils.InferenceResponse(error=_error(str(exc)))
-                self.m_bad.increment(1)
+                responses[r] = self._reject(exc)
                 continue
-            slots.append((r, len(all_ids), len(encs)))
-            all_ids.extend(enc.ids for enc in encs)
+            decoded.append((r, texts, truncate))
+        # One encode_batch for every truncating text of the Triton batch (one call, not one per request).
+        flat = [t for _, texts, truncate in decoded if truncate for t in texts]
+        trunc_ids = iter([enc.ids for enc in self.trunc.encode_batch(flat)] if flat else [])
+        slots = []  # (request index, first row, count)
+        all_ids = []
+        for r, texts, truncate in decoded:
+            if truncate:
+                ids = [next(trunc_ids) for _ in texts]
+            else:
+                try:
+                    ids = [enc.ids for enc in self.full.encode_batch(texts)]
+                    for j, row in enumerate(ids):
+                        if len(row) > self.max_length:
+                            raise ValueError(f"text {j} has {len(row)} tokens, over the limit of "
+                                             f"{self.max_length}: shorten it or send truncate=true")
+                except ValueError as exc:
+                    responses[r] = self._reject(exc)
+                    continue
+            slots.append((r, len(all_ids), len(ids)))
+            all_ids.extend(ids)
         if all_ids:
             try:
                 vectors = await self._encode(all_ids)
@@ -165,24 +189,31 @@ class TritonPythonModel:
                     [pb_utils.Tensor("embedding", vectors[start:start + count])])
         return responses
 
+    def _reject(self, exc):
+        self.m_bad.increment(1)
+        return pb_utils.InferenceResponse(error=_error(str(exc)))
+
     async def _encode(self, all_ids):
         lengths = [len(ids) for ids in all_ids]
         plans = plan_sub_batches(lengths, self.budget, self.sub_batch_max, self.multiple,
                                  self.overhead_tokens)
-        calls = []
-        padded = 0
-        for rows, pad_len in plans:
+        out = np.empty((len(all_ids), self.dim), dtype=np.float32)
+        window = asyncio.Semaphore(self.max_in_flight)
+
+        async def run(rows, pad_len):
             ids = np.full((len(rows), pad_len), self.pad_id, dtype=np.int64)
             mask = np.zeros((len(rows), pad_len), dtype=np.int64)
             for k, i in enumerate(rows):
                 ids[k, :lengths[i]] = all_ids[i]
                 mask[k, :lengths[i]] = 1
-            padded += ids.size
-            calls.append(self._bls(ids, mask))
-        results = await asyncio.gather(*calls)
-        out = np.empty((len(all_ids), self.dim), dtype=np.float32)
-        for (rows, _), vecs in zip(plans, results):
-            out[rows] = vecs
+            async with window:  # at most max_in_flight sub-batches queued at the encoder
+                out[rows] = await self._bls(ids, mask)
+
+        if len(plans) == 1:
+            await run(*plans[0])  # the common low-load case: no task machinery
+        else:
+            await asyncio.gather(*(run(rows, pad_len) for rows, pad_len in plans))
+        padded = sum(len(rows) * pad_len for rows, pad_len in plans)
         self.m_real.increment(sum(lengths))
         self.m_padded.increment(padded)
         self.m_batches.increment(1)
@@ -199,7 +230,12 @@ class TritonPythonModel:
             pass  # older python_backend: outputs already come back in CPU memory
         response = await pb_utils.InferenceRequest(**kwargs).async_exec()
         if response.has_error():
-            raise RuntimeError(f"encoder {self.encoder} failed: {response.error().message()}")
+            error = response.error()
+            try:
+                code = error.code()
+            except AttributeError:  # older python_backend without error codes
+                code = None
+            raise EncoderError(f"encoder {self.encoder} failed: {error.message()}", code)
         tensor = pb_utils.get_output_tensor_by_name(response, "embedding")
         if tensor.is_cpu():
             return tensor.as_numpy()

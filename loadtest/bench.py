@@ -1,0 +1,214 @@
+"""`python -m loadtest.bench`: the seed table reproduced on a real local Triton, each scenario at
+peak (closed loop) and at low load (open-loop Poisson at ~20% of batch-1 capacity), side by side.
+
+Rows run twice: the real exported model on ONNX Runtime (CPU), and the calibrated cost model
+(EMULATED GPU, seed A10G fit). Writes OUT/bench.md, bench.csv, bench.png.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from kit.errors import ExportError
+from loadtest import corpus, harness, loadgen, report
+from loadtest.costmodel import DEFAULT as DEFAULT_COST
+from loadtest.costmodel import CostModel
+from loadtest.stats import CpuMeter, fetch_stats, stats_delta, summarize
+from server.repository import ENCODER_SUFFIX, SCENARIOS
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SCENARIO_ORDER = ("no_batching", "static_32", "dynamic_5ms", "delay_0", "text_endpoint")
+EXECUTORS = ("onnxruntime", "costmodel")
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """Everything one bench run needs; built once from flags."""
+
+    out: Path = REPO_ROOT / "reports" / "bench"
+    executors: tuple[str, ...] = EXECUTORS
+    scenarios: tuple[str, ...] = SCENARIO_ORDER
+    real_repo: Path = REPO_ROOT / ".kit" / "loadtest" / "real_repo"
+    real_model: str = "synthetic:bge-small-zh"
+    real_name: str = "bge_small_zh"
+    seq_len: int = 64  # emulated rows (the seed's length)
+    concurrency: int = 64
+    real_seq_len: int = 16  # real rows on CPU: shorter texts so a window holds several batches
+    real_concurrency: int = 32  # enough to fill static batch 32
+    low_fraction: float = 0.2
+    warmup_s: float = 2.0
+    duration_s: float = 10.0
+    low_duration_s: float = 15.0
+    processes: int = 1
+    intra_op_threads: int = 0
+    max_chars: int = 256
+    cost: CostModel = DEFAULT_COST
+    state_dir: Path = REPO_ROOT / ".kit" / "loadtest" / "bench_state"
+    command: str = "python -m loadtest.bench"
+
+
+@dataclass
+class BenchRun:
+    """Rows plus what the report prints about the run."""
+
+    settings: BenchSettings
+    rows: list[dict] = field(default_factory=list)
+    selfcheck_rps: float = 0.0
+    machine: dict = field(default_factory=dict)
+
+
+def ensure_real_repo(s: BenchSettings) -> None:
+    """Export the real-model rows' model once (cached under .kit) if it is not there."""
+    if (s.real_repo / f"{s.real_name}{ENCODER_SUFFIX}" / "1" / "model.onnx").exists():
+        return
+    cmd = [sys.executable, "-m", "export", "--model", s.real_model, "--repository", str(s.real_repo),
+           "--name", s.real_name, "--precision", "fp32", "--max-length", "256"]
+    print("exporting the real-model rows' model:", " ".join(cmd), flush=True)
+    if subprocess.run(cmd, cwd=REPO_ROOT).returncode != 0:
+        raise ExportError(f"export failed; run it by hand to see why: {' '.join(cmd)}")
+
+
+def _models(s: BenchSettings, executor: str) -> tuple[str, str]:
+    name = s.real_name if executor == "onnxruntime" else harness.EMULATED
+    return name + ENCODER_SUFFIX, name
+
+
+def _shape(s: BenchSettings, executor: str) -> tuple[int, int]:
+    """(closed-loop users, tokens per tensor request) of an executor's rows."""
+    return (s.concurrency, s.seq_len) if executor == "costmodel" else (s.real_concurrency, s.real_seq_len)
+
+
+def _bodies(s: BenchSettings, scenario: str, seq_len: int) -> tuple[bytes, ...]:
+    if scenario == "text_endpoint":
+        return tuple(loadgen.text_request(t) for t in corpus.sample("reviews", 512, seed=1, max_chars=s.max_chars))
+    return tuple(loadgen.tensor_bodies(seq_len, 128))
+
+
+def measure(h: harness.Harness, s: BenchSettings, model: str, watch: list[str], bodies: tuple[bytes, ...],
+            mode: str, rate: float = 0.0, users: int = 64) -> dict:
+    """One load run: client latency + Triton stats deltas of `watch` models + CPU use."""
+    dur = s.duration_s if mode == "closed" else s.low_duration_s
+    spec = loadgen.LoadSpec(*h.host_port, model, bodies, mode, concurrency=users if mode == "closed" else 512,
+                            rate=rate, warmup_s=s.warmup_s, duration_s=dur, processes=s.processes)
+    before = {m: fetch_stats(h.server.http_url, m) for m in watch}
+    meter = CpuMeter(h.server.proc.pid)
+    meter.start()
+    res = loadgen.run(spec)
+    cpu_pct, server_cores = meter.stop()
+    deltas = {m: stats_delta(before[m], fetch_stats(h.server.http_url, m)) for m in watch}
+    lat = summarize(res.latencies_ms)
+    enc = deltas[watch[-1]]  # the encoder (last watched): batch size and compute
+    front = deltas[watch[0]]  # what the client called: its queue time
+    return {"phase": "peak" if mode == "closed" else "low", "load": f"C={users}" if mode == "closed" else f"{rate:.0f}/s",
+            "throughput": res.throughput, "avg_ms": lat.avg_ms, "p50_ms": lat.p50_ms, "p99_ms": lat.p99_ms,
+            "n": lat.count, "errors": res.errors + res.late, "first_error": res.first_error[:120],
+            "avg_batch": enc.avg_batch, "front_batch": front.avg_batch, "queue_ms": front.queue_ms, "compute_ms": enc.compute_ms,
+            "cpu_pct": cpu_pct, "server_cores": server_cores}
+
+
+def run_executor(h: harness.Harness, s: BenchSettings, executor: str, run: BenchRun) -> None:
+    """All scenarios of one executor; batch-1 capacity (no_batching peak) sets the low-load rate."""
+    enc, txt = _models(s, executor)
+    params = {} if executor == "onnxruntime" else {"cost_a_us": s.cost.a_us, "cost_b_us": s.cost.b_us}
+    batch1 = None
+    users, seq_len = _shape(s, executor)
+    for scenario in s.scenarios:
+        if scenario == "text_endpoint":  # the DP's per-call overhead in token units = a / b of the cost model
+            h.load(enc, SCENARIOS["delay_0"], executor=executor, params=params)
+            h.load(txt, params={} if executor == "onnxruntime" else {"split_overhead_tokens": round(s.cost.a_us / s.cost.b_us)})
+            model, watch = txt, [txt, enc]
+        else:
+            h.load(enc, SCENARIOS[scenario], executor=executor, params=params)
+            model, watch = enc, [enc]
+        bodies = _bodies(s, scenario, seq_len)
+        if scenario == "text_endpoint":  # slower per request (tokenize + BLS): a window must hold several batches
+            s = replace(s, warmup_s=max(s.warmup_s, 1.5), duration_s=max(s.duration_s, 3.0),
+                        low_duration_s=max(s.low_duration_s, 3.0))
+        peak = measure(h, s, model, watch, bodies, "closed", users=users)
+        if batch1 is None:
+            batch1 = peak["throughput"] if scenario == "no_batching" else s.cost.capacity_qps(1, s.seq_len)
+        low = measure(h, s, model, watch, bodies, "open", rate=max(1.0, s.low_fraction * batch1))
+        for row in (peak, low):
+            row.update(executor=executor, scenario=scenario, model=model,
+                       label="EMULATED (cost model)" if executor == "costmodel" else f"real ({s.real_model}, ORT CPU)")
+            run.rows.append(row)
+            print(report.row_line(row), flush=True)
+        if scenario == "text_endpoint":
+            h.unload(txt)
+    h.unload(enc)
+
+
+def run_bench(s: BenchSettings) -> BenchRun:
+    """Start the server, self-check the generator, run every executor's scenarios, stop."""
+    repo_dir = s.state_dir.parent / "bench_repo"
+    has_real = "onnxruntime" in s.executors or "text_endpoint" in s.scenarios
+    if has_real:
+        ensure_real_repo(s)
+    harness.build_repository(repo_dir, s.real_repo if has_real else None, s.real_name, s.command)
+    run = BenchRun(s, machine=report.machine_info())
+    h = harness.Harness(repo_dir, s.state_dir, s.cost, s.intra_op_threads).start()
+    try:
+        run.selfcheck_rps = h.self_check(s.concurrency, max(2.0, s.duration_s / 2), s.processes)
+        print(f"load-generator self-check: {run.selfcheck_rps:.0f} req/s against the no-op model", flush=True)
+        for executor in s.executors:
+            run_executor(h, s, executor, run)
+    finally:
+        h.stop()
+    return run
+
+
+def parse_args(argv: list[str] | None = None) -> BenchSettings:
+    p = argparse.ArgumentParser(prog="python -m loadtest.bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="short windows (about a minute or two in all)")
+    p.add_argument("--out", type=Path, default=BenchSettings.out, help="report directory (default reports/bench)")
+    p.add_argument("--executor", default=",".join(EXECUTORS), help="onnxruntime, costmodel, or both (comma list)")
+    p.add_argument("--scenarios", default=",".join(SCENARIO_ORDER), help=f"comma list of {SCENARIO_ORDER}")
+    p.add_argument("--real-repo", type=Path, default=BenchSettings.real_repo, help="exported repository for real rows")
+    p.add_argument("--real-model", default=BenchSettings.real_model, help="model to export if --real-repo lacks it")
+    p.add_argument("--real-name", default=BenchSettings.real_name, help="model name in --real-repo")
+    p.add_argument("--seq-len", type=int, default=64, help="tokens per request in tensor scenarios (seed: 64)")
+    p.add_argument("--concurrency", type=int, default=64, help="closed-loop users at peak (emulated rows)")
+    p.add_argument("--real-seq-len", type=int, default=16, help="tokens per request in real-model tensor rows")
+    p.add_argument("--real-concurrency", type=int, default=32, help="closed-loop users at peak (real rows)")
+    p.add_argument("--low-fraction", type=float, default=0.2, help="low-load rate as a fraction of batch-1 capacity")
+    p.add_argument("--duration", type=float, help="seconds per peak window (default 10, quick 1.5)")
+    p.add_argument("--processes", type=int, default=1, help="load-generator processes")
+    p.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0 = default)")
+    p.add_argument("--state-dir", type=Path, default=BenchSettings.state_dir, help="server state directory")
+    p.add_argument("--cost-a-us", type=float, default=DEFAULT_COST.a_us, help="cost model a (default: seed fit)")
+    p.add_argument("--cost-b-us", type=float, default=DEFAULT_COST.b_us, help="cost model b per token")
+    a = p.parse_args(argv)
+    dur = a.duration or (1.5 if a.quick else 10.0)
+    return BenchSettings(
+        out=a.out, executors=tuple(e for e in a.executor.split(",") if e), scenarios=tuple(a.scenarios.split(",")),
+        real_repo=a.real_repo, real_model=a.real_model, real_name=a.real_name, seq_len=a.seq_len,
+        concurrency=a.concurrency, real_seq_len=a.real_seq_len, real_concurrency=a.real_concurrency, low_fraction=a.low_fraction, warmup_s=0.5 if a.quick else 2.0, duration_s=dur,
+        low_duration_s=dur * 1.5, processes=a.processes, intra_op_threads=a.threads,
+        cost=DEFAULT_COST if (a.cost_a_us, a.cost_b_us) == (DEFAULT_COST.a_us, DEFAULT_COST.b_us)
+        else CostModel(a.cost_a_us, a.cost_b_us, source="--cost-a-us/--cost-b-us"),
+        state_dir=a.state_dir, command="python -m loadtest.bench " + " ".join(argv if argv is not None else sys.argv[1:]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    s = parse_args(argv)
+    for e in s.executors:
+        if e not in EXECUTORS:
+            raise SystemExit(f"unknown executor {e!r}: choose from {EXECUTORS}")
+    for sc in s.scenarios:
+        if sc not in SCENARIO_ORDER:
+            raise SystemExit(f"unknown scenario {sc!r}: choose from {SCENARIO_ORDER}")
+    t0 = time.monotonic()
+    run = run_bench(s)
+    paths = report.write_bench(run, s.out)
+    print(f"bench done in {time.monotonic() - t0:.0f} s: " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

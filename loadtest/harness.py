@@ -1,0 +1,161 @@
+"""What bench and tune stand on: a bench repository, one explicit-control server, config overrides.
+
+The bench repository holds the exported real model (NAME_onnx + NAME), the canonical BGE-Large-zh
+pair for the costmodel executor (an emulated GPU: no weights needed, the tokenizer is borrowed
+from the exported model), and a no-op python model for the load generator's self-check. Models
+are loaded one scenario at a time with a config override (no restarts).
+"""
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from kit.errors import ModelConfigError, ServerNotReady
+from loadtest import loadgen
+from loadtest.costmodel import CostModel
+from server.cpu_variant import CpuVariant
+from server.launcher import LocalServer, ServerSettings
+from server.repository import (CANONICAL_NAME, DEFAULT_CANONICAL, ENCODER_SUFFIX, Batching, apply_batching,
+                               load_config, set_param, write_config)
+
+NOOP = "noop"
+EMULATED = CANONICAL_NAME  # bge_large_zh (+ _onnx) run by the costmodel executor
+PORT_RANGE = range(18100, 18200)
+NOOP_MODEL_PY = '''"""No-op model for the load generator's self-check: answers zeros at once."""
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            n = pb_utils.get_input_tensor_by_name(request, "input_ids").as_numpy().shape[0]
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("embedding", np.zeros((n, 1), np.float32))]))
+        return out
+'''
+
+
+def free_ports(count: int = 3, pool: range = PORT_RANGE) -> list[int]:
+    """`count` free loopback ports from the kit's load-test range (18100-18199)."""
+    found = []
+    for port in pool:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        found.append(port)
+        if len(found) == count:
+            return found
+    raise ServerNotReady(f"fewer than {count} free ports in {pool.start}-{pool.stop - 1}: stop old servers")
+
+
+def noop_config() -> mc.ModelConfig:
+    """Same inputs as an encoder, 1-float output, work-conserving batching."""
+    cfg = mc.ModelConfig(name=NOOP, backend="python", max_batch_size=64)
+    for name in ("input_ids", "attention_mask"):
+        cfg.input.add(name=name, data_type=mc.TYPE_INT64, dims=[-1])
+    cfg.output.add(name="embedding", data_type=mc.TYPE_FP32, dims=[1])
+    cfg.instance_group.add(kind=mc.ModelInstanceGroup.KIND_CPU, count=1)
+    cfg.dynamic_batching.max_queue_delay_microseconds = 0
+    return cfg
+
+
+def _link(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.symlink_to(src.resolve())
+
+
+def build_repository(out: Path, real_repo: Path | None, real_name: str | None, command: str) -> Path:
+    """Write the bench repository into `out` (replaced); real_repo/real_name may be None (emulated only)."""
+    import shutil
+
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    write_config(noop_config(), out / NOOP / "config.pbtxt", command)
+    (out / NOOP / "1").mkdir()
+    (out / NOOP / "1" / "model.py").write_text(NOOP_MODEL_PY, encoding="utf-8")
+    enc = load_config(DEFAULT_CANONICAL / f"{EMULATED}{ENCODER_SUFFIX}")
+    write_config(enc, out / enc.name / "config.pbtxt", command)
+    (out / enc.name / "1").mkdir()
+    if real_repo is None or real_name is None:
+        return out
+    for name in (real_name, real_name + ENCODER_SUFFIX):
+        if not (real_repo / name / "config.pbtxt").is_file():
+            raise ModelConfigError(f"{real_repo}/{name} is missing: run `python -m export --model "
+                                   f"synthetic:bge-small-zh --repository {real_repo} --name {real_name} --precision fp32`")
+        _link(real_repo / name, out / name)
+    tokenizer = real_repo / real_name / "1" / "tokenizer"
+    txt = load_config(DEFAULT_CANONICAL / EMULATED)
+    write_config(txt, out / EMULATED / "config.pbtxt", command)
+    _link(DEFAULT_CANONICAL / EMULATED / "1" / "model.py", out / EMULATED / "1" / "model.py")
+    _link(tokenizer, out / EMULATED / "1" / "tokenizer")
+    return out
+
+
+@dataclass
+class Harness:
+    """One explicit-control tritonserver over the bench repository, plus config-override loading."""
+
+    repository: Path
+    state_dir: Path
+    cost: CostModel
+    intra_op_threads: int = 0
+    server: LocalServer | None = None
+
+    def start(self) -> "Harness":
+        http, grpc, metrics = free_ports(3)
+        variant = CpuVariant(executor="onnxruntime", intra_op_threads=self.intra_op_threads, **self.cost.variant_kwargs())
+        settings = ServerSettings(repository=self.repository, http_port=http, grpc_port=grpc, metrics_port=metrics,
+                                  state_dir=self.state_dir, model_control="explicit", variant=variant)
+        self.server = LocalServer(settings).start()
+        import tritonclient.http as th
+
+        self.client = th.InferenceServerClient(self.server.http_url, network_timeout=300.0)
+        return self
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        return "127.0.0.1", self.server.settings.http_port
+
+    def rendered(self, name: str) -> mc.ModelConfig:
+        """The CPU-variant config the server would load for `name`."""
+        return load_config(self.state_dir / "repository" / name)
+
+    def load(self, name: str, knobs: Batching | None = None, executor: str | None = None,
+             params: dict[str, object] | None = None) -> mc.ModelConfig:
+        """(Re)load one model with batching knobs / executor / parameters applied as a config override."""
+        cfg = self.rendered(name)
+        if knobs is not None:
+            cfg = apply_batching(cfg, knobs)
+        if executor is not None:
+            set_param(cfg, "executor", executor)
+        for key, value in (params or {}).items():
+            set_param(cfg, key, value)
+        self.client.load_model(name, config=json_format.MessageToJson(cfg, preserving_proto_field_name=True))
+        if not self.client.is_model_ready(name):
+            raise ServerNotReady(f"model {name} did not become ready; see {self.server.log_path}")
+        return cfg
+
+    def unload(self, name: str) -> None:
+        self.client.unload_model(name)
+
+    def self_check(self, concurrency: int, duration_s: float, processes: int = 1) -> float:
+        """Requests per second the generator sustains against the no-op model (its ceiling here)."""
+        self.load(NOOP)
+        spec = loadgen.LoadSpec(*self.host_port, NOOP, tuple(loadgen.tensor_bodies(64, 32)), "closed",
+                                concurrency=concurrency, warmup_s=0.5, duration_s=duration_s, processes=processes)
+        res = loadgen.run(spec)
+        self.unload(NOOP)
+        return res.throughput

@@ -1,0 +1,219 @@
+"""The bench's load generator: asyncio keep-alive HTTP with Triton's binary tensor extension.
+
+Closed loop (peak: C users, each sends when its last answer came) or open loop (Poisson arrivals
+at a fixed rate, latency counted from the SCHEDULED send time so coordinated omission cannot
+hide overload). Requests are pre-encoded bytes; one process pushes thousands per second, and
+`processes` > 1 splits the load over spawned processes sharing one wall-clock window.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing as mp
+import random
+import struct
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+def tensor_request(seq_len: int, ids: np.ndarray) -> bytes:
+    """Body of one encoder request: input_ids and attention_mask INT64 [1, L], binary output."""
+    raw = ids.astype("<i8").tobytes()
+    mask = np.ones(seq_len, dtype="<i8").tobytes()
+    header = json.dumps({
+        "inputs": [{"name": "input_ids", "shape": [1, seq_len], "datatype": "INT64",
+                    "parameters": {"binary_data_size": len(raw)}},
+                   {"name": "attention_mask", "shape": [1, seq_len], "datatype": "INT64",
+                    "parameters": {"binary_data_size": len(mask)}}],
+        "outputs": [{"name": "embedding", "parameters": {"binary_data": True}}]}).encode()
+    return _frame(header, raw + mask)
+
+
+def text_request(text: str) -> bytes:
+    """Body of one text-endpoint request: text BYTES [1, 1] (4-byte length prefix + UTF-8)."""
+    data = text.encode("utf-8")
+    raw = struct.pack("<I", len(data)) + data
+    header = json.dumps({
+        "inputs": [{"name": "text", "shape": [1, 1], "datatype": "BYTES", "parameters": {"binary_data_size": len(raw)}}],
+        "outputs": [{"name": "embedding", "parameters": {"binary_data": True}}]}).encode()
+    return _frame(header, raw)
+
+
+def _frame(header: bytes, payload: bytes) -> bytes:
+    return len(header).to_bytes(8, "little") + header + payload  # header length travels in front
+
+
+def tensor_bodies(seq_len: int, n: int = 128, vocab: int = 1000, seed: int = 0) -> list[bytes]:
+    """n distinct fixed-length token requests (same shape, so Triton can batch them)."""
+    rng = np.random.default_rng(seed)
+    return [tensor_request(seq_len, rng.integers(1, vocab, seq_len)) for _ in range(n)]
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """One load run; picklable so it can be split over processes."""
+
+    host: str
+    port: int
+    model: str
+    bodies: tuple[bytes, ...]
+    mode: str = "closed"  # or "open"
+    concurrency: int = 32  # closed: users; open: max connections
+    rate: float = 100.0  # open: arrivals per second
+    warmup_s: float = 1.0
+    duration_s: float = 5.0
+    grace_s: float = 5.0  # open: wait this long after the window for late answers
+    processes: int = 1
+    seed: int = 0
+    t0: float = 0.0  # wall clock start (set by run)
+
+
+@dataclass
+class LoadResult:
+    """Requests that belong to the window: closed = completed in it, open = scheduled in it."""
+
+    window_s: float = 0.0
+    ok: int = 0  # completions inside the window (throughput = ok / window_s)
+    latencies_ms: list = field(default_factory=list)
+    errors: int = 0
+    late: int = 0  # open loop: scheduled in the window, no answer within the grace
+    first_error: str = ""
+
+    @property
+    def throughput(self) -> float:
+        return self.ok / self.window_s if self.window_s else 0.0
+
+    def merge(self, other: "LoadResult") -> None:
+        self.ok += other.ok
+        self.latencies_ms.extend(other.latencies_ms)
+        self.errors += other.errors
+        self.late += other.late
+        self.first_error = self.first_error or other.first_error
+
+
+class _Conn:
+    """One keep-alive HTTP/1.1 connection to Triton."""
+
+    def __init__(self, spec: LoadSpec):
+        self.spec, self.reader, self.writer = spec, None, None
+        self.prefix = (f"POST /v2/models/{spec.model}/infer HTTP/1.1\r\nHost: {spec.host}\r\n"
+                       "Content-Type: application/octet-stream\r\n").encode()
+
+    async def infer(self, body: bytes) -> str:
+        """'' on success, else a short error text (never raises)."""
+        try:
+            if self.writer is None:
+                self.reader, self.writer = await asyncio.open_connection(self.spec.host, self.spec.port)
+            hlen = int.from_bytes(body[:8], "little")
+            payload = body[8:]
+            self.writer.write(self.prefix + f"Inference-Header-Content-Length: {hlen}\r\n"
+                              f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+            status = await self.reader.readline()
+            length = 0
+            while True:
+                line = await self.reader.readline()
+                if line in (b"\r\n", b""):
+                    break
+                if line[:15].lower() == b"content-length:":
+                    length = int(line[15:])
+            data = await self.reader.readexactly(length)
+            code = int(status.split()[1]) if status else 0
+            return "" if code == 200 else f"HTTP {code}: {data[:200].decode(errors='replace')}"
+        except (OSError, asyncio.IncompleteReadError, ValueError, IndexError) as exc:
+            self.close()
+            return f"{type(exc).__name__}: {exc}"
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.reader = self.writer = None
+
+
+async def _run_async(spec: LoadSpec) -> LoadResult:
+    begin = spec.t0 + spec.warmup_s
+    end = begin + spec.duration_s
+    res = LoadResult(window_s=spec.duration_s)
+    rng = random.Random(spec.seed)
+    loop = asyncio.get_running_loop()
+    clock = lambda: spec.t0 + (loop.time() - base)  # noqa: E731 - loop clock on the shared wall scale
+    base = loop.time() - (time.time() - spec.t0)
+
+    def record(sched: float, done: float, err: str) -> None:
+        in_window = begin <= (sched if spec.mode == "open" else done) <= end
+        if err:
+            res.errors += in_window
+            res.first_error = res.first_error or err
+            return
+        if begin <= done <= end:
+            res.ok += 1
+        if in_window:
+            res.latencies_ms.append((done - sched) * 1000.0)
+
+    if spec.mode == "closed":
+        async def user(k: int) -> None:
+            conn, i = _Conn(spec), k
+            while (now := clock()) < end:
+                err = await conn.infer(spec.bodies[i % len(spec.bodies)])
+                record(now, clock(), err)
+                i += spec.concurrency
+            conn.close()
+
+        await asyncio.gather(*(user(k) for k in range(spec.concurrency)))
+        return res
+
+    idle: list[_Conn] = []
+    sem = asyncio.Semaphore(spec.concurrency)
+    pending: set[asyncio.Task] = set()
+
+    async def one(sched: float, body: bytes) -> None:
+        async with sem:
+            conn = idle.pop() if idle else _Conn(spec)
+            err = await conn.infer(body)
+            record(sched, clock(), err)
+            idle.append(conn)
+
+    sched, i = clock(), 0
+    while sched < end:
+        sched += rng.expovariate(spec.rate)
+        delay = sched - clock()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        task = asyncio.create_task(one(sched, spec.bodies[i % len(spec.bodies)]))
+        pending.add(task)
+        task.add_done_callback(pending.discard)
+        i += 1
+    if pending:
+        done, late = await asyncio.wait(pending, timeout=max(0.0, end + spec.grace_s - clock()))
+        res.late = len(late)
+        for task in late:
+            task.cancel()
+    for conn in idle:
+        conn.close()
+    return res
+
+
+def _child(spec: LoadSpec, queue) -> None:
+    queue.put(asyncio.run(_run_async(spec)))
+
+
+def run(spec: LoadSpec) -> LoadResult:
+    """Run the load (split over spec.processes) and return the merged window result."""
+    n = max(1, spec.processes)
+    t0 = time.time() + (0.3 if n == 1 else 1.5)  # spawned children need time to import
+    parts = [LoadSpec(**{**spec.__dict__, "concurrency": max(1, spec.concurrency // n), "rate": spec.rate / n,
+                         "processes": 1, "seed": spec.seed + k, "t0": t0}) for k in range(n)]
+    if n == 1:
+        return asyncio.run(_run_async(parts[0]))
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_child, args=(p, queue), daemon=True) for p in parts]
+    for p in procs:
+        p.start()
+    total = LoadResult(window_s=spec.duration_s)
+    for _ in procs:
+        total.merge(queue.get(timeout=spec.warmup_s + spec.duration_s + spec.grace_s + 60))
+    for p in procs:
+        p.join(timeout=10)
+    return total

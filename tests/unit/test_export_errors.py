@@ -1,0 +1,88 @@
+"""Bad input to `python -m export` gives an ExportError that names the value and the fix."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from export.__main__ import main
+from export.settings import ExportSettings, parse_settings
+from export.source import inspect_model
+from kit.errors import ExportError
+
+MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+def _settings(tmp_path: Path, **kw) -> ExportSettings:
+    base = {"model": MINILM, "repository": tmp_path / "repo", "name": "m", "cache_dir": tmp_path / "cache"}
+    return ExportSettings(**{**base, **kw})
+
+
+def test_missing_dir(tmp_path):
+    with pytest.raises(ExportError, match=r"no such directory.*synthetic:bge-large-zh"):
+        inspect_model(_settings(tmp_path, model=str(tmp_path / "nope")).check())
+
+
+def test_unreachable_hub_id_names_alternatives(tmp_path):
+    with pytest.raises(ExportError, match=r"BAAI/bge-large-zh-v1.5.*not in the Hugging Face cache.*local model directory"):
+        inspect_model(_settings(tmp_path, model="BAAI/bge-large-zh-v1.5", hf_cache=tmp_path / "hf").check())
+
+
+def test_not_bert_like(tmp_path):
+    d = tmp_path / "gpt"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_embd": 8}))
+    with pytest.raises(ExportError, match=r"'gpt2' model, not BERT-like"):
+        inspect_model(_settings(tmp_path, model=str(d)).check())
+
+
+def test_dir_without_config(tmp_path):
+    d = tmp_path / "empty"
+    d.mkdir()
+    with pytest.raises(ExportError, match="has no config.json"):
+        inspect_model(_settings(tmp_path, model=str(d)).check())
+
+
+def test_max_length_above_positions(tmp_path):
+    with pytest.raises(ExportError, match=r"--max-length 1024 exceeds the model's 512 positions"):
+        inspect_model(_settings(tmp_path, max_length=1024).check())
+
+
+def test_repository_is_a_file(tmp_path):
+    f = tmp_path / "repo.txt"
+    f.write_text("x")
+    with pytest.raises(ExportError, match="is a file, not a directory"):
+        _settings(tmp_path, repository=f).check()
+
+
+@pytest.mark.parametrize("kw,match", [({"opset": 22}, "--opset 22 is outside"), ({"precision": "int4"}, "int4"),
+                                      ({"name": "bad name!"}, "not a valid Triton model name")])
+def test_bad_flags(tmp_path, kw, match):
+    with pytest.raises(ExportError, match=match):
+        _settings(tmp_path, **kw).check()
+
+
+def test_unknown_synthetic_kind(tmp_path):
+    with pytest.raises(ExportError, match="synthetic:bge-large-zh or synthetic:bge-small-zh"):
+        inspect_model(_settings(tmp_path, model="synthetic:bge-huge").check())
+
+
+def test_pooling_override_and_default(tmp_path):
+    assert inspect_model(_settings(tmp_path).check()).pooling == "mean"
+    src = inspect_model(_settings(tmp_path, pooling="cls").check())
+    assert src.pooling == "cls" and "--pooling cls" in src.pooling_origin
+
+
+def test_cli_exit_code_and_message(tmp_path, capsys):
+    rc = main(["--model", str(tmp_path / "missing"), "--repository", str(tmp_path / "r"), "--name", "m",
+               "--precision", "fp32"])
+    assert rc == 1 and "no such directory" in capsys.readouterr().err
+
+
+def test_help_lists_flags(capsys):
+    with pytest.raises(SystemExit):
+        parse_settings(["--help"])
+    out = capsys.readouterr().out
+    for flag in ("--model", "--repository", "--name", "--precision", "--max-length", "--pooling", "--opset"):
+        assert flag in out

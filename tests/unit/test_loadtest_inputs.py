@@ -1,0 +1,66 @@
+"""Unit tests of what the load generator sends: corpora, request bodies, window histograms, shapes via locust glue."""
+from __future__ import annotations
+
+import json
+import struct
+
+import numpy as np
+import pytest
+
+from kit.errors import InputError
+from loadtest import corpus, loadgen
+from loadtest.window import histogram_delta, histogram_percentile
+
+
+def _split(body: bytes) -> tuple[dict, bytes]:
+    hlen = int.from_bytes(body[:8], "little")
+    return json.loads(body[8:8 + hlen]), body[8 + hlen:]
+
+
+def test_review_corpus_is_the_real_length_mix():
+    prof = corpus.length_profile(corpus.load("reviews"))
+    assert prof["n"] > 30_000
+    assert prof["p50"] == pytest.approx(48, abs=3) and prof["p90"] == pytest.approx(175, abs=10)
+
+
+def test_query_corpus_is_short_and_sampling_is_seeded():
+    queries = corpus.load("queries")
+    assert all(4 <= len(q) <= 24 for q in queries)
+    assert corpus.sample("queries", 5, seed=3) == corpus.sample("queries", 5, seed=3)
+    assert all(len(t) <= 10 for t in corpus.sample("reviews", 50, max_chars=10))
+    with pytest.raises(InputError, match="unknown corpus"):
+        corpus.load("tweets")
+
+
+def test_text_request_is_triton_binary_bytes():
+    header, payload = _split(loadgen.text_request("你好，世界"))
+    (inp,) = header["inputs"]
+    assert inp["name"] == "text" and inp["datatype"] == "BYTES" and inp["shape"] == [1, 1]
+    assert inp["parameters"]["binary_data_size"] == len(payload)
+    (n,) = struct.unpack("<I", payload[:4])
+    assert payload[4:4 + n].decode("utf-8") == "你好，世界"
+
+
+def test_tensor_request_has_ids_and_mask():
+    ids = np.arange(1, 9)
+    header, payload = _split(loadgen.tensor_request(8, ids))
+    assert [i["name"] for i in header["inputs"]] == ["input_ids", "attention_mask"]
+    assert len(payload) == 2 * 8 * 8
+    assert np.frombuffer(payload[:64], "<i8").tolist() == ids.tolist()
+    assert np.frombuffer(payload[64:], "<i8").tolist() == [1] * 8
+    assert len({b for b in loadgen.tensor_bodies(16, 10)}) == 10
+
+
+def test_window_histogram_percentiles():
+    before = {10: 5, 20: 5}
+    after = {10: 95, 20: 10, 500: 1}
+    win = histogram_delta(before, after)
+    assert win == {10: 90, 20: 5, 500: 1}
+    assert histogram_percentile(win, 50) == 10 and histogram_percentile(win, 99) == 500
+    assert histogram_percentile({}, 50) != histogram_percentile({}, 50)  # nan
+
+
+def test_load_result_merge_and_throughput():
+    a = loadgen.LoadResult(window_s=2.0, ok=10, latencies_ms=[1.0], errors=1, first_error="x")
+    a.merge(loadgen.LoadResult(window_s=2.0, ok=6, latencies_ms=[2.0], late=2))
+    assert a.throughput == 8.0 and a.errors == 1 and a.late == 2 and a.latencies_ms == [1.0, 2.0]

@@ -67,6 +67,10 @@ class ExportSettings:
         """Reject bad values early, each with the value and the fix."""
         if self.precision not in PRECISIONS:
             raise ExportError(f"--precision {self.precision!r} is not one of {PRECISIONS}; pick fp16 (GPU) or int8 (CPU).")
+        from .optimize import RECIPES
+
+        if self.int8_recipe not in RECIPES:
+            raise ExportError(f"--int8-recipe {self.int8_recipe!r} is not one of {sorted(RECIPES)}; omit it for nbits8.")
         if self.pooling is not None and self.pooling not in POOLINGS:
             raise ExportError(f"--pooling {self.pooling!r} is not one of {POOLINGS}; omit it to use the model's own.")
         if not MIN_OPSET <= self.opset <= MAX_OPSET:

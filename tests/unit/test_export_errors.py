@@ -57,7 +57,8 @@ def test_repository_is_a_file(tmp_path):
 
 
 @pytest.mark.parametrize("kw,match", [({"opset": 22}, "--opset 22 is outside"), ({"precision": "int4"}, "int4"),
-                                      ({"name": "bad name!"}, "not a valid Triton model name")])
+                                      ({"name": "bad name!"}, "not a valid Triton model name"),
+                                      ({"int8_recipe": "int3"}, "--int8-recipe 'int3' is not one of")])
 def test_bad_flags(tmp_path, kw, match):
     with pytest.raises(ExportError, match=match):
         _settings(tmp_path, **kw).check()

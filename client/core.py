@@ -183,7 +183,14 @@ def chunk_slices(n: int, max_batch: int) -> list[slice]:
 
 def text_call(model: str, texts: Sequence[str], truncate: bool) -> InferCall:
     """Text mode: BYTES [n, 1] utf-8 strings to the text endpoint, with the `truncate` parameter."""
-    arr = np.array([t.encode("utf-8") for t in texts], dtype=np.object_).reshape(-1, 1)
+    encoded = []
+    for i, text in enumerate(texts):
+        try:
+            encoded.append(text.encode("utf-8"))
+        except UnicodeEncodeError as exc:
+            raise InputError(f"text {i} is not valid UTF-8 text ({exc.reason} at position {exc.start}, "
+                             f"e.g. a lone surrogate {text[exc.start]!r}): fix the string before sending") from None
+    arr = np.array(encoded, dtype=np.object_).reshape(-1, 1)
     return InferCall(model, ((TEXT_INPUT, "BYTES", arr),), {"truncate": bool(truncate)}, len(texts))
 
 

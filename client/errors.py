@@ -67,6 +67,14 @@ def classify(exc: BaseException, where: str = "request", timeout_s: float | None
             return _timeout_error(where, timeout_s)
     except ImportError:  # pragma: no cover - gevent ships with tritonclient[http]
         pass
+    try:  # the sync HTTP client's "server closed the connection mid-response"
+        from geventhttpclient.response import HTTPConnectionClosed
+
+        if isinstance(exc, HTTPConnectionClosed):
+            return ServerUnavailable(f"{where}: the server closed the connection ({exc}); it may have "
+                                     "restarted or crashed: check `python -m server status`")
+    except ImportError:  # pragma: no cover - geventhttpclient ships with tritonclient[http]
+        pass
     if isinstance(exc, (ConnectionError, OSError, EOFError)):
         return ServerUnavailable(f"{where}: connection failed ({type(exc).__name__}: {exc}); is tritonserver "
                                  "running at the url? (`python -m server up ...`)")

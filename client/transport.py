@@ -14,6 +14,20 @@ from client.core import ClientSettings, InferCall, build_inputs, build_outputs, 
 
 __all__ = ["make_sync_transport", "make_async_transport"]
 
+# tritonclient's own defaults plus a capped reconnect backoff: after a server restart the same
+# client reconnects within about a second instead of grpc's default (up to 120 s).
+GRPC_CHANNEL_ARGS = [
+    ("grpc.max_send_message_length", 2**31 - 1),
+    ("grpc.max_receive_message_length", 2**31 - 1),
+    ("grpc.keepalive_time_ms", 2**31 - 1),
+    ("grpc.keepalive_timeout_ms", 20000),
+    ("grpc.keepalive_permit_without_calls", False),
+    ("grpc.http2.max_pings_without_data", 2),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+
 
 class GrpcSync:
     """tritonclient.grpc: thread-safe; deadlines through client_timeout."""
@@ -22,7 +36,7 @@ class GrpcSync:
         import tritonclient.grpc as mod
 
         self.mod = mod
-        self.client = mod.InferenceServerClient(url=url)
+        self.client = mod.InferenceServerClient(url=url, channel_args=GRPC_CHANNEL_ARGS)
 
     def model_config(self, name: str, timeout_s: float) -> mc.ModelConfig:
         return self.client.get_model_config(name, client_timeout=timeout_s).config
@@ -79,7 +93,7 @@ class GrpcAsync:
         import tritonclient.grpc.aio as aio
 
         self.mod = mod
-        self.client = aio.InferenceServerClient(url=url)
+        self.client = aio.InferenceServerClient(url=url, channel_args=GRPC_CHANNEL_ARGS)
 
     async def model_config(self, name: str, timeout_s: float) -> mc.ModelConfig:
         return (await self.client.get_model_config(name, client_timeout=timeout_s)).config

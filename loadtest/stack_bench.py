@@ -46,20 +46,21 @@ class StackSettings:
     state_dir: Path = REPO_ROOT / ".kit" / "stack_bench" / "server"
     out: Path = REPO_ROOT / "reports" / "stack"
     threads: int = os.cpu_count() or 1
-    texts: int = 768
+    texts: int = 384
+    sweep_texts: int = 192
     rounds: int = 5
     window_s: float = 8.0
     warm_s: float = 1.5
     sweep_window_s: float = 2.0
-    sweep_repeats: int = 3
-    sweep_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    sweep_repeats: int = 2
+    sweep_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     latency_texts: int = 200
     per_request: int = 4
     concurrency: int = 24
     max_length: int = 512
     pad_to_multiple: int = 8
     text_params: dict[str, str] = field(default_factory=lambda: {
-        "token_budget": "1024", "sub_batch_max": "8", "split_overhead_tokens": "16"})
+        "token_budget": "1024", "sub_batch_max": "auto", "split_overhead_tokens": "16"})
     seed: int = 0
     command: str = "python -m loadtest.stack_bench"
 
@@ -145,7 +146,8 @@ def run(s: StackSettings) -> StackResults:
     print(f"raw sweep over batch sizes {s.sweep_batches}, spin on/off, {s.sweep_repeats} interleaved passes ...",
           flush=True)
     configs = [stack_raw.RawConfig(s.threads, spin, b) for b in s.sweep_batches for spin in (True, False)]
-    batches = {b: stack_raw.sorted_batches(tp_ids, b, s.pad_to_multiple) for b in s.sweep_batches}
+    sweep_ids = tp_ids[:s.sweep_texts]
+    batches = {b: stack_raw.sorted_batches(sweep_ids, b, s.pad_to_multiple) for b in s.sweep_batches}
     trials: dict[stack_raw.RawConfig, list[float]] = {cfg: [] for cfg in configs}
     for rep in range(s.sweep_repeats):
         for cfg in configs if rep % 2 == 0 else configs[::-1]:
@@ -156,6 +158,9 @@ def run(s: StackSettings) -> StackResults:
               flush=True)
     best = max(sweep, key=lambda x: x[1])[0]  # (a) is measured in every round with this one configuration
 
+    batches[best.batch] = stack_raw.sorted_batches(tp_ids, best.batch, s.pad_to_multiple)  # the full set
+    if s.text_params.get("sub_batch_max") == "auto":  # encoder sub-batches of the size this CPU likes best
+        s.text_params["sub_batch_max"] = str(best.batch)
     settings = server_settings(s)
     rounds, latency = [], {"raw_on": [], "raw_off": [], "stack": []}
     with LocalServer(settings) as srv:
@@ -232,19 +237,23 @@ def parse_args(argv: list[str] | None = None) -> StackSettings:
     p.add_argument("--window-s", type=float, help="measurement window of each side per round")
     p.add_argument("--texts", type=int, help="texts in the throughput set")
     p.add_argument("--latency-texts", type=int, help="texts for (c)")
+    p.add_argument("--sweep-batches", help="raw batch sizes to sweep, comma separated (default 1,2,4,8,16,32)")
     p.add_argument("--concurrency", type=int, default=StackSettings.concurrency, help="requests in flight for (b)")
     p.add_argument("--per-request", type=int, default=StackSettings.per_request, help="texts per request for (b)")
     p.add_argument("--text-param", action="append", default=[], metavar="KEY=VALUE",
-                   help="text endpoint config parameter for the CPU run (e.g. token_budget=4096)")
+                   help="text endpoint config parameter for the CPU run (e.g. token_budget=4096); "
+                        "sub_batch_max=auto (default) uses the raw sweep's best batch size")
     a = p.parse_args(argv)
     s = StackSettings(out=a.out, repository=a.repository, threads=a.threads, concurrency=a.concurrency,
                       per_request=a.per_request, command="python -m loadtest.stack_bench " + " ".join(argv or sys.argv[1:]))
     if a.quick:
-        s.rounds, s.window_s, s.warm_s, s.texts, s.latency_texts = 2, 3.0, 1.0, 256, 40
+        s.rounds, s.window_s, s.warm_s, s.texts, s.latency_texts, s.sweep_texts = 2, 3.0, 1.0, 256, 40, 96
         s.sweep_window_s, s.sweep_batches, s.sweep_repeats = 0.5, (1, 4, 16), 2
     for key in ("rounds", "window_s", "texts", "latency_texts"):
         if getattr(a, key) is not None:
             setattr(s, key, getattr(a, key))
+    if a.sweep_batches:
+        s.sweep_batches = tuple(int(b) for b in a.sweep_batches.split(","))
     for item in a.text_param:
         key, _, value = item.partition("=")
         s.text_params[key] = value

@@ -30,9 +30,7 @@ def test_overload_3x_every_request_answered_fast_and_bounded(minilm_repo: Path, 
     assert r["retry_attempts"] <= s.retry.max_attempts * r["retry_requests"]
 
 
-@pytest.mark.parametrize("protocol", ["grpc", pytest.param("http", marks=pytest.mark.xfail(
-    reason="client bug (reported): geventhttpclient HTTPConnectionClosed (server died mid-request) is "
-           "classified as a plain KitError, not ServerUnavailable"))])
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
 def test_kill9_under_load_then_same_clients_recover(minilm_repo: Path, tmp_path: Path, protocol: str) -> None:
     r = kill9_under_load(minilm_repo, tmp_path / "state", protocol=protocol)
     assert r["all_workers_errored"] and r["max_time_to_error_s"] < 3.0, r  # prompt

@@ -1,0 +1,46 @@
+"""Pure helpers of the stack benchmark: padding arithmetic, batching rule, metrics parsing."""
+from __future__ import annotations
+
+import numpy as np
+
+from loadtest import stack_client, stack_raw
+
+
+def test_pad_rows_pads_to_multiple_with_mask() -> None:
+    ids, mask = stack_raw.pad_rows([[101, 5, 102], [101, 102]], 8)
+    assert ids.shape == mask.shape == (2, 8) and ids.dtype == np.int64
+    assert mask.sum(axis=1).tolist() == [3, 2]
+    assert ids[1, :2].tolist() == [101, 102] and ids[1, 2:].sum() == 0
+
+
+def test_sorted_batches_cover_every_text_once_sorted() -> None:
+    rows = [[1] * n for n in (9, 3, 17, 5, 2)]
+    batches = stack_raw.sorted_batches(rows, 2, 8)
+    assert [b[0].shape for b in batches] == [(2, 8), (2, 16), (1, 24)]
+    assert sum(int(m.sum()) for _, m in batches) == sum(len(r) for r in rows)
+
+
+def test_fifo_padding_ratio() -> None:
+    assert stack_raw.fifo_padding_ratio([4, 4, 4, 4], 2) == 1.0
+    assert stack_raw.fifo_padding_ratio([1, 3], 2) == 6 / 4
+    assert stack_raw.fifo_padding_ratio([1, 3], float("nan")) == 1.0  # no batch size seen: singles
+
+
+def test_scrape_parses_only_this_models_kit_counters(monkeypatch) -> None:
+    body = ('# HELP kit_real_tokens_total x\nkit_real_tokens_total{model="m"} 120\n'
+            'kit_real_tokens_total{model="other"} 7\nkit_padded_tokens_total{model="m"} 1.32e+02\n'
+            'nv_inference_count{model="m",version="1"} 3\n').encode()
+
+    class Resp:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def read(self):
+            return body
+
+    monkeypatch.setattr(stack_client.urllib.request, "urlopen", lambda url, timeout: Resp())
+    got = stack_client.scrape_kit_metrics("http://127.0.0.1:18402/metrics", "m")
+    assert got == {"kit_real_tokens_total": 120.0, "kit_padded_tokens_total": 132.0}

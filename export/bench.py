@@ -58,45 +58,61 @@ def parse(argv: Sequence[str] | None = None) -> BenchSettings:
                          quick=a.quick)
 
 
-def time_cell(emb: OnnxEmbedder, batch: int, seq: int, reps: int, vocab: int) -> list[float]:
-    """Seconds per run for one (batch, seq) shape: one warm-up, then `reps` timed runs."""
+def feeds_for(batch: int, seq: int, vocab: int) -> dict[str, np.ndarray]:
+    """Random token ids ([CLS] first) with a full attention mask."""
     rng = np.random.default_rng(0)
     feeds = {"input_ids": rng.integers(1000, vocab, (batch, seq)).astype(np.int64),
              "attention_mask": np.ones((batch, seq), np.int64)}
     feeds["input_ids"][:, 0] = 101
-    emb(feeds)
-    out = []
+    return feeds
+
+
+def time_round_robin(sessions: dict[str, OnnxEmbedder], batch: int, seq: int, reps: int,
+                     vocab: int) -> dict[str, list[float]]:
+    """Seconds per run of each session on one shape, timed in turns so outside load hits every session alike."""
+    feeds = feeds_for(batch, seq, vocab)
+    times: dict[str, list[float]] = {name: [] for name in sessions}
+    for emb in sessions.values():
+        emb(feeds)  # warm-up
     for _ in range(reps):
-        t = time.perf_counter()
-        emb(feeds)
-        out.append(time.perf_counter() - t)
-    return out
+        for name, emb in sessions.items():
+            t = time.perf_counter()
+            emb(feeds)
+            times[name].append(time.perf_counter() - t)
+    return times
 
 
 def run(s: BenchSettings) -> list[dict]:
-    """Measure every (model, precision, batch, seq) cell; a precision the CPU cannot run is recorded as such."""
+    """Measure every (model, precision, batch, seq) cell; a precision the CPU cannot run is recorded as such.
+
+    Precisions of one model are timed round-robin within each cell, so load from other processes hits them alike.
+    """
     rows: list[dict] = []
     cells = len(s.models) * len(s.precisions) * len(s.batches) * len(s.seqs)
     bar = tqdm(total=cells, desc="bench", unit="cell")
     for model in s.models:
         vb = VariantBuilder(model, s.cache_dir)
+        vocab = 21128 if model.startswith("synthetic:") else 30000
+        sessions: dict[str, OnnxEmbedder] = {}
         for prec in s.precisions:
             base, _, recipe = prec.partition("-")
             try:
-                emb = OnnxEmbedder(vb.variant(base, recipe or "nbits8"), s.threads)
+                sessions[prec] = OnnxEmbedder(vb.variant(base, recipe or "nbits8"), s.threads)
             except ExportError as err:
                 rows += [{"model": model, "precision": prec, "batch": b, "seq": q, "error": str(err)[:120]}
                          for b in s.batches for q in s.seqs]
                 bar.update(len(s.batches) * len(s.seqs))
-                continue
-            for b in s.batches:
-                for q in s.seqs:
-                    t = time_cell(emb, b, q, s.reps, 21128 if model.startswith("synthetic:") else 30000)
+        for b in s.batches:
+            for q in s.seqs:
+                for prec, t in time_round_robin(sessions, b, q, s.reps, vocab).items():
                     med = float(np.median(t))
                     rows.append({"model": model, "precision": prec, "batch": b, "seq": q, "p50_ms": med * 1e3,
                                  "max_ms": max(t) * 1e3, "texts_per_s": b / med, "reps": s.reps})
                     bar.update(1)
+        sessions.clear()
     bar.close()
+    order = {m: i for i, m in enumerate(s.models)}, {p: i for i, p in enumerate(s.precisions)}
+    rows.sort(key=lambda r: (order[0][r["model"]], order[1][r["precision"]], r["batch"], r["seq"]))
     for r in rows:  # speed-up against fp32 of the same model and shape, measured in this run
         ref = next((x for x in rows if x["model"] == r["model"] and x["precision"] == "fp32" and x["batch"] == r["batch"]
                     and x["seq"] == r["seq"] and "p50_ms" in x), None)
@@ -119,7 +135,8 @@ def write(rows: list[dict], s: BenchSettings, cmd: str, machine: str) -> tuple[P
              "# Raw ONNX Runtime speed of the exported encoder (SYNTHETIC weights, real shapes)", "",
              f"Machine: {machine}. ONNX Runtime CPU execution provider, full attention masks, random token ids. "
              "Synthetic models have the exact architecture, so timings transfer; their vectors mean nothing. "
-             "Compare ratios within one run: other processes on a shared machine move absolute times.", "",
+             "Precisions are timed round-robin within each cell; compare ratios within one run: other processes on a "
+             "shared machine move absolute times.", "",
              "| model | precision | batch | seq | p50 ms | max ms | texts/s | speed-up vs fp32 |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:

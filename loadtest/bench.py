@@ -99,7 +99,7 @@ def measure(h: harness.Harness, s: BenchSettings, model: str, watch: list[str], 
     meter = CpuMeter(h.server.proc.pid)
     meter.start()
     res = loadgen.run(spec)
-    cpu_pct, server_cores = meter.stop()
+    cpu_pct, server_cores, gen_cores = meter.stop()
     deltas = {m: stats_delta(before[m], fetch_stats(h.server.http_url, m)) for m in watch}
     lat = summarize(res.latencies_ms)
     enc = deltas[watch[-1]]  # the encoder (last watched): batch size and compute
@@ -108,7 +108,7 @@ def measure(h: harness.Harness, s: BenchSettings, model: str, watch: list[str], 
             "throughput": res.throughput, "avg_ms": lat.avg_ms, "p50_ms": lat.p50_ms, "p99_ms": lat.p99_ms,
             "n": lat.count, "errors": res.errors + res.late, "first_error": res.first_error[:120],
             "avg_batch": enc.avg_batch, "front_batch": front.avg_batch, "queue_ms": front.queue_ms, "compute_ms": enc.compute_ms,
-            "cpu_pct": cpu_pct, "server_cores": server_cores}
+            "cpu_pct": cpu_pct, "server_cores": server_cores, "gen_cores": gen_cores}
 
 
 def run_executor(h: harness.Harness, s: BenchSettings, executor: str, run: BenchRun) -> None:

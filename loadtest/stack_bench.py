@@ -56,11 +56,11 @@ class StackSettings:
     sweep_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     latency_texts: int = 200
     per_request: int = 4
-    concurrency: int = 24
+    concurrency: int = 16
     max_length: int = 512
     pad_to_multiple: int = 8
     text_params: dict[str, str] = field(default_factory=lambda: {
-        "token_budget": "1024", "sub_batch_max": "auto", "split_overhead_tokens": "16"})
+        "token_budget": "2048", "sub_batch_max": "8", "split_overhead_tokens": "64"})
     seed: int = 0
     command: str = "python -m loadtest.stack_bench"
 
@@ -218,7 +218,8 @@ def run(s: StackSettings) -> StackResults:
         "(a)": f"raw ORT in-process, whole set sorted by length, pad to multiple of {s.pad_to_multiple}, "
                f"session.run timed only; best configuration of the sweep (median of passes): {best.label}",
         "(b)": f"tritonclient gRPC aio, {s.concurrency} requests x {s.per_request} texts in flight, "
-               f"{s.warm_s} s warm-up + {s.window_s} s window per round, {s.rounds} rounds; the client runs on the same cores",
+               f"{s.warm_s} s warm-up + {s.window_s} s window per round, {s.rounds} rounds; "
+               "the client runs on the same cores",
         "(c)": f"sync gRPC, 1 text per request, {s.latency_texts} texts; raw batch 1 (both spin settings) interleaved",
         "server knobs": f"text endpoint {s.text_params}, encoder dynamic_batching delay 0, no preferred sizes",
     }
@@ -242,10 +243,11 @@ def parse_args(argv: list[str] | None = None) -> StackSettings:
     p.add_argument("--per-request", type=int, default=StackSettings.per_request, help="texts per request for (b)")
     p.add_argument("--text-param", action="append", default=[], metavar="KEY=VALUE",
                    help="text endpoint config parameter for the CPU run (e.g. token_budget=4096); "
-                        "sub_batch_max=auto (default) uses the raw sweep's best batch size")
+                        "sub_batch_max=auto uses the raw sweep's best batch size")
     a = p.parse_args(argv)
     s = StackSettings(out=a.out, repository=a.repository, threads=a.threads, concurrency=a.concurrency,
-                      per_request=a.per_request, command="python -m loadtest.stack_bench " + " ".join(argv or sys.argv[1:]))
+                      per_request=a.per_request,
+                      command="python -m loadtest.stack_bench " + " ".join(sys.argv[1:] if argv is None else argv))
     if a.quick:
         s.rounds, s.window_s, s.warm_s, s.texts, s.latency_texts, s.sweep_texts = 2, 3.0, 1.0, 256, 40, 96
         s.sweep_window_s, s.sweep_batches, s.sweep_repeats = 0.5, (1, 4, 16), 2

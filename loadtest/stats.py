@@ -107,30 +107,41 @@ def fetch_stats(http_url: str, model: str, timeout_s: float = 5.0) -> dict[str, 
 
 
 class CpuMeter:
-    """CPU use over a window: the whole machine (%) and a process tree (cores busy)."""
+    """CPU use over a window: the whole machine (%), the server process tree and this generator (cores busy).
+
+    Per-pid deltas: a python stub that starts mid-window counts from zero; one that exits loses its time.
+    """
 
     def __init__(self, pid: int | None = None):
-        self.proc = psutil.Process(pid) if pid else None
+        self.server = psutil.Process(pid) if pid else None
+        self.me = psutil.Process()
         self._t0 = 0.0
-        self._cpu0 = 0.0
+        self._start: dict[int, float] = {}
 
-    def _tree_cpu(self) -> float:
-        if self.proc is None:
-            return 0.0
-        total = 0.0
-        for p in [self.proc, *self.proc.children(recursive=True)]:
+    @staticmethod
+    def _tree(root: psutil.Process | None) -> dict[int, float]:
+        if root is None:
+            return {}
+        out = {}
+        for p in [root, *root.children(recursive=True)]:
             try:
                 t = p.cpu_times()
-                total += t.user + t.system
-            except psutil.NoSuchProcess:  # a stub that exited mid-window: its time is lost, say so via docs
+                out[p.pid] = t.user + t.system
+            except psutil.NoSuchProcess:  # exited between listing and reading: nothing to count
                 continue
-        return total
+        return out
+
+    def _both(self) -> dict[int, float]:
+        return {**self._tree(self.server), **{-pid: v for pid, v in self._tree(self.me).items()}}
 
     def start(self) -> None:
         psutil.cpu_percent(None)
-        self._t0, self._cpu0 = time.monotonic(), self._tree_cpu()
+        self._t0, self._start = time.monotonic(), self._both()
 
-    def stop(self) -> tuple[float, float]:
-        """(machine CPU %, server process-tree cores busy) since start()."""
+    def stop(self) -> tuple[float, float, float]:
+        """(machine CPU %, server process-tree cores, load-generator cores) since start()."""
         wall = max(time.monotonic() - self._t0, 1e-9)
-        return psutil.cpu_percent(None), (self._tree_cpu() - self._cpu0) / wall
+        now = self._both()
+        server = sum(v - self._start.get(pid, 0.0) for pid, v in now.items() if pid > 0)
+        gen = sum(v - self._start.get(pid, 0.0) for pid, v in now.items() if pid < 0)
+        return psutil.cpu_percent(None), server / wall, gen / wall

@@ -99,7 +99,8 @@ def test_costmodel_profile_csv_roundtrip(tmp_path):
 
 
 def _row(delay, pref, goodput, p99, errors=0, n=1000):
-    return {"delay_us": delay, "preferred": pref, "goodput": goodput, "p99_ms": p99, "errors": errors, "n": n}
+    return {"delay_us": delay, "preferred": pref, "goodput": goodput, "p99_ms": p99, "errors": errors, "n": n,
+            "p50_ms": p99 / 2, "queue_ms": 1.0, "compute_ms": 2.0, "avg_batch": 4.0}
 
 
 def test_tuner_pick_rules():
@@ -109,3 +110,11 @@ def test_tuner_pick_rules():
     assert (best["delay_us"], best["preferred"]) == (5000, ())  # 520 breaks the SLO; 500 and 505 tie -> lower p99
     assert [r["meets_slo"] for r in rows] == [True, True, False, False]
     assert choose(rows, slo_p99_ms=10) is None
+
+
+def test_tuner_combines_rounds_by_median():
+    from loadtest.tune import combine
+
+    rounds = [_row(0, (), 100, 30), _row(0, (), 110, 300), _row(0, (), 90, 40)]
+    row = combine(rounds)
+    assert row["p99_ms"] == 40 and row["goodput"] == pytest.approx(100) and row["n"] == 3000

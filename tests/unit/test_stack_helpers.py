@@ -44,3 +44,10 @@ def test_scrape_parses_only_this_models_kit_counters(monkeypatch) -> None:
     monkeypatch.setattr(stack_client.urllib.request, "urlopen", lambda url, timeout: Resp())
     got = stack_client.scrape_kit_metrics("http://127.0.0.1:18402/metrics", "m")
     assert got == {"kit_real_tokens_total": 120.0, "kit_padded_tokens_total": 132.0}
+
+
+def test_steady_rate_counts_whole_burst_cycles() -> None:
+    # bursts of 50 texts every 1.0 s: 50 texts/s whatever the window edges cut
+    finished = [(t + k * 0.001, 5) for t in (0.2, 1.2, 2.2, 3.2) for k in range(10)]
+    assert abs(stack_client.steady_rate(finished, 4.0) - 50.0) < 1.0
+    assert stack_client.steady_rate([(0.5, 4)], 2.0) == 2.0  # too few bursts: count / window

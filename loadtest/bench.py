@@ -126,16 +126,17 @@ def run_executor(h: harness.Harness, s: BenchSettings, executor: str, run: Bench
             h.load(enc, SCENARIOS[scenario], executor=executor, params=params)
             model, watch = enc, [enc]
         bodies = _bodies(s, scenario, seq_len)
+        win = s
         if scenario == "text_endpoint":  # slower per request (tokenize + BLS): a window must hold several batches
-            s = replace(s, warmup_s=max(s.warmup_s, 1.5), duration_s=max(s.duration_s, 3.0),
-                        low_duration_s=max(s.low_duration_s, 3.0))
-        peak = measure(h, s, model, watch, bodies, "closed", users=users)
+            win = replace(s, warmup_s=max(s.warmup_s, 1.5), duration_s=max(s.duration_s, 3.0),
+                          low_duration_s=max(s.low_duration_s, 3.0))
+        peak = measure(h, win, model, watch, bodies, "closed", users=users)
         if batch1 is None:
             batch1 = peak["throughput"] if scenario == "no_batching" else s.cost.capacity_qps(1, s.seq_len)
         cap1 = batch1
         if scenario == "text_endpoint":  # other texts than the tensor rows: its own batch-1 capacity (one user)
-            cap1 = measure(h, replace(s, duration_s=s.duration_s / 2), model, watch, bodies, "closed", users=1)["throughput"]
-        low = measure(h, s, model, watch, bodies, "open", rate=max(1.0, s.low_fraction * cap1))
+            cap1 = measure(h, replace(win, duration_s=win.duration_s / 2), model, watch, bodies, "closed", users=1)["throughput"]
+        low = measure(h, win, model, watch, bodies, "open", rate=max(1.0, s.low_fraction * cap1))
         for row in (peak, low):
             row.update(executor=executor, scenario=scenario, model=model,
                        label="EMULATED (cost model)" if executor == "costmodel" else f"real ({s.real_model}, ORT CPU)")

@@ -9,7 +9,7 @@ from client.aio import AsyncEmbeddingClient
 from client.batcher import MicroBatcher
 from client.core import BGE_QUERY_INSTRUCTION, DEFAULT_BUCKETS, ClientSettings, ModelSpec
 from client.errors import InputError, KitError, ModelConfigError, Overloaded, ServerUnavailable
-from client.retry import RetryPolicy
+from client.retry import RetryBudget, RetryPolicy
 from client.sync import EmbeddingClient
 
 __all__ = [
@@ -17,6 +17,7 @@ __all__ = [
     "AsyncEmbeddingClient",
     "MicroBatcher",
     "RetryPolicy",
+    "RetryBudget",
     "ClientSettings",
     "ModelSpec",
     "BGE_QUERY_INSTRUCTION",

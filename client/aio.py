@@ -88,7 +88,8 @@ class AsyncEmbeddingClient(BaseEmbeddingClient):
     async def _one(self, call: InferCall, timeout: float) -> np.ndarray:
         s = self.settings
         where = f"infer '{call.model}' ({call.rows} texts) at {s.url}"
-        result = await acall_with_retry(lambda t: self._transport.infer(call, t), s.retry, timeout, where)
+        result = await acall_with_retry(lambda t: self._transport.infer(call, t), s.retry, timeout, where,
+                                       budget=self._retry_budget)
         return decode_embeddings(result, call.rows, self.spec.dim)
 
     async def _embed(self, texts: Sequence[str], query: bool, timeout_s: float | None,

@@ -22,7 +22,7 @@ from client.core import (
     validate_model_config,
 )
 from client.errors import KitError
-from client.retry import RetryPolicy
+from client.retry import RetryBudget, RetryPolicy
 from client.tokens import BucketTokenizer, pad_to_bucket
 
 __all__ = ["BaseEmbeddingClient", "Plan"]
@@ -46,6 +46,7 @@ class BaseEmbeddingClient:
                                       truncate=truncate, query_instruction=query_instruction,
                                       expected_dim=expected_dim, **extra)
         self.settings = settings
+        self._retry_budget = RetryBudget()  # one per client: retries back off together under overload
         self._spec: ModelSpec | None = None
         self._tokenizer: BucketTokenizer | None = None
 

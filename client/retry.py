@@ -13,7 +13,7 @@ from typing import Awaitable, Callable, TypeVar
 
 from client.errors import classify, is_retryable
 
-__all__ = ["RetryPolicy", "call_with_retry", "acall_with_retry"]
+__all__ = ["RetryPolicy", "RetryBudget", "call_with_retry", "acall_with_retry"]
 
 T = TypeVar("T")
 
@@ -57,42 +57,86 @@ class RetryPolicy:
         return max(0.001, min(timeout_s, self.total_s - elapsed_s))
 
 
+class RetryBudget:
+    """Client-wide retry throttle (gRPC's retryThrottling): retries stop while failures dominate.
+
+    Tokens start at max_tokens; a retryable failure costs 1, a success earns token_ratio. A retry
+    is allowed only while tokens > max_tokens / 2, so in a sustained overload the client adds at
+    most about token_ratio extra attempts per success instead of multiplying the storm.
+    """
+
+    def __init__(self, max_tokens: float = 10.0, token_ratio: float = 0.1) -> None:
+        if max_tokens <= 0 or token_ratio <= 0:
+            raise ValueError(f"bad RetryBudget(max_tokens={max_tokens}, token_ratio={token_ratio}): both must be > 0")
+        self.max_tokens, self.token_ratio = float(max_tokens), float(token_ratio)
+        self.tokens = self.max_tokens
+
+    def on_success(self) -> None:
+        self.tokens = min(self.max_tokens, self.tokens + self.token_ratio)
+
+    def on_failure(self) -> None:
+        self.tokens = max(0.0, self.tokens - 1.0)
+
+    def allows_retry(self) -> bool:
+        return self.tokens > self.max_tokens / 2
+
+
+def _give_up(err, attempt: int, exc: BaseException, throttled: bool):
+    if attempt > 1 or throttled:
+        why = "retry budget exhausted: the server is overloaded" if throttled else f"gave up after {attempt} attempts"
+        err.args = (f"{err.args[0]} ({why})",) if err.args else err.args
+    raise err from (None if err is exc else exc)
+
+
 def call_with_retry(fn: Callable[[float], T], policy: RetryPolicy, timeout_s: float, where: str,
                     clock: Callable[[], float] = time.monotonic,
-                    sleep: Callable[[float], None] = time.sleep) -> T:
+                    sleep: Callable[[float], None] = time.sleep, budget: RetryBudget | None = None) -> T:
     """Call fn(per_attempt_timeout) until it succeeds or the policy gives up; raise a KitError."""
     start, attempt = clock(), 0
     while True:
         attempt += 1
         try:
-            return fn(policy.attempt_timeout(timeout_s, clock() - start))
+            result = fn(policy.attempt_timeout(timeout_s, clock() - start))
         except BaseException as exc:  # noqa: BLE001 - classified and re-raised below
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
             err = classify(exc, where, timeout_s)
             delay = policy.next_delay(err, attempt, clock() - start)
-            if delay is None:
-                if attempt > 1:
-                    err.args = (f"{err.args[0]} (gave up after {attempt} attempts)",) if err.args else err.args
-                raise err from (None if err is exc else exc)
+            throttled = False
+            if budget is not None and is_retryable(err):
+                budget.on_failure()
+                throttled = delay is not None and not budget.allows_retry()
+            if delay is None or throttled:
+                _give_up(err, attempt, exc, throttled)
             sleep(delay)
+        else:
+            if budget is not None:
+                budget.on_success()
+            return result
 
 
 async def acall_with_retry(fn: Callable[[float], Awaitable[T]], policy: RetryPolicy, timeout_s: float,
-                           where: str, clock: Callable[[], float] = time.monotonic) -> T:
+                           where: str, clock: Callable[[], float] = time.monotonic,
+                           budget: RetryBudget | None = None) -> T:
     """Async twin of call_with_retry; cancellation propagates at once and is never retried."""
     start, attempt = clock(), 0
     while True:
         attempt += 1
         try:
-            return await fn(policy.attempt_timeout(timeout_s, clock() - start))
+            result = await fn(policy.attempt_timeout(timeout_s, clock() - start))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - classified and re-raised below
             err = classify(exc, where, timeout_s)
             delay = policy.next_delay(err, attempt, clock() - start)
-            if delay is None:
-                if attempt > 1:
-                    err.args = (f"{err.args[0]} (gave up after {attempt} attempts)",) if err.args else err.args
-                raise err from (None if err is exc else exc)
+            throttled = False
+            if budget is not None and is_retryable(err):
+                budget.on_failure()
+                throttled = delay is not None and not budget.allows_retry()
+            if delay is None or throttled:
+                _give_up(err, attempt, exc, throttled)
             await asyncio.sleep(delay)
+        else:
+            if budget is not None:
+                budget.on_success()
+            return result

@@ -85,7 +85,8 @@ class EmbeddingClient(BaseEmbeddingClient):
         parts = []
         for call, idx in plan:
             where = f"infer '{call.model}' ({call.rows} texts) at {s.url}"
-            result = call_with_retry(lambda t, c=call: self._transport.infer(c, t), s.retry, timeout, where)
+            result = call_with_retry(lambda t, c=call: self._transport.infer(c, t), s.retry, timeout, where,
+                                    budget=self._retry_budget)
             parts.append((idx, decode_embeddings(result, call.rows, self.spec.dim)))
         return self._assemble(n, parts)
 

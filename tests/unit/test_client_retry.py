@@ -156,3 +156,28 @@ def test_acall_with_retry_does_not_retry_cancellation() -> None:
     with pytest.raises(asyncio.CancelledError):
         asyncio.run(acall_with_retry(fn, RetryPolicy(), 1.0, "infer"))
     assert len(calls) == 1
+
+
+def test_retry_budget_stops_amplifying_a_sustained_overload() -> None:
+    """Under a storm where every attempt is rejected, the budget caps total attempts far below
+    max_attempts x requests; successes refill it so retries resume once the server recovers."""
+    from client.errors import Overloaded
+    from client.retry import RetryBudget, RetryPolicy, call_with_retry
+
+    policy = RetryPolicy(max_attempts=4, initial_backoff_s=0.0, total_s=60.0)
+    budget = RetryBudget(max_tokens=10, token_ratio=0.1)
+    attempts = 0
+
+    def rejected(_timeout: float) -> None:
+        nonlocal attempts
+        attempts += 1
+        raise Overloaded("Exceeds maximum queue size")
+
+    for _ in range(100):
+        with pytest.raises(Overloaded):
+            call_with_retry(rejected, policy, 1.0, "t", sleep=lambda s: None, budget=budget)
+    assert attempts < 100 + 10, attempts  # without the budget: 400 attempts
+    assert not budget.allows_retry()
+    for _ in range(60):
+        call_with_retry(lambda t: 1, policy, 1.0, "t", sleep=lambda s: None, budget=budget)
+    assert budget.allows_retry()  # healthy traffic restores retries

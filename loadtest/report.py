@@ -53,14 +53,14 @@ def bench_table(rows: list[dict], executor: str) -> list[str]:
     lows = {r["scenario"]: r for r in rows if r["executor"] == executor and r["phase"] == "low"}
     base = peaks.get("no_batching", {}).get("throughput") or math.nan
     out = ["| scenario | peak req/s | x batch-1 | peak p99 ms | peak batch | peak req batch | low-load rate | avg ms | p50 ms | "
-           "p99 ms | low batch | low queue ms | low compute ms | CPU %: machine / server / generator (peak) | errors |",
+           "p99 ms | low batch | low queue ms | low compute ms | CPU % server / generator (peak) | errors |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for sc, pk in peaks.items():
         lo = lows.get(sc, {})
         out.append(f"| {sc} | {pk['throughput']:.0f} | {_f(pk['throughput'] / base, 2)} | {_f(pk['p99_ms'])} | "
                    f"{_f(pk['avg_batch'])} | {_f(pk['front_batch'])} | {lo.get('load', '-')} | {_f(lo.get('avg_ms'))} | {_f(lo.get('p50_ms'))} | "
                    f"{_f(lo.get('p99_ms'))} | {_f(lo.get('avg_batch'))} | {_f(lo.get('queue_ms'))} | "
-                   f"{_f(lo.get('compute_ms'))} | {_f(pk['cpu_pct'], 0)} / {_f(100 * pk['server_cores'], 0)} / {_f(100 * pk['gen_cores'], 0)} | {pk['errors'] + lo.get('errors', 0)} |")
+                   f"{_f(lo.get('compute_ms'))} | {_f(100 * pk['server_cores'], 0)} / {_f(100 * pk['gen_cores'], 0)} | {pk['errors'] + lo.get('errors', 0)} |")
     return out
 
 
@@ -134,9 +134,10 @@ def write_bench(run, out: Path) -> list[Path]:
                       "On 2 CPU cores batching adds little throughput (DESIGN.md): read the ratios, not absolute times.", ""]
         lines += bench_table(run.rows, ex) + [""]
     lines += ["Columns: peak = closed loop; `x batch-1` = peak / no_batching peak of the same executor; low-load columns "
-              "= open loop; queue = Triton queue time of the called model; CPU % = whole machine (0-100%, shared "
-              "with other work) / tritonserver process tree / this load generator (the last two: CPU seconds per second "
-              "x 100, so two busy cores = 200%); compute = the encoder's per-batch time (input "
+              "= open loop; queue = Triton queue time of the called model; CPU % = CPU seconds per second x 100 "
+              "(psutil) of the tritonserver process tree (with its python stubs) / of this load generator; two busy "
+              "cores = 200%. (The machine-wide psutil figure is in the CSV as cpu_pct; on this shared VM it mixes in "
+              "other people's work, and some readings look implausibly low, so the table leaves it out.) compute = the encoder's per-batch time (input "
               "+ infer + output) from /v2/models/<m>/stats deltas; batch = average Triton batch size of the encoder (req batch: of the called model, "
               "differs for text_endpoint whose encoder sees length-aware sub-batches). "
               f"Tensor scenarios send one text per request: {s.seq_len} tokens (emulated rows, as the seed), "

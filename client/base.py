@@ -46,7 +46,7 @@ class BaseEmbeddingClient:
                                       truncate=truncate, query_instruction=query_instruction,
                                       expected_dim=expected_dim, **extra)
         self.settings = settings
-        self._retry_budget = RetryBudget()  # one per client: retries back off together under overload
+        self._retry_budget: RetryBudget | None = settings.retry.make_budget()  # shared by the client's calls
         self._spec: ModelSpec | None = None
         self._tokenizer: BucketTokenizer | None = None
 

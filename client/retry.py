@@ -27,6 +27,12 @@ class RetryPolicy:
     initial_backoff_s: float = 0.05
     max_backoff_s: float = 2.0
     total_s: float = 30.0
+    budget_tokens: float = 10.0  # client-wide RetryBudget (0 = no budget: every call may use max_attempts)
+    budget_ratio: float = 0.1
+
+    def make_budget(self) -> "RetryBudget | None":
+        """The client-wide retry throttle this policy asks for (None when budget_tokens is 0)."""
+        return RetryBudget(self.budget_tokens, self.budget_ratio) if self.budget_tokens > 0 else None
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1 or self.initial_backoff_s < 0 or self.max_backoff_s < 0 or self.total_s <= 0:

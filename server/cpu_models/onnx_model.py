@@ -31,15 +31,19 @@ def _vocab_size(path):
 
         model = onnx.load(path, load_external_data=False)
         shapes = {init.name: list(init.dims) for init in model.graph.initializer}
+        ids = {"input_ids"}  # input_ids and what Cast/Identity nodes derive from it (fusion casts to int32)
         for node in model.graph.node:
-            if node.op_type == "Gather" and len(node.input) > 1 and node.input[1] == "input_ids":
-                dims = shapes.get(node.input[0])
-                if dims:
-                    return int(dims[0])
-            if node.op_type == "EmbedLayerNormalization" and node.input[0] == "input_ids":
-                dims = shapes.get(node.input[2])
-                if dims:
-                    return int(dims[0])
+            if node.op_type in ("Cast", "Identity") and node.input and node.input[0] in ids:
+                ids.update(node.output)
+        for node in model.graph.node:
+            if node.op_type == "Gather" and len(node.input) > 1 and node.input[1] in ids:
+                table = node.input[0]
+            elif node.op_type == "EmbedLayerNormalization" and node.input and node.input[0] in ids:
+                table = node.input[2]
+            else:
+                continue
+            if shapes.get(table):
+                return int(shapes[table][0])
     except Exception:  # best effort: the check is an extra, ORT still guards the Gather
         return None
     return None

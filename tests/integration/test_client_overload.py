@@ -69,7 +69,9 @@ def test_full_queue_raises_overloaded_without_retry(tiny_queue_server: str) -> N
 
 
 def test_full_queue_retried_then_success(tiny_queue_server: str) -> None:
-    policy = RetryPolicy(max_attempts=30, initial_backoff_s=0.1, max_backoff_s=1.0, total_s=60.0)
+    # budget off: this caller prefers completion over shedding (the default budget stops retrying
+    # in a storm: tests/unit/test_client_retry.py::test_retry_budget_stops_amplifying_a_sustained_overload)
+    policy = RetryPolicy(max_attempts=30, initial_backoff_s=0.1, max_backoff_s=1.0, total_s=60.0, budget_tokens=0)
     results = _burst(tiny_queue_server, policy)
     assert all(isinstance(r, np.ndarray) and r.shape == (1, 384) for r in results), results
     with EmbeddingClient(tiny_queue_server, model=NAME, retry=policy) as c:

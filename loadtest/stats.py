@@ -132,7 +132,9 @@ class CpuMeter:
         return out
 
     def _both(self) -> dict[int, float]:
-        return {**self._tree(self.server), **{-pid: v for pid, v in self._tree(self.me).items()}}
+        """Server tree under +pid, the generator (this process and its children minus the server) under -pid."""
+        server = self._tree(self.server)
+        return {**server, **{-pid: v for pid, v in self._tree(self.me).items() if pid not in server}}
 
     def start(self) -> None:
         psutil.cpu_percent(None)

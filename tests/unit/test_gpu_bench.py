@@ -53,5 +53,6 @@ def test_bench_runs_on_cpu_and_reports_every_scenario(tmp_path: Path) -> None:
         assert float(r["peak_avg_batch"]) >= 1.0
         assert float(r["peak_p99_ms"]) >= float(r["peak_p50_ms"])
     by = {r["scenario"]: r for r in rows}
-    assert float(by["s1_batch1"]["peak_avg_batch"]) == 1.0  # no dynamic batching: batch 1
+    # no dynamic batching: batch 1 (the count/exec deltas are read while a request may be in flight)
+    assert float(by["s1_batch1"]["peak_avg_batch"]) == pytest.approx(1.0, abs=0.01)
     assert float(by["s2_static"]["peak_avg_batch"]) > 1.0  # batches form under load

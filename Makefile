@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test test-unit bench help compose-check gpu-wheels gpu-bench
+.PHONY: setup demo test test-unit bench tune stack-bench chaos help compose-check gpu-wheels gpu-bench
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -27,8 +27,17 @@ test: setup  ## the whole suite: unit + integration against a real local tritons
 test-unit: setup  ## unit tests only (no server)
 	$(PY) -m pytest -m "not integration"
 
-bench: setup  ## the seed-table benchmark on the local Triton (reports/bench)
-	$(PY) -m loadtest.bench --out reports/bench
+bench: setup  ## seed table on the local Triton (real CPU rows + EMULATED GPU rows), ~6 min; BENCH_ARGS=--quick ~2 min
+	$(PY) -m loadtest.bench --out reports/bench $(BENCH_ARGS)
+
+tune: setup  ## queue-delay tuner on the emulated GPU; TUNE_ARGS=--write updates model_repository/
+	$(PY) -m loadtest.tune --slo-p99-ms 50 --rate 600 --repeats 3 --out reports/tune $(TUNE_ARGS)
+
+stack-bench: setup  ## full stack vs raw ONNX Runtime + padding ratio (reports/stack)
+	$(PY) -m loadtest.stack_bench --out reports/stack
+
+chaos: setup  ## bad input, overload, faults (reports/chaos)
+	$(PY) -m loadtest.chaos --out reports/chaos
 
 compose-check: setup  ## validate docker-compose.yml and the GPU configs (Triton schema + ORT backend keys)
 	docker-compose --env-file deploy/.env.example config -q

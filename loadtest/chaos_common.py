@@ -6,7 +6,6 @@ ever signalled.
 """
 from __future__ import annotations
 
-import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,26 +17,14 @@ import psutil
 from kit.errors import ServerNotReady
 from server.cpu_variant import CpuVariant
 from server.launcher import LocalServer, ServerSettings
+from server.launcher import free_ports as launcher_free_ports
 
 PORT_RANGE = range(18200, 18300)  # the chaos scenarios' own ports (bench: 18100-18199)
 
 
 def free_ports(count: int = 3, pool: range = PORT_RANGE, avoid: Sequence[int] = ()) -> list[int]:
     """`count` free loopback ports from the chaos range."""
-    found: list[int] = []
-    for port in pool:
-        if port in avoid:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        found.append(port)
-        if len(found) == count:
-            return found
-    raise ServerNotReady(f"fewer than {count} free ports in {pool.start}-{pool.stop - 1}: stop old servers")
-
+    return launcher_free_ports(count, pool, tuple(avoid))
 
 def server_settings(repository: Path, state_dir: Path, variant: CpuVariant = CpuVariant(),
                     ports: Sequence[int] | None = None, **kwargs: Any) -> ServerSettings:

@@ -7,7 +7,6 @@ are loaded one scenario at a time with a config override (no restarts).
 """
 from __future__ import annotations
 
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from loadtest import loadgen
 from loadtest.costmodel import CostModel
 from server.cpu_variant import CpuVariant
 from server.launcher import LocalServer, ServerSettings
+from server.launcher import free_ports as launcher_free_ports
 from server.repository import (CANONICAL_NAME, DEFAULT_CANONICAL, ENCODER_SUFFIX, Batching, apply_batching,
                                load_config, set_param, write_config)
 
@@ -42,18 +42,7 @@ class TritonPythonModel:
 
 def free_ports(count: int = 3, pool: range = PORT_RANGE) -> list[int]:
     """`count` free loopback ports from the kit's load-test range (18100-18199)."""
-    found = []
-    for port in pool:
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        found.append(port)
-        if len(found) == count:
-            return found
-    raise ServerNotReady(f"fewer than {count} free ports in {pool.start}-{pool.stop - 1}: stop old servers")
-
+    return launcher_free_ports(count, pool)
 
 def noop_config() -> mc.ModelConfig:
     """Same inputs as an encoder, 1-float output, work-conserving batching."""

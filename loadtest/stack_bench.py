@@ -15,7 +15,6 @@ import os
 import platform
 import random
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from loadtest.stack_report import StackResults, write_report
 from server.cpu_variant import CpuVariant
 from server.launcher import LocalServer, ServerSettings
 from server.repository import Batching
+from server.launcher import free_ports as launcher_free_ports
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ENDPOINT_PY = REPO_ROOT / "model_repository" / "bge_large_zh" / "1" / "model.py"
@@ -103,18 +103,7 @@ def prepare_repository(s: StackSettings) -> Path:
 
 def free_ports(count: int) -> list[int]:
     """`count` free loopback ports from 18400-18499."""
-    found = []
-    for port in PORTS:
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        found.append(port)
-        if len(found) == count:
-            return found
-    raise ServerNotReady(f"fewer than {count} free ports in {PORTS.start}-{PORTS.stop - 1}: stop old servers")
-
+    return launcher_free_ports(count, PORTS)
 
 def server_settings(s: StackSettings) -> ServerSettings:
     """The CPU variant under test: same threads as raw, encoder batcher work-conserving (no wait)."""

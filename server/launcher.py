@@ -112,6 +112,25 @@ def build_command(settings: ServerSettings, backends: Path, repo: Path) -> list[
     return cmd
 
 
+def free_ports(count: int = 3, pool: range = range(18000, 18500), avoid: tuple[int, ...] = ()) -> list[int]:
+    """`count` free loopback ports from `pool` (bound then released), for servers the kit starts."""
+    import socket
+
+    found: list[int] = []
+    for port in pool:
+        if port in avoid:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        found.append(port)
+        if len(found) == count:
+            return found
+    raise ServerNotReady(f"fewer than {count} free ports in {pool.start}-{pool.stop - 1}: stop old servers")
+
+
 def _ready(port: int) -> bool:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=2) as resp:

@@ -4,12 +4,14 @@ retries some callers get Overloaded ("Exceeds maximum queue size"); with retries
 from __future__ import annotations
 
 import asyncio
-import socket
 from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 import pytest
+
+from kit.errors import ServerNotReady
+from server.launcher import free_ports as launcher_free_ports
 
 from client import AsyncEmbeddingClient, EmbeddingClient, Overloaded, RetryPolicy
 
@@ -20,18 +22,10 @@ CALLERS = 6
 
 
 def free_ports(n: int) -> list[int]:
-    ports = []
-    for port in range(18000, 18100):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        ports.append(port)
-        if len(ports) == n:
-            return ports
-    pytest.skip("not enough free ports in 18000-18099")
-
+    try:
+        return launcher_free_ports(n, range(18000, 18100))
+    except ServerNotReady:
+        pytest.skip("not enough free ports in 18000-18099")
 
 @pytest.fixture(scope="module")
 def tiny_queue_server(minilm_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:

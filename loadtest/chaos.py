@@ -192,11 +192,12 @@ def write_report(res: dict, settings: ChaosSettings, argv: list[str]) -> Path:
         f"rejections (503/UNAVAILABLE) max {ov['rejected_max_s'] * 1000:.0f} ms; queue-policy bound "
         f"{ov['latency_bound_s'] * 1000:.0f} ms. Back to normal latency {ov['recovery_s']:.2f} s after the "
         f"load dropped. Server up and ready after: {ov['server_alive_after'] and ov['server_ready_after']}.",
-        f"Retries (RetryPolicy max_attempts={ov['retry_policy_max_attempts']}, full jitter) under the same "
+        f"Retries (RetryPolicy max_attempts={ov['retry_policy_max_attempts']}, full jitter, client-wide "
+        "RetryBudget) under the same "
         f"storm: {ov['retry_requests']} requests -> {ov['retry_attempts']} attempts "
         f"({ov['retry_attempts'] / max(1, ov['retry_requests']):.2f} per request, max "
-        f"{ov['retry_max_attempts_seen']}); outcomes {ov['retry_outcomes']}. Bounded, but without a retry "
-        "budget the offered load grows by that factor during overload.",
+        f"{ov['retry_max_attempts_seen']}); outcomes {ov['retry_outcomes']}. The retry budget stops "
+        "retrying while rejections dominate, so retries do not multiply the offered load.",
         "", "![overload](chaos_overload.png)", "",
         "## kill -9 of tritonserver under load", "",
         "| protocol | first error after kill | error kinds | restart | same clients OK after ready | "

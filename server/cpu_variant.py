@@ -25,6 +25,7 @@ class CpuVariant:
 
     executor: str = "onnxruntime"  # or "costmodel"
     intra_op_threads: int = 0  # 0 = ONNX Runtime's default (all cores)
+    allow_spinning: bool = False  # ORT spin-waiting: lower latency, but steals cores shared with Triton
     cost_a_us: float = 6260.0  # fitted to the seed A10G rows at L=64 (loadtest.costmodel)
     cost_b_us: float = 10.0
     keep_warmup: bool = False
@@ -44,6 +45,7 @@ def cpu_config(cfg: mc.ModelConfig, variant: CpuVariant) -> mc.ModelConfig:
         out.ClearField("optimization")
         set_param(out, "executor", variant.executor)
         set_param(out, "intra_op_threads", variant.intra_op_threads)
+        set_param(out, "allow_spinning", "1" if variant.allow_spinning else "0")
         set_param(out, "cost_a_us", variant.cost_a_us)
         set_param(out, "cost_b_us", variant.cost_b_us)
         if not variant.keep_warmup:

@@ -77,6 +77,8 @@ def test_cpu_variant_keeps_interface_and_batching(tmp_path: Path) -> None:
     assert cpu.dynamic_batching == enc.dynamic_batching
     assert cpu.max_batch_size == enc.max_batch_size
     assert cpu.instance_group[0].kind == mc.ModelInstanceGroup.KIND_CPU
+    assert get_param(cpu, "allow_spinning") == "0" and get_param(cpu, "executor") == "onnxruntime"
+    assert get_param(cpu_config(enc, CpuVariant(allow_spinning=True)), "allow_spinning") == "1"
     out = render_cpu_variant(DEFAULT_CANONICAL, tmp_path / "cpu")
     rendered = load_repository(out)
     assert rendered["bge_large_zh_onnx"].backend == "python"

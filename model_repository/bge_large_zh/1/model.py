@@ -201,16 +201,14 @@ class TritonPythonModel:
         window = asyncio.Semaphore(self.max_in_flight)
 
         async def run(rows, pad_len):
-            ids = np.full((len(rows), pad_len), self.pad_id, dtype=np.int64)
-            mask = np.zeros((len(rows), pad_len), dtype=np.int64)
-            for k, i in enumerate(rows):
-                ids[k, :lengths[i]] = all_ids[i]
-                mask[k, :lengths[i]] = 1
+            ids, mask = self._pad(all_ids, lengths, rows, pad_len)
             async with window:  # at most max_in_flight sub-batches queued at the encoder
                 out[rows] = await self._bls(ids, mask)
 
-        if len(plans) == 1:
-            await run(*plans[0])  # the common low-load case: no task machinery
+        if len(plans) == 1:  # the common low-load case: a blocking BLS call, no event-loop round trips
+            rows, pad_len = plans[0]
+            ids, mask = self._pad(all_ids, lengths, rows, pad_len)
+            out[rows] = self._result(self._request(ids, mask).exec())
         else:
             await asyncio.gather(*(run(rows, pad_len) for rows, pad_len in plans))
         padded = sum(len(rows) * pad_len for rows, pad_len in plans)
@@ -221,14 +219,27 @@ class TritonPythonModel:
         self.m_subs.increment(len(plans))
         return out
 
+    def _pad(self, all_ids, lengths, rows, pad_len):
+        ids = np.full((len(rows), pad_len), self.pad_id, dtype=np.int64)
+        mask = np.zeros((len(rows), pad_len), dtype=np.int64)
+        for k, i in enumerate(rows):
+            ids[k, :lengths[i]] = all_ids[i]
+            mask[k, :lengths[i]] = 1
+        return ids, mask
+
     async def _bls(self, ids, mask):
+        return self._result(await self._request(ids, mask).async_exec())
+
+    def _request(self, ids, mask):
         kwargs = dict(model_name=self.encoder, requested_output_names=["embedding"],
                       inputs=[pb_utils.Tensor("input_ids", ids), pb_utils.Tensor("attention_mask", mask)])
         try:
             kwargs["preferred_memory"] = pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_CPU, 0)
         except AttributeError:
             pass  # older python_backend: outputs already come back in CPU memory
-        response = await pb_utils.InferenceRequest(**kwargs).async_exec()
+        return pb_utils.InferenceRequest(**kwargs)
+
+    def _result(self, response):
         if response.has_error():
             error = response.error()
             try:

@@ -94,6 +94,20 @@ def _give_up(err, attempt: int, exc: BaseException, throttled: bool):
     raise err from (None if err is exc else exc)
 
 
+def _next_delay_or_raise(exc: BaseException, policy: RetryPolicy, attempt: int, elapsed_s: float,
+                         budget: RetryBudget | None, where: str, timeout_s: float) -> float:
+    """The one retry decision both loops share: classify, charge the budget, wait or give up."""
+    err = classify(exc, where, timeout_s)
+    delay = policy.next_delay(err, attempt, elapsed_s)
+    throttled = False
+    if budget is not None and is_retryable(err):
+        budget.on_failure()
+        throttled = delay is not None and not budget.allows_retry()
+    if delay is None or throttled:
+        _give_up(err, attempt, exc, throttled)
+    return delay
+
+
 def call_with_retry(fn: Callable[[float], T], policy: RetryPolicy, timeout_s: float, where: str,
                     clock: Callable[[], float] = time.monotonic,
                     sleep: Callable[[float], None] = time.sleep, budget: RetryBudget | None = None) -> T:
@@ -106,15 +120,7 @@ def call_with_retry(fn: Callable[[float], T], policy: RetryPolicy, timeout_s: fl
         except BaseException as exc:  # noqa: BLE001 - classified and re-raised below
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
-            err = classify(exc, where, timeout_s)
-            delay = policy.next_delay(err, attempt, clock() - start)
-            throttled = False
-            if budget is not None and is_retryable(err):
-                budget.on_failure()
-                throttled = delay is not None and not budget.allows_retry()
-            if delay is None or throttled:
-                _give_up(err, attempt, exc, throttled)
-            sleep(delay)
+            sleep(_next_delay_or_raise(exc, policy, attempt, clock() - start, budget, where, timeout_s))
         else:
             if budget is not None:
                 budget.on_success()
@@ -133,15 +139,8 @@ async def acall_with_retry(fn: Callable[[float], Awaitable[T]], policy: RetryPol
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - classified and re-raised below
-            err = classify(exc, where, timeout_s)
-            delay = policy.next_delay(err, attempt, clock() - start)
-            throttled = False
-            if budget is not None and is_retryable(err):
-                budget.on_failure()
-                throttled = delay is not None and not budget.allows_retry()
-            if delay is None or throttled:
-                _give_up(err, attempt, exc, throttled)
-            await asyncio.sleep(delay)
+            await asyncio.sleep(_next_delay_or_raise(exc, policy, attempt, clock() - start, budget, where,
+                                                     timeout_s))
         else:
             if budget is not None:
                 budget.on_success()

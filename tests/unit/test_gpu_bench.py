@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import csv
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from kit.errors import ServerNotReady
+from server.launcher import free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIOS = ["s1_batch1", "s2_static", "s3_dynamic", "s4_delay0", "s5a_mixed_padded",
@@ -15,18 +17,10 @@ SCENARIOS = ["s1_batch1", "s2_static", "s3_dynamic", "s4_delay0", "s5a_mixed_pad
 
 
 def _free_ports(n: int, lo: int = 18300, hi: int = 18400) -> list[int]:
-    ports = []
-    for port in range(lo, hi):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        ports.append(port)
-        if len(ports) == n:
-            return ports
-    pytest.skip(f"no {n} free ports in {lo}-{hi - 1}")
-
+    try:
+        return free_ports(n, range(lo, hi))
+    except ServerNotReady:
+        pytest.skip(f"no {n} free ports in {lo}-{hi - 1}")
 
 @pytest.mark.integration
 @pytest.mark.timeout(300)

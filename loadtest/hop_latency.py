@@ -73,6 +73,8 @@ def measure(s: HopSettings) -> dict[str, float]:
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = s.threads
     opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if s.spin else "0")
+    if s.spin:  # as the kit's sessions: spin inside a run, stop when it returns
+        opts.add_session_config_entry("session.force_spinning_stop", "1")
     sess = ort.InferenceSession(str(s.repository / f"{s.name}_onnx" / "1" / "model.onnx"), opts,
                                 providers=["CPUExecutionProvider"])
     results = {"raw ONNX Runtime": _median_ms(lambda: sess.run(["embedding"], {"input_ids": ids,

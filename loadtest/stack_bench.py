@@ -25,7 +25,7 @@ from pathlib import Path
 from kit.errors import KitError, ServerNotReady
 from loadtest import stack_client, stack_raw
 from loadtest.stack_report import StackResults, write_report
-from server.cpu_variant import CpuVariant
+from server.cpu_variant import CPU_TEXT_INSTANCES, CPU_TEXT_PARAMS, CpuVariant
 from server.launcher import LocalServer, ServerSettings
 from server.repository import Batching
 from server.launcher import free_ports as launcher_free_ports
@@ -55,12 +55,15 @@ class StackSettings:
     sweep_repeats: int = 2
     sweep_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     latency_texts: int = 200
+    settle_s: float = 0.0  # pause before each latency call (0: back to back, the cores stay awake)
+    latency_block: int = 20  # texts per path in a row in (c)
     per_request: int = 4
     concurrency: int = 16
     max_length: int = 512
     pad_to_multiple: int = 8
-    text_params: dict[str, str] = field(default_factory=lambda: {
-        "token_budget": "2048", "sub_batch_max": "8", "split_overhead_tokens": "64"})
+    text_params: dict[str, str] = field(default_factory=lambda: dict(CPU_TEXT_PARAMS))  # what `server up` runs
+    text_instances: int = CPU_TEXT_INSTANCES
+    spin: bool = CpuVariant.allow_spinning  # ORT spin-waiting (inside runs) in the stack, as the CPU variant
     seed: int = 0
     command: str = "python -m loadtest.stack_bench"
 
@@ -108,8 +111,8 @@ def free_ports(count: int) -> list[int]:
 def server_settings(s: StackSettings) -> ServerSettings:
     """The CPU variant under test: same threads as raw, encoder batcher work-conserving (no wait)."""
     http, grpc, metrics = free_ports(3)
-    variant = CpuVariant(intra_op_threads=s.threads, text_params=dict(s.text_params),
-                         batching={f"{s.name}_onnx": Batching(preferred_batch_sizes=(), max_queue_delay_us=0)})
+    variant = CpuVariant(intra_op_threads=s.threads, text_params=dict(s.text_params), text_instances=s.text_instances,
+                         allow_spinning=s.spin, batching={f"{s.name}_onnx": Batching(preferred_batch_sizes=(), max_queue_delay_us=0)})
     return ServerSettings(repository=s.repository, http_port=http, grpc_port=grpc, metrics_port=metrics,
                           state_dir=s.state_dir, variant=variant)
 
@@ -176,17 +179,28 @@ def run(s: StackSettings) -> StackResults:
             print(f"round {r + 1}/{s.rounds}: raw {a:.1f}  stack {b.texts_per_s:.1f}  ratio "
                   f"{b.texts_per_s / a:.3f}  padding {pad[0]:.3f}  texts/batch {rounds[-1]['batch']:.1f}", flush=True)
 
-        print(f"latency, one request in flight, {s.latency_texts} texts interleaved ...", flush=True)
+        print(f"latency, one request in flight, {s.latency_texts} texts in blocks of {s.latency_block} ...", flush=True)
         seq = stack_client.Sequential(url, model)
+        paths = {"raw_off": lambda text, row: raw.latency_ms(False, row, s.pad_to_multiple),
+                 "stack": lambda text, row: seq.latency_ms(text),
+                 "raw_on": lambda text, row: raw.latency_ms(True, row, s.pad_to_multiple)}
         try:
-            for text, row in list(zip(texts, ids))[:5]:  # warm both paths
-                seq.latency_ms(text)
-                raw.latency_ms(True, row, s.pad_to_multiple)
-                raw.latency_ms(False, row, s.pad_to_multiple)
-            for text, row in zip(texts[:s.latency_texts], ids[:s.latency_texts]):
-                latency["raw_on"].append(raw.latency_ms(True, row, s.pad_to_multiple))
-                latency["stack"].append(seq.latency_ms(text))
-                latency["raw_off"].append(raw.latency_ms(False, row, s.pad_to_multiple))
+            for text, row in list(zip(texts, ids))[:5]:  # warm every path
+                for call in paths.values():
+                    call(text, row)
+            pairs = list(zip(texts[:s.latency_texts], ids[:s.latency_texts]))
+            # One request in flight, back to back: each path runs a block of texts in a row (a closed loop
+            # of one user), then the next path runs the same block; the path order rotates block by block
+            # so drift of the shared machine falls on every path alike. Per-text interleaving would make
+            # every stack call start right after an ONNX Runtime run in another process, which cost a
+            # no-op Triton round trip 0.9 ms here (1.35 vs 0.48 ms back to back).
+            order = list(paths)
+            for k in range(0, len(pairs), s.latency_block):
+                for name in order:
+                    for text, row in pairs[k:k + s.latency_block]:
+                        time.sleep(s.settle_s)
+                        latency[name].append(paths[name](text, row))
+                order = order[1:] + order[:1]
         finally:
             seq.close()
 
@@ -209,8 +223,11 @@ def run(s: StackSettings) -> StackResults:
         "(b)": f"tritonclient gRPC aio, {s.concurrency} requests x {s.per_request} texts in flight, "
                f"{s.warm_s} s warm-up + {s.window_s} s window per round, {s.rounds} rounds; "
                "the client runs on the same cores",
-        "(c)": f"sync gRPC, 1 text per request, {s.latency_texts} texts; raw batch 1 (both spin settings) interleaved",
-        "server knobs": f"text endpoint {s.text_params}, encoder dynamic_batching delay 0, no preferred sizes",
+        "(c)": f"sync gRPC, 1 text per request, {s.latency_texts} texts, back to back (pause {s.settle_s} s); "
+               f"raw batch 1 (spin off, spin on) and the stack take turns in blocks of {s.latency_block} "
+               "texts, the same texts on every path, order rotating",
+        "server knobs": f"text endpoint {s.text_instances} instance(s), {s.text_params}; encoder 1 instance, "
+                        f"spin {'on' if s.spin else 'off'}, dynamic_batching delay 0, no preferred sizes",
     }
     return StackResults(header=header, sweep=[(c.label, c.batch, t) for c, t in sweep], rounds=rounds,
                         latency=latency, padding=padding)
@@ -230,12 +247,18 @@ def parse_args(argv: list[str] | None = None) -> StackSettings:
     p.add_argument("--sweep-batches", help="raw batch sizes to sweep, comma separated (default 1,2,4,8,16,32)")
     p.add_argument("--concurrency", type=int, default=StackSettings.concurrency, help="requests in flight for (b)")
     p.add_argument("--per-request", type=int, default=StackSettings.per_request, help="texts per request for (b)")
+    p.add_argument("--settle-s", type=float, default=StackSettings.settle_s,
+                   help="pause before each latency call in (c) (default 0: back to back; 0.02 = from idle cores)")
+    p.add_argument("--no-spin", dest="spin", action="store_false",
+                   help="ORT spin-waiting off in the stack (default: on inside runs, as the CPU variant)")
+    p.add_argument("--text-instances", type=int, default=StackSettings.text_instances,
+                   help=f"text endpoint instances (default {CPU_TEXT_INSTANCES}, the CPU variant's)")
     p.add_argument("--text-param", action="append", default=[], metavar="KEY=VALUE",
                    help="text endpoint config parameter for the CPU run (e.g. token_budget=4096); "
                         "sub_batch_max=auto uses the raw sweep's best batch size")
     a = p.parse_args(argv)
     s = StackSettings(out=a.out, repository=a.repository, threads=a.threads, concurrency=a.concurrency,
-                      per_request=a.per_request,
+                      per_request=a.per_request, text_instances=a.text_instances, spin=a.spin, settle_s=a.settle_s,
                       command="python -m loadtest.stack_bench " + " ".join(sys.argv[1:] if argv is None else argv))
     if a.quick:
         s.rounds, s.window_s, s.warm_s, s.texts, s.latency_texts, s.sweep_texts = 2, 3.0, 1.0, 256, 40, 96

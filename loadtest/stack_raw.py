@@ -86,6 +86,8 @@ class RawEncoder:
             if threads > 0:
                 opts.intra_op_num_threads = threads
             opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+            if spinning:  # as the kit's sessions: spin inside a run, stop when it returns
+                opts.add_session_config_entry("session.force_spinning_stop", "1")
             opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
             self.sessions[spinning] = ort.InferenceSession(str(onnx_path), opts,
                                                            providers=["CPUExecutionProvider"])

@@ -18,6 +18,26 @@ from server.repository import Batching, apply_batching, iter_models, load_config
 CPU_MODELS = Path(__file__).resolve().parent / "cpu_models"
 ONNX_MODEL_PY = CPU_MODELS / "onnx_model.py"
 
+# The text endpoint in front of a CPU encoder (executor onnxruntime), measured with
+# `python -m loadtest.stack_bench`, which runs both encoder modes side by side:
+# - encoder "inprocess": the text endpoint runs the encoder's model.onnx itself. On the GPU the encoder is
+#   the C++ onnxruntime backend and BLS costs one in-server hop; here the stand-in encoder is a second
+#   python stub, and the BLS round trip through it cost about 2 ms per call (hop_latency, stack_bench).
+#   The encoder model stays loaded for tensor-mode clients. encoder "bls" keeps the GPU topology.
+# Measured with
+# `python -m loadtest.stack_bench` (reports/stack, docs/architecture.md "Lost wake-ups"):
+# - ONE text-endpoint instance with ONE BLS call in flight. The encoder is then never sent a request
+#   while it is busy. Triton 2.51's dynamic batcher can miss the wake-up for a request that arrives at a
+#   busy instance when nothing else arrives after it. The request then waits for the batcher's 500 ms idle
+#   timeout. Two instances, or two calls in flight, gave 2-12 such stalls per 8-12 s at saturation and
+#   halved throughput. A CPU encoder already uses every core, so the second instance bought no overlap.
+# - Sub-batches of at most 8 and 2048 tokens: ORT on CPU is linear in B x L from B=4 up (per token flat),
+#   so larger batches only add padding. The per-call cost is small on CPU (about 1 ms of ORT plus one BLS
+#   round trip, about 14 tokens' worth at 140 us a token), hence split_overhead_tokens 16.
+CPU_TEXT_PARAMS = {"encoder": "inprocess", "max_in_flight": "1", "sub_batch_max": "8", "token_budget": "2048",
+                   "split_overhead_tokens": "16"}
+CPU_TEXT_INSTANCES = 1
+
 
 @dataclass(frozen=True)
 class CpuVariant:
@@ -25,13 +45,31 @@ class CpuVariant:
 
     executor: str = "onnxruntime"  # or "costmodel"
     intra_op_threads: int = 0  # 0 = ONNX Runtime's default (all cores)
-    allow_spinning: bool = False  # ORT spin-waiting: lower latency, but steals cores shared with Triton
+    # ORT spin-waiting inside a run, stopped when the run returns (session.force_spinning_stop), so idle
+    # threads steal no cores from Triton, the stubs and the clients. Measured by loadtest.stack_bench: the
+    # batch-1 latency of spin-off ORT is about 1.3 ms worse here; spinning that outlives the run cost (b) 15%.
+    allow_spinning: bool = True
     cost_a_us: float = 6260.0  # fitted to the seed A10G rows at L=64 (loadtest.costmodel)
     cost_b_us: float = 10.0
     keep_warmup: bool = False
     models: tuple[str, ...] | None = None  # None = every model in the repository
     batching: dict[str, Batching] = field(default_factory=dict)
-    text_params: dict[str, str] = field(default_factory=dict)
+    # Parameters set on python-backend models (the text endpoint). None: CPU_TEXT_PARAMS with the
+    # onnxruntime executor, the config's own with the cost model (an emulated GPU keeps the GPU settings).
+    text_params: dict[str, str] | None = None
+    text_instances: int | None = None  # None: CPU_TEXT_INSTANCES with onnxruntime, else the config's count
+
+    def resolved_text_params(self) -> dict[str, str]:
+        """The parameters this variant sets on the text endpoint."""
+        if self.text_params is not None:
+            return dict(self.text_params)
+        return dict(CPU_TEXT_PARAMS) if self.executor == "onnxruntime" else {}
+
+    def resolved_text_instances(self) -> int | None:
+        """Instance count of the text endpoint (None keeps the config's)."""
+        if self.text_instances is not None:
+            return self.text_instances
+        return CPU_TEXT_INSTANCES if self.executor == "onnxruntime" else None
 
 
 def cpu_config(cfg: mc.ModelConfig, variant: CpuVariant) -> mc.ModelConfig:
@@ -50,13 +88,19 @@ def cpu_config(cfg: mc.ModelConfig, variant: CpuVariant) -> mc.ModelConfig:
         set_param(out, "cost_b_us", variant.cost_b_us)
         if not variant.keep_warmup:
             out.ClearField("model_warmup")
-    elif out.backend == "python":
-        for key, value in variant.text_params.items():
+    count = max((g.count for g in cfg.instance_group), default=1) or 1
+    if cfg.backend == "python" and "onnx_model" in cfg.parameters:  # a text endpoint (it names its encoder)
+        params = variant.resolved_text_params()
+        if params.get("encoder") == "inprocess":  # same ORT threading as the encoder model would get
+            params.setdefault("intra_op_threads", str(variant.intra_op_threads))
+            params.setdefault("allow_spinning", "1" if variant.allow_spinning else "0")
+        for key, value in params.items():
             set_param(out, key, value)
+        count = variant.resolved_text_instances() or count
     del out.instance_group[:]
     group = out.instance_group.add()
     group.kind = mc.ModelInstanceGroup.KIND_CPU
-    group.count = max((g.count for g in cfg.instance_group), default=1) or 1
+    group.count = count
     if cfg.name in variant.batching:
         out = apply_batching(out, variant.batching[cfg.name])
     return out

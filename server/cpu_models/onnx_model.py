@@ -72,10 +72,12 @@ class TritonPythonModel:
             threads = int(_param(cfg, "intra_op_threads", "0"))
             if threads > 0:
                 opts.intra_op_num_threads = threads
-            # Spin-waiting intra-op threads steal the cores that Triton, the text endpoint's stub and
-            # the clients share with this model; off by default here (allow_spinning "1" restores it).
+            # allow_spinning "1" (the CPU variant's default): threads spin while a run lasts and stop when
+            # it returns; spinning that outlives a run steals the cores Triton and the clients share.
             spinning = "1" if _param(cfg, "allow_spinning", "0").strip().lower() in ("1", "true") else "0"
             opts.add_session_config_entry("session.intra_op.allow_spinning", spinning)
+            if spinning == "1":  # spin inside a run only: stop when it returns, so idle threads steal nothing
+                opts.add_session_config_entry("session.force_spinning_stop", "1")
             opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
             self.session = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
             self.input_names = [i.name for i in self.session.get_inputs()]

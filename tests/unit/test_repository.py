@@ -7,7 +7,7 @@ import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
 from kit.errors import ModelConfigError
-from server.cpu_variant import CpuVariant, cpu_config, render_cpu_variant
+from server.cpu_variant import CPU_TEXT_INSTANCES, CPU_TEXT_PARAMS, CpuVariant, cpu_config, render_cpu_variant
 from server.repository import (
     DEFAULT_CANONICAL,
     SCENARIOS,
@@ -77,8 +77,8 @@ def test_cpu_variant_keeps_interface_and_batching(tmp_path: Path) -> None:
     assert cpu.dynamic_batching == enc.dynamic_batching
     assert cpu.max_batch_size == enc.max_batch_size
     assert cpu.instance_group[0].kind == mc.ModelInstanceGroup.KIND_CPU
-    assert get_param(cpu, "allow_spinning") == "0" and get_param(cpu, "executor") == "onnxruntime"
-    assert get_param(cpu_config(enc, CpuVariant(allow_spinning=True)), "allow_spinning") == "1"
+    assert get_param(cpu, "allow_spinning") == "1" and get_param(cpu, "executor") == "onnxruntime"
+    assert get_param(cpu_config(enc, CpuVariant(allow_spinning=False)), "allow_spinning") == "0"
     out = render_cpu_variant(DEFAULT_CANONICAL, tmp_path / "cpu")
     rendered = load_repository(out)
     assert rendered["bge_large_zh_onnx"].backend == "python"
@@ -117,3 +117,22 @@ def test_update_batching_in_place_touches_only_batching(tmp_path: Path) -> None:
     before.ClearField("dynamic_batching")
     assert after == before
     assert (dst / "config.pbtxt").read_text().startswith("# Canonical config")
+
+
+def test_cpu_variant_tunes_the_text_endpoint_for_a_cpu_encoder() -> None:
+    txt = load_config(DEFAULT_CANONICAL / "bge_large_zh")
+    assert txt.instance_group[0].count == 2 and get_param(txt, "encoder") is None  # the GPU config: BLS
+    cpu = cpu_config(txt, CpuVariant(intra_op_threads=2))
+    assert cpu.instance_group[0].count == CPU_TEXT_INSTANCES == 1
+    for key, value in CPU_TEXT_PARAMS.items():
+        assert get_param(cpu, key) == value
+    assert get_param(cpu, "encoder") == "inprocess"
+    assert get_param(cpu, "intra_op_threads") == "2" and get_param(cpu, "allow_spinning") == "1"
+    assert cpu.dynamic_batching == txt.dynamic_batching and list(cpu.input) == list(txt.input)
+    # An emulated GPU (cost model) keeps the GPU settings: BLS to the encoder, two instances.
+    emulated = cpu_config(txt, CpuVariant(executor="costmodel"))
+    assert emulated.instance_group[0].count == 2 and get_param(emulated, "encoder") is None
+    # Explicit settings win over the defaults.
+    mine = cpu_config(txt, CpuVariant(text_params={"encoder": "bls"}, text_instances=3))
+    assert mine.instance_group[0].count == 3 and get_param(mine, "encoder") == "bls"
+    assert get_param(mine, "max_in_flight") is None

@@ -19,6 +19,7 @@ from loadtest import corpus, harness, loadgen, report
 from loadtest.costmodel import DEFAULT as DEFAULT_COST
 from loadtest.costmodel import CostModel
 from loadtest.stats import CpuMeter, fetch_stats, stats_delta, summarize
+from server.cpu_variant import CpuVariant
 from server.repository import ENCODER_SUFFIX, SCENARIOS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -120,7 +121,11 @@ def run_executor(h: harness.Harness, s: BenchSettings, executor: str, run: Bench
     for scenario in s.scenarios:
         if scenario == "text_endpoint":  # the DP's per-call overhead in token units = a / b of the cost model
             h.load(enc, SCENARIOS["delay_0"], executor=executor, params=params)
-            h.load(txt, params={} if executor == "onnxruntime" else {"split_overhead_tokens": round(s.cost.a_us / s.cost.b_us)})
+            if executor == "onnxruntime":  # the CPU variant's text endpoint (in-process encoder)
+                h.load(txt)
+            else:  # the GPU settings (BLS to the encoder, the canonical instances); the DP's per-call cost
+                h.load(txt, params={"split_overhead_tokens": round(s.cost.a_us / s.cost.b_us)},
+                       variant=CpuVariant(executor="costmodel"))
             model, watch = txt, [txt, enc]
         else:
             h.load(enc, SCENARIOS[scenario], executor=executor, params=params)

@@ -16,7 +16,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from kit.errors import ModelConfigError, ServerNotReady
 from loadtest import loadgen
 from loadtest.costmodel import CostModel
-from server.cpu_variant import CpuVariant
+from server.cpu_variant import CpuVariant, cpu_config
 from server.launcher import LocalServer, ServerSettings
 from server.launcher import free_ports as launcher_free_ports
 from server.repository import (CANONICAL_NAME, DEFAULT_CANONICAL, ENCODER_SUFFIX, Batching, apply_batching,
@@ -123,9 +123,13 @@ class Harness:
         return load_config(self.state_dir / "repository" / name)
 
     def load(self, name: str, knobs: Batching | None = None, executor: str | None = None,
-             params: dict[str, object] | None = None) -> mc.ModelConfig:
-        """(Re)load one model with batching knobs / executor / parameters applied as a config override."""
-        cfg = self.rendered(name)
+             params: dict[str, object] | None = None, variant: CpuVariant | None = None) -> mc.ModelConfig:
+        """(Re)load one model with batching knobs / executor / parameters applied as a config override.
+
+        `variant` re-derives the model from the bench repository's config with that CPU variant instead of
+        using the server's rendering (the emulated GPU's text endpoint keeps the GPU settings that way).
+        """
+        cfg = cpu_config(load_config(self.repository / name), variant) if variant else self.rendered(name)
         if knobs is not None:
             cfg = apply_batching(cfg, knobs)
         if executor is not None:

@@ -1,8 +1,9 @@
 """`python -m loadtest.hop_latency`: where one text's latency goes, hop by hop, on the local Triton.
 
-Three medians for the same text, one request in flight: raw ONNX Runtime in-process; the encoder
-model through Triton (gRPC + scheduler + python stub); the text endpoint (+ tokenize + BLS hop).
-Writes OUT/hops.md. Same ONNX file, same intra-op threads and spin setting on both sides.
+Four medians for the same text, one request in flight, each path back to back: raw ONNX Runtime
+in-process; the encoder model through Triton (gRPC + scheduler + python stub); the text endpoint with
+its in-process encoder (the CPU variant's default); the text endpoint calling the encoder by BLS.
+Writes OUT/hops_spin_on.md (or _off). Same ONNX file, same intra-op threads and spin setting on both sides.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from server.cpu_variant import CpuVariant
+from server.cpu_variant import CPU_TEXT_PARAMS, CpuVariant
 from server.launcher import REPO_ROOT, LocalServer, ServerSettings, free_ports
 from server.repository import Batching
 
@@ -40,7 +41,8 @@ def _parse(argv: list[str] | None) -> HopSettings:
                    help="an exported repository (default: the stack bench's synthetic bge-small-zh)")
     p.add_argument("--name", default="bge_small_zh", help="model NAME (NAME + NAME_onnx)")
     p.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads, both sides")
-    p.add_argument("--spin", action="store_true", help="ONNX Runtime spin-waiting on, both sides")
+    p.add_argument("--no-spin", dest="spin", action="store_false",
+                   help="ONNX Runtime spin-waiting off, both sides (default on inside runs, as the CPU variant)")
     p.add_argument("-n", type=int, default=60, help="timed calls per hop (after 5 warm-up calls)")
     p.add_argument("--out", type=Path, default=REPO_ROOT / "reports" / "stack")
     a = p.parse_args(argv)
@@ -79,27 +81,31 @@ def measure(s: HopSettings) -> dict[str, float]:
                                 providers=["CPUExecutionProvider"])
     results = {"raw ONNX Runtime": _median_ms(lambda: sess.run(["embedding"], {"input_ids": ids,
                                                                                 "attention_mask": mask}), s.n)}
-    http, grpc_port, metrics = free_ports(3, range(18400, 18500))
-    variant = CpuVariant(intra_op_threads=s.threads, allow_spinning=s.spin,
-                         batching={f"{s.name}_onnx": Batching(preferred_batch_sizes=(), max_queue_delay_us=0)})
-    settings = ServerSettings(repository=s.repository, http_port=http, grpc_port=grpc_port, metrics_port=metrics,
-                              state_dir=REPO_ROOT / ".kit" / "hop_latency", variant=variant)
-    with LocalServer(settings) as srv:
-        client = grpcclient.InferenceServerClient(srv.grpc_url)
+    for mode, label in (("inprocess", "text endpoint, in-process encoder (CPU default: + tokenize)"),
+                        ("bls", "text endpoint, BLS to the encoder (GPU topology: + tokenize + stub hop)")):
+        http, grpc_port, metrics = free_ports(3, range(18400, 18500))
+        variant = CpuVariant(intra_op_threads=s.threads, allow_spinning=s.spin,
+                             text_params={**CPU_TEXT_PARAMS, "encoder": mode},
+                             batching={f"{s.name}_onnx": Batching(preferred_batch_sizes=(), max_queue_delay_us=0)})
+        settings = ServerSettings(repository=s.repository, http_port=http, grpc_port=grpc_port, metrics_port=metrics,
+                                  state_dir=REPO_ROOT / ".kit" / "hop_latency", variant=variant)
+        with LocalServer(settings) as srv:
+            client = grpcclient.InferenceServerClient(srv.grpc_url)
 
-        def encoder() -> None:
-            inputs = [grpcclient.InferInput(n, list(ids.shape), "INT64") for n in ("input_ids", "attention_mask")]
-            inputs[0].set_data_from_numpy(ids)
-            inputs[1].set_data_from_numpy(mask)
-            client.infer(f"{s.name}_onnx", inputs)
+            def encoder() -> None:
+                inputs = [grpcclient.InferInput(n, list(ids.shape), "INT64") for n in ("input_ids", "attention_mask")]
+                inputs[0].set_data_from_numpy(ids)
+                inputs[1].set_data_from_numpy(mask)
+                client.infer(f"{s.name}_onnx", inputs)
 
-        def text() -> None:
-            inp = grpcclient.InferInput("text", [1, 1], "BYTES")
-            inp.set_data_from_numpy(np.array([TEXT.encode()], dtype=object).reshape(1, 1))
-            client.infer(s.name, [inp])
+            def text() -> None:
+                inp = grpcclient.InferInput("text", [1, 1], "BYTES")
+                inp.set_data_from_numpy(np.array([TEXT.encode()], dtype=object).reshape(1, 1))
+                client.infer(s.name, [inp])
 
-        results["encoder through Triton (gRPC + python stub)"] = _median_ms(encoder, s.n)
-        results["text endpoint (+ tokenize + BLS hop)"] = _median_ms(text, s.n)
+            if mode == "inprocess":
+                results["encoder through Triton (gRPC + python stub)"] = _median_ms(encoder, s.n)
+            results[label] = _median_ms(text, s.n)
     return results
 
 

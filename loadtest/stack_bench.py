@@ -57,6 +57,7 @@ class StackSettings:
     latency_texts: int = 200
     settle_s: float = 0.0  # pause before each latency call (0: back to back, the cores stay awake)
     latency_block: int = 20  # texts per path in a row in (c)
+    latency_repeats: int = 5  # passes over the latency texts; the headline is the median over passes
     per_request: int = 4
     concurrency: int = 16
     max_length: int = 512
@@ -154,7 +155,7 @@ def run(s: StackSettings) -> StackResults:
     if s.text_params.get("sub_batch_max") == "auto":  # encoder sub-batches of the size this CPU likes best
         s.text_params["sub_batch_max"] = str(best.batch)
     settings = server_settings(s)
-    rounds, latency = [], {"raw_on": [], "raw_off": [], "stack": []}
+    rounds, latency, latency_repeats = [], {"raw_on": [], "raw_off": [], "stack": []}, []
     with LocalServer(settings) as srv:
         url, model = srv.grpc_url, s.name
         stack_client.saturate(url, model, tp_texts, s.per_request, s.concurrency, 0.5, s.warm_s)  # warm
@@ -195,12 +196,20 @@ def run(s: StackSettings) -> StackResults:
             # every stack call start right after an ONNX Runtime run in another process, which cost a
             # no-op Triton round trip 0.9 ms here (1.35 vs 0.48 ms back to back).
             order = list(paths)
-            for k in range(0, len(pairs), s.latency_block):
-                for name in order:
-                    for text, row in pairs[k:k + s.latency_block]:
-                        time.sleep(s.settle_s)
-                        latency[name].append(paths[name](text, row))
-                order = order[1:] + order[:1]
+            for rep in range(s.latency_repeats):
+                repeat = {name: [] for name in paths}
+                for k in range(0, len(pairs), s.latency_block):
+                    for name in order:
+                        for text, row in pairs[k:k + s.latency_block]:
+                            time.sleep(s.settle_s)
+                            repeat[name].append(paths[name](text, row))
+                    order = order[1:] + order[:1]
+                for name, values in repeat.items():
+                    latency[name].extend(values)
+                latency_repeats.append(repeat)
+                print(f"  repeat {rep + 1}/{s.latency_repeats}: p50 raw spin off "
+                      f"{statistics.median(repeat['raw_off']):.2f}, spin on {statistics.median(repeat['raw_on']):.2f}, "
+                      f"stack {statistics.median(repeat['stack']):.2f} ms", flush=True)
         finally:
             seq.close()
 
@@ -230,7 +239,7 @@ def run(s: StackSettings) -> StackResults:
                         f"spin {'on' if s.spin else 'off'}, dynamic_batching delay 0, no preferred sizes",
     }
     return StackResults(header=header, sweep=[(c.label, c.batch, t) for c, t in sweep], rounds=rounds,
-                        latency=latency, padding=padding)
+                        latency=latency, latency_repeats=latency_repeats, padding=padding)
 
 
 def parse_args(argv: list[str] | None = None) -> StackSettings:
@@ -244,6 +253,7 @@ def parse_args(argv: list[str] | None = None) -> StackSettings:
     p.add_argument("--window-s", type=float, help="measurement window of each side per round")
     p.add_argument("--texts", type=int, help="texts in the throughput set")
     p.add_argument("--latency-texts", type=int, help="texts for (c)")
+    p.add_argument("--latency-repeats", type=int, help="passes over the (c) texts (default 5, quick 2)")
     p.add_argument("--sweep-batches", help="raw batch sizes to sweep, comma separated (default 1,2,4,8,16,32)")
     p.add_argument("--concurrency", type=int, default=StackSettings.concurrency, help="requests in flight for (b)")
     p.add_argument("--per-request", type=int, default=StackSettings.per_request, help="texts per request for (b)")
@@ -262,8 +272,9 @@ def parse_args(argv: list[str] | None = None) -> StackSettings:
                       command="python -m loadtest.stack_bench " + " ".join(sys.argv[1:] if argv is None else argv))
     if a.quick:
         s.rounds, s.window_s, s.warm_s, s.texts, s.latency_texts, s.sweep_texts = 2, 3.0, 1.0, 256, 40, 96
+        s.latency_repeats = 2
         s.sweep_window_s, s.sweep_batches, s.sweep_repeats = 0.5, (1, 4, 16), 2
-    for key in ("rounds", "window_s", "texts", "latency_texts"):
+    for key in ("rounds", "window_s", "texts", "latency_texts", "latency_repeats"):
         if getattr(a, key) is not None:
             setattr(s, key, getattr(a, key))
     if a.sweep_batches:

@@ -7,9 +7,9 @@ from pathlib import Path
 from loadtest import stack_bench
 from loadtest.stack_report import summary_rows
 
-ROWS = ("(a) raw ONNX Runtime", "(b) full stack at saturation", "(b)/(a)", "(c) raw batch-1",
-        "(c) full stack, 1 in flight", "(c) added p50", "padding ratio of (b)", "FIFO pad-to-longest (B=",
-        "FIFO pad-to-longest (B=32)")
+ROWS = ("(a) raw ONNX Runtime", "(b) full stack at saturation", "(b)/(a)", "(c) raw batch-1 latency",
+        "(c) raw batch-1 p50, spin off / spin on", "(c) full stack, 1 in flight", "(c) added p50",
+        "padding ratio of (b)", "FIFO pad-to-longest (B=", "FIFO pad-to-longest (B=32)")
 
 
 def test_quick_run_writes_every_row(tmp_path: Path) -> None:
@@ -38,3 +38,19 @@ def test_summary_rows_verdicts() -> None:
     assert verdicts["(b)/(a), per round then median"] == "PASS"
     assert verdicts["(c) added p50 (stack - raw)"] == "PASS"
     assert verdicts["padding ratio of (b) (kit metrics)"] == "PASS"
+
+
+def test_added_p50_is_the_median_over_repeats() -> None:
+    reps = [{"raw_on": [5.0], "raw_off": [6.0], "stack": [stack]} for stack in (6.0, 7.0, 9.0)]
+    res = stack_bench.StackResults(
+        header={}, sweep=[("B=1", 1, 10.0)],
+        rounds=[{"raw": 10.0, "stack": 9.0, "ratio": 0.90, "padding": 1.2, "batch": 40.0,
+                 "client_cores": 0.01, "errors": 0.0}],
+        latency={k: [v for r in reps for v in r[k]] for k in ("raw_on", "raw_off", "stack")},
+        latency_repeats=reps, padding={"stack": 1.2, "fifo": 3.0, "fifo_batch": 40.0, "fifo_32": 2.9})
+    rows = {r["row"]: r for r in summary_rows(res)}
+    added = rows["(c) added p50 (stack - raw), median of 3 repeats"]
+    assert added["value"] == "+2.00 ms" and added["verdict"] == "MISS"  # repeats +1, +2, +4 over raw spin on
+    assert added["noise"].startswith("repeats 1..4")
+    assert rows["(b)/(a), per round then median"]["verdict"] == "MISS"
+    assert rows["padding ratio of (b) (kit metrics)"]["verdict"] == "MISS"

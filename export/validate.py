@@ -1,8 +1,8 @@
 """Check an exported graph against the PyTorch model (same pooling) and, for INT8, retrieval against FP32.
 
 Thresholds (settings.Thresholds) hold for real weights. Synthetic (random-weight) exports get the same cosine
-bars, which test the conversion's numerics; their top-k agreement runs on a smaller sample (20 queries over
-200 texts) and is reported, not enforced: random-weight vectors of all texts point nearly the same way, so
+bars, which test the conversion's numerics; their top-k agreement runs on a smaller sample (10 queries over
+100 texts) and is reported, not enforced: random-weight vectors of all texts point nearly the same way, so
 their neighbour order is noise.
 """
 from __future__ import annotations

@@ -193,8 +193,8 @@ def run(s: StackSettings) -> StackResults:
             # One request in flight, back to back: each path runs a block of texts in a row (a closed loop
             # of one user), then the next path runs the same block; the path order rotates block by block
             # so drift of the shared machine falls on every path alike. Per-text interleaving would make
-            # every stack call start right after an ONNX Runtime run in another process, which cost a
-            # no-op Triton round trip 0.9 ms here (1.35 vs 0.48 ms back to back).
+            # every stack call start right after an ONNX Runtime run in another process: in a one-off
+            # measurement here that made a no-op Triton round trip 1.35 ms instead of 0.48 ms.
             order = list(paths)
             for rep in range(s.latency_repeats):
                 repeat = {name: [] for name in paths}
@@ -232,7 +232,7 @@ def run(s: StackSettings) -> StackResults:
         "(b)": f"tritonclient gRPC aio, {s.concurrency} requests x {s.per_request} texts in flight, "
                f"{s.warm_s} s warm-up + {s.window_s} s window per round, {s.rounds} rounds; "
                "the client runs on the same cores",
-        "(c)": f"sync gRPC, 1 text per request, {s.latency_texts} texts, back to back (pause {s.settle_s} s); "
+        "(c)": f"sync gRPC, 1 text per request, {s.latency_texts} texts x {s.latency_repeats} passes, back to back (pause {s.settle_s} s); "
                f"raw batch 1 (spin off, spin on) and the stack take turns in blocks of {s.latency_block} "
                "texts, the same texts on every path, order rotating",
         "server knobs": f"text endpoint {s.text_instances} instance(s), {s.text_params}; encoder 1 instance, "

@@ -19,7 +19,7 @@ setup: $(STAMP)  ## create .venv and install the kit with pinned dependencies
 
 demo: setup  ## export BGE-Large-zh (or synthetic), start local Triton, embed, stop; then the quick bench
 	$(PY) -m kit.demo
-	$(PY) -m loadtest.bench --quick --out reports/demo
+	$(PY) -m loadtest.bench --quick --duration 1 --out reports/demo
 
 test: setup  ## the whole suite: unit + integration against a real local tritonserver
 	$(PY) -m pytest

@@ -129,6 +129,8 @@ class Harness:
         `variant` re-derives the model from the bench repository's config with that CPU variant instead of
         using the server's rendering (the emulated GPU's text endpoint keeps the GPU settings that way).
         """
+        if variant is None and executor is not None:  # instance counts follow the executor (CpuVariant)
+            variant = CpuVariant(executor=executor, intra_op_threads=self.intra_op_threads, **self.cost.variant_kwargs())
         cfg = cpu_config(load_config(self.repository / name), variant) if variant else self.rendered(name)
         if knobs is not None:
             cfg = apply_batching(cfg, knobs)

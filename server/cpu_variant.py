@@ -58,6 +58,9 @@ class CpuVariant:
     # onnxruntime executor, the config's own with the cost model (an emulated GPU keeps the GPU settings).
     text_params: dict[str, str] | None = None
     text_instances: int | None = None  # None: CPU_TEXT_INSTANCES with onnxruntime, else the config's count
+    # None: one with onnxruntime (one run already uses every core; a second instance would oversubscribe
+    # them), the config's count with the cost model (instances share one emulated GPU, as on the GPU).
+    encoder_instances: int | None = None
 
     def resolved_text_params(self) -> dict[str, str]:
         """The parameters this variant sets on the text endpoint."""
@@ -89,6 +92,11 @@ def cpu_config(cfg: mc.ModelConfig, variant: CpuVariant) -> mc.ModelConfig:
         if not variant.keep_warmup:
             out.ClearField("model_warmup")
     count = max((g.count for g in cfg.instance_group), default=1) or 1
+    if out.backend == "python" and cfg.backend != "python":  # an encoder rendered for CPU
+        if variant.encoder_instances is not None:
+            count = variant.encoder_instances
+        elif variant.executor == "onnxruntime":
+            count = 1
     if cfg.backend == "python" and "onnx_model" in cfg.parameters:  # a text endpoint (it names its encoder)
         params = variant.resolved_text_params()
         if params.get("encoder") == "inprocess":  # same ORT threading as the encoder model would get

@@ -2,8 +2,11 @@
 
 Rendered by server.cpu_variant as <NAME>_onnx/1/model.py. Same name, inputs, outputs and
 dynamic_batching as the GPU config. Executor `costmodel` sleeps a + b*B*L microseconds instead
-(an emulated GPU, labelled so by every report that uses it).
+(an emulated GPU, labelled so by every report that uses it). All instances of one costmodel model
+share one emulated GPU: a file lock in the model's directory is held while a batch "runs", so two
+instances overlap their hand-offs but not their compute, as two instances on one GPU do.
 """
+import fcntl
 import json
 import os
 import time
@@ -59,6 +62,9 @@ class TritonPythonModel:
         self.cost_a = float(_param(cfg, "cost_a_us", "6260")) / 1e6
         self.cost_b = float(_param(cfg, "cost_b_us", "10")) / 1e6
         self.rng = np.random.default_rng(0)
+        self.gpu_lock = None
+        if self.executor == "costmodel":
+            self.gpu_lock = open(os.path.join(args["model_repository"], ".emulated_gpu.lock"), "a+")
         self.session = None
         self.vocab_size = int(_param(cfg, "vocab_size", "0")) or None
         if self.executor == "onnxruntime":
@@ -101,11 +107,19 @@ class TritonPythonModel:
 
     def _run(self, ids, mask):
         if self.session is None:
-            time.sleep(self.cost_a + self.cost_b * ids.shape[0] * ids.shape[1])
+            fcntl.flock(self.gpu_lock, fcntl.LOCK_EX)  # one batch at a time on the emulated GPU
+            try:
+                time.sleep(self.cost_a + self.cost_b * ids.shape[0] * ids.shape[1])
+            finally:
+                fcntl.flock(self.gpu_lock, fcntl.LOCK_UN)
             vecs = self.rng.standard_normal((ids.shape[0], self.dim)).astype(np.float32)
             return vecs / np.linalg.norm(vecs, axis=1, keepdims=True)
         feeds = {"input_ids": ids, "attention_mask": mask}
         return self.session.run(["embedding"], {k: v for k, v in feeds.items() if k in self.input_names})[0]
+
+    def finalize(self):
+        if self.gpu_lock is not None:
+            self.gpu_lock.close()
 
     def execute(self, requests):
         responses = [None] * len(requests)

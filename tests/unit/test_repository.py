@@ -135,4 +135,12 @@ def test_cpu_variant_tunes_the_text_endpoint_for_a_cpu_encoder() -> None:
     # Explicit settings win over the defaults.
     mine = cpu_config(txt, CpuVariant(text_params={"encoder": "bls"}, text_instances=3))
     assert mine.instance_group[0].count == 3 and get_param(mine, "encoder") == "bls"
-    assert get_param(mine, "max_in_flight") is None
+    assert get_param(mine, "max_in_flight") == get_param(txt, "max_in_flight") == "1"  # the canonical value stays
+
+
+def test_cpu_variant_encoder_instances_follow_the_executor() -> None:
+    enc = load_config(DEFAULT_CANONICAL / "bge_large_zh_onnx")
+    assert enc.instance_group[0].count == 2  # the GPU config: two instances on one GPU
+    assert cpu_config(enc, CpuVariant()).instance_group[0].count == 1  # a CPU run already uses every core
+    assert cpu_config(enc, CpuVariant(executor="costmodel")).instance_group[0].count == 2  # one emulated GPU
+    assert cpu_config(enc, CpuVariant(encoder_instances=3)).instance_group[0].count == 3

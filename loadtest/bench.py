@@ -51,6 +51,11 @@ class BenchSettings:
     cost: CostModel = DEFAULT_COST
     state_dir: Path = REPO_ROOT / ".kit" / "loadtest" / "bench_state"
     command: str = "python -m loadtest.bench"
+    # Emulated rows only: instance counts / text-endpoint parameters other than the canonical configs'
+    # (None = the canonical value), to compare GPU configurations side by side.
+    encoder_instances: int | None = None
+    text_instances: int | None = None
+    text_params: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -118,17 +123,20 @@ def run_executor(h: harness.Harness, s: BenchSettings, executor: str, run: Bench
     params = {} if executor == "onnxruntime" else {"cost_a_us": s.cost.a_us, "cost_b_us": s.cost.b_us}
     batch1 = None
     users, seq_len = _shape(s, executor)
+    enc_variant = None
+    if executor == "costmodel":  # the emulated GPU: canonical instance counts unless overridden
+        enc_variant = CpuVariant(executor=executor, encoder_instances=s.encoder_instances, **s.cost.variant_kwargs())
     for scenario in s.scenarios:
         if scenario == "text_endpoint":  # the DP's per-call overhead in token units = a / b of the cost model
-            h.load(enc, SCENARIOS["delay_0"], executor=executor, params=params)
+            h.load(enc, SCENARIOS["delay_0"], executor=executor, params=params, variant=enc_variant)
             if executor == "onnxruntime":  # the CPU variant's text endpoint (in-process encoder)
                 h.load(txt)
             else:  # the GPU settings (BLS to the encoder, the canonical instances); the DP's per-call cost
-                h.load(txt, params={"split_overhead_tokens": round(s.cost.a_us / s.cost.b_us)},
-                       variant=CpuVariant(executor="costmodel"))
+                h.load(txt, params={"split_overhead_tokens": round(s.cost.a_us / s.cost.b_us), **s.text_params},
+                       variant=CpuVariant(executor="costmodel", text_instances=s.text_instances))
             model, watch = txt, [txt, enc]
         else:
-            h.load(enc, SCENARIOS[scenario], executor=executor, params=params)
+            h.load(enc, SCENARIOS[scenario], executor=executor, params=params, variant=enc_variant)
             model, watch = enc, [enc]
         bodies = _bodies(s, scenario, seq_len)
         win = s
@@ -191,6 +199,10 @@ def parse_args(argv: list[str] | None = None) -> BenchSettings:
     p.add_argument("--state-dir", type=Path, default=BenchSettings.state_dir, help="server state directory")
     p.add_argument("--cost-a-us", type=float, default=DEFAULT_COST.a_us, help="cost model a (default: seed fit)")
     p.add_argument("--cost-b-us", type=float, default=DEFAULT_COST.b_us, help="cost model b per token")
+    p.add_argument("--encoder-instances", type=int, help="emulated rows: encoder instances (default: the config's)")
+    p.add_argument("--text-instances", type=int, help="emulated rows: text-endpoint instances (default: the config's)")
+    p.add_argument("--text-param", action="append", default=[], metavar="KEY=VALUE",
+                   help="emulated rows: a text-endpoint parameter, e.g. max_in_flight=2")
     a = p.parse_args(argv)
     dur = a.duration or (1.5 if a.quick else 10.0)
     return BenchSettings(
@@ -200,7 +212,9 @@ def parse_args(argv: list[str] | None = None) -> BenchSettings:
         low_duration_s=dur * 1.5, processes=a.processes, intra_op_threads=a.threads,
         cost=DEFAULT_COST if (a.cost_a_us, a.cost_b_us) == (DEFAULT_COST.a_us, DEFAULT_COST.b_us)
         else CostModel(a.cost_a_us, a.cost_b_us, source="--cost-a-us/--cost-b-us"),
-        state_dir=a.state_dir, command="python -m loadtest.bench " + " ".join(argv if argv is not None else sys.argv[1:]))
+        state_dir=a.state_dir, command="python -m loadtest.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
+        encoder_instances=a.encoder_instances, text_instances=a.text_instances,
+        text_params=dict(item.partition("=")[::2] for item in a.text_param))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -79,7 +79,12 @@ def build_repository(out: Path, real_repo: Path | None, real_name: str | None, c
         if not (real_repo / name / "config.pbtxt").is_file():
             raise ModelConfigError(f"{real_repo}/{name} is missing: run `python -m export --model "
                                    f"synthetic:bge-small-zh --repository {real_repo} --name {real_name} --precision fp32`")
-        _link(real_repo / name, out / name)
+    _link(real_repo / (real_name + ENCODER_SUFFIX), out / (real_name + ENCODER_SUFFIX))
+    # The text endpoint: the export's config and tokenizer, but this checkout's model.py (an export made by an
+    # older checkout keeps the model.py of its day).
+    _link(real_repo / real_name / "config.pbtxt", out / real_name / "config.pbtxt")
+    _link(real_repo / real_name / "1" / "tokenizer", out / real_name / "1" / "tokenizer")
+    _link(DEFAULT_CANONICAL / EMULATED / "1" / "model.py", out / real_name / "1" / "model.py")
     tokenizer = real_repo / real_name / "1" / "tokenizer"
     txt = load_config(DEFAULT_CANONICAL / EMULATED)
     write_config(txt, out / EMULATED / "config.pbtxt", command)

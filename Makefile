@@ -17,9 +17,9 @@ $(STAMP): pyproject.toml requirements.lock
 
 setup: $(STAMP)  ## create .venv and install the kit with pinned dependencies
 
-demo: setup  ## export BGE-Large-zh (or synthetic), start local Triton, embed, stop; then the quick bench
+demo: setup  ## export BGE-Large-zh (or synthetic), start local Triton, embed, stop; then the quick emulated seed table
 	$(PY) -m kit.demo
-	$(PY) -m loadtest.bench --quick --duration 1 --out reports/demo
+	$(PY) -m loadtest.bench --quick --executor costmodel --scenarios no_batching,static_32,dynamic_5ms,delay_0 --out reports/demo
 
 test: setup  ## the whole suite: unit + integration against a real local tritonserver
 	$(PY) -m pytest

@@ -18,22 +18,19 @@ from server.repository import Batching, apply_batching, iter_models, load_config
 CPU_MODELS = Path(__file__).resolve().parent / "cpu_models"
 ONNX_MODEL_PY = CPU_MODELS / "onnx_model.py"
 
-# The text endpoint in front of a CPU encoder (executor onnxruntime), measured with
-# `python -m loadtest.stack_bench`, which runs both encoder modes side by side:
+# The text endpoint in front of a CPU encoder (executor onnxruntime). Each setting was measured with
+# `python -m loadtest.stack_bench` (reports/stack; docs/architecture.md, "Local CPU variant"):
 # - encoder "inprocess": the text endpoint runs the encoder's model.onnx itself. On the GPU the encoder is
-#   the C++ onnxruntime backend and BLS costs one in-server hop; here the stand-in encoder is a second
-#   python stub, and the BLS round trip through it cost about 2 ms per call (hop_latency, stack_bench).
-#   The encoder model stays loaded for tensor-mode clients. encoder "bls" keeps the GPU topology.
-# Measured with
-# `python -m loadtest.stack_bench` (reports/stack, docs/architecture.md "Lost wake-ups"):
-# - ONE text-endpoint instance with ONE BLS call in flight. The encoder is then never sent a request
-#   while it is busy. Triton 2.51's dynamic batcher can miss the wake-up for a request that arrives at a
-#   busy instance when nothing else arrives after it. The request then waits for the batcher's 500 ms idle
-#   timeout. Two instances, or two calls in flight, gave 2-12 such stalls per 8-12 s at saturation and
-#   halved throughput. A CPU encoder already uses every core, so the second instance bought no overlap.
-# - Sub-batches of at most 8 and 2048 tokens: ORT on CPU is linear in B x L from B=4 up (per token flat),
-#   so larger batches only add padding. The per-call cost is small on CPU (about 1 ms of ORT plus one BLS
-#   round trip, about 14 tokens' worth at 140 us a token), hence split_overhead_tokens 16.
+#   the C++ onnxruntime backend and BLS stays inside the server; here the stand-in encoder is a second
+#   python stub (BLS mode: 0.943 and +3.01 ms vs 0.964 and +1.74 ms in-process). The encoder model stays
+#   loaded for tensor-mode clients; encoder "bls" keeps the GPU topology.
+# - ONE instance with ONE call in flight: Triton 2.51's dynamic batcher can miss the wake-up for a
+#   request that reaches a busy instance when nothing arrives after it, and the request then waits for
+#   the batcher's 500 ms idle timeout. Two instances with two BLS calls each gave 0.500 (bls_2x2 report).
+#   One ONNX Runtime run already uses every core, so a second instance bought no overlap.
+# - Sub-batches of at most 8 texts and 2048 tokens: ORT on CPU costs about 140 us per token from B=4 up,
+#   with almost no fixed cost per call, so bigger sub-batches only add padding; a split pays off from
+#   about 16 tokens of saved padding (split_overhead_tokens).
 CPU_TEXT_PARAMS = {"encoder": "inprocess", "max_in_flight": "1", "sub_batch_max": "8", "token_budget": "2048",
                    "split_overhead_tokens": "16"}
 CPU_TEXT_INSTANCES = 1

@@ -93,8 +93,10 @@ def ensure_export(s: DemoSettings, model: str) -> dict:
         report = json.loads(report_path.read_text())
         if report.get("model") == model and report.get("precision") == s.precision:
             print(f"reusing export in {s.repository} (--force-export to redo)")
+            from server.repository import TEXT_MODEL_PY
+
             endpoint = s.repository / s.name / "1" / "model.py"  # this checkout's text endpoint, as the exporter writes it
-            shutil.copyfile(REPO_ROOT / "model_repository" / "bge_large_zh" / "1" / "model.py", endpoint)
+            shutil.copyfile(TEXT_MODEL_PY, endpoint)
             return report
     from export.__main__ import main as export_main
 

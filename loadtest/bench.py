@@ -125,7 +125,7 @@ def run_executor(h: harness.Harness, s: BenchSettings, executor: str, run: Bench
     users, seq_len = _shape(s, executor)
     enc_variant = None
     if executor == "costmodel":  # the emulated GPU: canonical instance counts unless overridden
-        enc_variant = CpuVariant(executor=executor, encoder_instances=s.encoder_instances, **s.cost.variant_kwargs())
+        enc_variant = h.variant_for(executor, encoder_instances=s.encoder_instances)
     for scenario in s.scenarios:
         if scenario == "text_endpoint":  # the DP's per-call overhead in token units = a / b of the cost model
             h.load(enc, SCENARIOS["delay_0"], executor=executor, params=params, variant=enc_variant)

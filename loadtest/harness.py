@@ -20,7 +20,7 @@ from server.cpu_variant import CpuVariant, cpu_config
 from server.launcher import LocalServer, ServerSettings
 from server.launcher import free_ports as launcher_free_ports
 from server.repository import (CANONICAL_NAME, DEFAULT_CANONICAL, ENCODER_SUFFIX, Batching, apply_batching,
-                               load_config, set_param, write_config)
+                               TEXT_MODEL_PY, load_config, set_param, write_config)
 
 NOOP = "noop"
 EMULATED = CANONICAL_NAME  # bge_large_zh (+ _onnx) run by the costmodel executor
@@ -84,11 +84,11 @@ def build_repository(out: Path, real_repo: Path | None, real_name: str | None, c
     # older checkout keeps the model.py of its day).
     _link(real_repo / real_name / "config.pbtxt", out / real_name / "config.pbtxt")
     _link(real_repo / real_name / "1" / "tokenizer", out / real_name / "1" / "tokenizer")
-    _link(DEFAULT_CANONICAL / EMULATED / "1" / "model.py", out / real_name / "1" / "model.py")
+    _link(TEXT_MODEL_PY, out / real_name / "1" / "model.py")
     tokenizer = real_repo / real_name / "1" / "tokenizer"
     txt = load_config(DEFAULT_CANONICAL / EMULATED)
     write_config(txt, out / EMULATED / "config.pbtxt", command)
-    _link(DEFAULT_CANONICAL / EMULATED / "1" / "model.py", out / EMULATED / "1" / "model.py")
+    _link(TEXT_MODEL_PY, out / EMULATED / "1" / "model.py")
     _link(tokenizer, out / EMULATED / "1" / "tokenizer")
     return out
 
@@ -105,7 +105,7 @@ class Harness:
 
     def start(self) -> "Harness":
         http, grpc, metrics = free_ports(3)
-        variant = CpuVariant(executor="onnxruntime", intra_op_threads=self.intra_op_threads, **self.cost.variant_kwargs())
+        variant = self.variant_for("onnxruntime")
         settings = ServerSettings(repository=self.repository, http_port=http, grpc_port=grpc, metrics_port=metrics,
                                   state_dir=self.state_dir, model_control="explicit", variant=variant)
         self.server = LocalServer(settings).start()
@@ -113,6 +113,11 @@ class Harness:
 
         self.client = th.InferenceServerClient(self.server.http_url, network_timeout=300.0)
         return self
+
+    def variant_for(self, executor: str, **overrides) -> CpuVariant:
+        """The CPU variant this harness renders with, for `executor` (overrides: other CpuVariant fields)."""
+        return CpuVariant(executor=executor, intra_op_threads=self.intra_op_threads, **self.cost.variant_kwargs(),
+                          **overrides)
 
     def stop(self) -> None:
         if self.server is not None:
@@ -135,7 +140,7 @@ class Harness:
         using the server's rendering (the emulated GPU's text endpoint keeps the GPU settings that way).
         """
         if variant is None and executor is not None:  # instance counts follow the executor (CpuVariant)
-            variant = CpuVariant(executor=executor, intra_op_threads=self.intra_op_threads, **self.cost.variant_kwargs())
+            variant = self.variant_for(executor)
         cfg = cpu_config(load_config(self.repository / name), variant) if variant else self.rendered(name)
         if knobs is not None:
             cfg = apply_batching(cfg, knobs)

@@ -27,11 +27,10 @@ from loadtest import stack_client, stack_raw
 from loadtest.stack_report import StackResults, write_report
 from server.cpu_variant import CPU_TEXT_INSTANCES, CPU_TEXT_PARAMS, CpuVariant
 from server.launcher import LocalServer, ServerSettings
-from server.repository import Batching
+from server.repository import TEXT_MODEL_PY, Batching
 from server.launcher import free_ports as launcher_free_ports
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-ENDPOINT_PY = REPO_ROOT / "model_repository" / "bge_large_zh" / "1" / "model.py"
 PORTS = range(18400, 18500)
 
 
@@ -101,7 +100,7 @@ def prepare_repository(s: StackSettings) -> Path:
         proc = subprocess.run(cmd, cwd=REPO_ROOT)
         if proc.returncode != 0 or not onnx.is_file():
             raise KitError(f"export failed (exit {proc.returncode}): run `{' '.join(cmd)}` and read its error")
-    shutil.copyfile(ENDPOINT_PY, s.repository / s.name / "1" / "model.py")  # as the exporter does
+    shutil.copyfile(TEXT_MODEL_PY, s.repository / s.name / "1" / "model.py")  # as the exporter does
     return onnx
 
 

@@ -44,7 +44,8 @@ class CpuVariant:
     intra_op_threads: int = 0  # 0 = ONNX Runtime's default (all cores)
     # ORT spin-waiting inside a run, stopped when the run returns (session.force_spinning_stop), so idle
     # threads steal no cores from Triton, the stubs and the clients. Measured by loadtest.stack_bench: the
-    # batch-1 latency of spin-off ORT is about 1.3 ms worse here; spinning that outlives the run cost (b) 15%.
+    # batch-1 latency of spin-off ORT was 0.8 ms worse (reports/stack); spinning that outlived the run cost (b)
+    # about 15% in a one-off quick run.
     allow_spinning: bool = True
     cost_a_us: float = 6260.0  # fitted to the seed A10G rows at L=64 (loadtest.costmodel)
     cost_b_us: float = 10.0

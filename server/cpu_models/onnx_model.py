@@ -4,7 +4,9 @@ Rendered by server.cpu_variant as <NAME>_onnx/1/model.py. Same name, inputs, out
 dynamic_batching as the GPU config. Executor `costmodel` sleeps a + b*B*L microseconds instead
 (an emulated GPU, labelled so by every report that uses it). All instances of one costmodel model
 share one emulated GPU: a file lock in the model's directory is held while a batch "runs", so two
-instances overlap their hand-offs but not their compute, as two instances on one GPU do.
+instances overlap their hand-offs but not their compute, as two instances on one GPU do. With
+parameter cpu_lock "1", executor `onnxruntime` takes turns the same way through the repository's
+.cpu_compute.lock, shared with the text endpoint's in-process encoder (ORT uses every core per run).
 """
 import fcntl
 import json
@@ -62,9 +64,14 @@ class TritonPythonModel:
         self.cost_a = float(_param(cfg, "cost_a_us", "6260")) / 1e6
         self.cost_b = float(_param(cfg, "cost_b_us", "10")) / 1e6
         self.rng = np.random.default_rng(0)
-        self.gpu_lock = None
+        self.run_lock = None  # held while a batch runs: the emulated GPU, or the CPU's cores
         if self.executor == "costmodel":
-            self.gpu_lock = open(os.path.join(args["model_repository"], ".emulated_gpu.lock"), "a+")
+            self.run_lock = open(os.path.join(args["model_repository"], ".emulated_gpu.lock"), "a+")
+        elif _param(cfg, "cpu_lock", "0").strip().lower() in ("1", "true"):
+            # ORT uses every core for one run: instances (and the text endpoint's in-process encoder) take
+            # turns through one file in the repository, the same one the text endpoint's model.py opens.
+            root = os.path.dirname(os.path.normpath(args["model_repository"]))
+            self.run_lock = open(os.path.join(root, ".cpu_compute.lock"), "a+")
         self.session = None
         self.vocab_size = int(_param(cfg, "vocab_size", "0")) or None
         if self.executor == "onnxruntime":
@@ -107,19 +114,25 @@ class TritonPythonModel:
 
     def _run(self, ids, mask):
         if self.session is None:
-            fcntl.flock(self.gpu_lock, fcntl.LOCK_EX)  # one batch at a time on the emulated GPU
+            fcntl.flock(self.run_lock, fcntl.LOCK_EX)  # one batch at a time on the emulated GPU
             try:
                 time.sleep(self.cost_a + self.cost_b * ids.shape[0] * ids.shape[1])
             finally:
-                fcntl.flock(self.gpu_lock, fcntl.LOCK_UN)
+                fcntl.flock(self.run_lock, fcntl.LOCK_UN)
             vecs = self.rng.standard_normal((ids.shape[0], self.dim)).astype(np.float32)
             return vecs / np.linalg.norm(vecs, axis=1, keepdims=True)
         feeds = {"input_ids": ids, "attention_mask": mask}
-        return self.session.run(["embedding"], {k: v for k, v in feeds.items() if k in self.input_names})[0]
+        if self.run_lock is not None:
+            fcntl.flock(self.run_lock, fcntl.LOCK_EX)
+        try:
+            return self.session.run(["embedding"], {k: v for k, v in feeds.items() if k in self.input_names})[0]
+        finally:
+            if self.run_lock is not None:
+                fcntl.flock(self.run_lock, fcntl.LOCK_UN)
 
     def finalize(self):
-        if self.gpu_lock is not None:
-            self.gpu_lock.close()
+        if self.run_lock is not None:
+            self.run_lock.close()
 
     def execute(self, requests):
         responses = [None] * len(requests)

@@ -123,11 +123,14 @@ def test_cpu_variant_tunes_the_text_endpoint_for_a_cpu_encoder() -> None:
     txt = load_config(DEFAULT_CANONICAL / "bge_large_zh")
     assert txt.instance_group[0].count == 2 and get_param(txt, "encoder") is None  # the GPU config: BLS
     cpu = cpu_config(txt, CpuVariant(intra_op_threads=2))
-    assert cpu.instance_group[0].count == CPU_TEXT_INSTANCES == 1
+    assert cpu.instance_group[0].count == CPU_TEXT_INSTANCES == 2
     for key, value in CPU_TEXT_PARAMS.items():
         assert get_param(cpu, key) == value
     assert get_param(cpu, "encoder") == "inprocess"
     assert get_param(cpu, "intra_op_threads") == "2" and get_param(cpu, "allow_spinning") == "1"
+    assert get_param(cpu, "cpu_lock") == "1"  # two instances take turns on the cores
+    unlocked = cpu_config(txt, CpuVariant(cpu_lock=False))
+    assert unlocked.instance_group[0].count == 1 and get_param(unlocked, "cpu_lock") == "0"
     assert cpu.dynamic_batching == txt.dynamic_batching and list(cpu.input) == list(txt.input)
     # An emulated GPU (cost model) keeps the GPU settings: BLS to the encoder, two instances.
     emulated = cpu_config(txt, CpuVariant(executor="costmodel"))
@@ -141,6 +144,10 @@ def test_cpu_variant_tunes_the_text_endpoint_for_a_cpu_encoder() -> None:
 def test_cpu_variant_encoder_instances_follow_the_executor() -> None:
     enc = load_config(DEFAULT_CANONICAL / "bge_large_zh_onnx")
     assert enc.instance_group[0].count == 2  # the GPU config: two instances on one GPU
-    assert cpu_config(enc, CpuVariant()).instance_group[0].count == 1  # a CPU run already uses every core
-    assert cpu_config(enc, CpuVariant(executor="costmodel")).instance_group[0].count == 2  # one emulated GPU
+    cpu = cpu_config(enc, CpuVariant())
+    assert cpu.instance_group[0].count == 2 and get_param(cpu, "cpu_lock") == "1"  # taking turns on the cores
+    unlocked = cpu_config(enc, CpuVariant(cpu_lock=False))
+    assert unlocked.instance_group[0].count == 1 and get_param(unlocked, "cpu_lock") == "0"  # a run uses every core
+    emulated = cpu_config(enc, CpuVariant(executor="costmodel"))
+    assert emulated.instance_group[0].count == 2 and get_param(emulated, "cpu_lock") is None  # one emulated GPU
     assert cpu_config(enc, CpuVariant(encoder_instances=3)).instance_group[0].count == 3

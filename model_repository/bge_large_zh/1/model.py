@@ -12,6 +12,7 @@ Parameter `encoder`: "bls" (default, the GPU deployment: the encoder model on th
 so a CPU request crosses one python stub instead of two; the encoder model stays loaded for tensor mode).
 """
 import asyncio
+import fcntl
 import json
 import os
 import time
@@ -69,6 +70,21 @@ def _error(message, code=None):
         return pb_utils.TritonError(message)
 
 
+def _cpu_lock(cfg, args):
+    """The repository's CPU lock file (parameter cpu_lock "1"), or None.
+
+    ONNX Runtime on CPU uses every core for one run, so two instances must not run at once; with the
+    lock, a second instance still takes requests off the queue while the first runs (Triton's batcher
+    then never leaves a request waiting for a busy single instance) and tokenizes them, but its runs
+    wait for the cores. The lock is held for a whole Triton batch, so the sub-batches of two batches do
+    not interleave (that would delay both). Every model of the CPU variant that runs ORT shares this file.
+    """
+    if not _truthy(_param(cfg, "cpu_lock", "0")):
+        return None
+    root = os.path.dirname(os.path.normpath(args["model_repository"]))
+    return open(os.path.join(root, ".cpu_compute.lock"), "a+")
+
+
 class EncoderError(RuntimeError):
     """The encoder answered an error; `code` is its TritonError code (None if unknown)."""
 
@@ -100,8 +116,10 @@ class TritonPythonModel:
         self.dim = int(cfg["output"][0]["dims"][-1])
         self.mode = _param(cfg, "encoder", "bls").strip().lower()
         self.session = None
+        self.cpu_lock = None
         if self.mode == "inprocess":
             self.session = self._load_session(cfg, args)
+            self.cpu_lock = _cpu_lock(cfg, args)
         elif self.mode != "bls":
             raise pb_utils.TritonModelException(f"parameter encoder={self.mode!r}: use 'bls' or 'inprocess'")
         self.full = Tokenizer.from_file(tok_file)  # no truncation: exact counts for truncate=false
@@ -182,6 +200,8 @@ class TritonPythonModel:
 
     def finalize(self):
         self._flush_metrics(force=True)
+        if self.cpu_lock is not None:
+            self.cpu_lock.close()
 
     def _texts_of(self, request):
         """Decode one request's texts; return (list of str, truncate flag) or raise ValueError."""
@@ -221,6 +241,8 @@ class TritonPythonModel:
         if self.session is None and len(plans) > 1 and self.max_in_flight > 1:
             return self._execute_overlapped(responses, slots, all_ids, lengths, plans)
         out = np.empty((len(all_ids), self.dim), dtype=np.float32)
+        if self.cpu_lock is not None:  # the cores for this whole Triton batch: batches never interleave
+            fcntl.flock(self.cpu_lock, fcntl.LOCK_EX)
         try:
             for rows, pad_len in plans:  # in-process ORT, or one blocking BLS call after another
                 ids, mask = self._pad(all_ids, lengths, rows, pad_len)
@@ -230,6 +252,9 @@ class TritonPythonModel:
                     out[rows] = self._result(self._request(ids, mask).exec())
         except RuntimeError as exc:
             return self._finish(responses, slots, None, exc)
+        finally:
+            if self.cpu_lock is not None:
+                fcntl.flock(self.cpu_lock, fcntl.LOCK_UN)
         self._count_batch(lengths, plans)
         return self._finish(responses, slots, out)
 

@@ -4,6 +4,7 @@ request fails alone inside one Triton batch, and a full queue answers UNAVAILABL
 from __future__ import annotations
 
 import concurrent.futures as cf
+import fcntl
 import os
 import urllib.request
 from pathlib import Path
@@ -70,6 +71,39 @@ def test_cpu_variant_loads_and_is_ready(triton_server) -> None:
         cfg = client.get_model_config(model)
         assert cfg["output"][0]["dims"] == ["384"] or cfg["output"][0]["dims"] == [384]
     assert client.get_model_config("minilm_onnx")["backend"] == "python"  # the CPU variant
+
+
+def test_onnx_runtime_runs_take_turns_through_the_cpu_lock(triton_server, minilm_repo: Path, reference) -> None:
+    """Two instances of each model; every ONNX Runtime run (text endpoint and encoder) holds the lock."""
+    http = httpclient.InferenceServerClient(triton_server.http_url)
+    for model in ("minilm", "minilm_onnx"):
+        cfg = http.get_model_config(model)
+        assert cfg["instance_group"][0]["count"] == 2, cfg["instance_group"]
+        assert cfg["parameters"]["cpu_lock"]["string_value"] == "1"
+    lock_path = triton_server.state / "repository" / ".cpu_compute.lock"
+    assert lock_path.is_file()  # opened by the instances at load
+    tok = Tokenizer.from_file(str(minilm_repo / "minilm" / "1" / "tokenizer" / "tokenizer.json"))
+    tok.no_padding()
+    ids = np.array([tok.encode(TEXTS[0]).ids], dtype=np.int64)
+
+    def tensor() -> np.ndarray:
+        client = grpcclient.InferenceServerClient(triton_server.grpc_url)
+        inputs = [grpcclient.InferInput(n, list(ids.shape), "INT64") for n in ("input_ids", "attention_mask")]
+        inputs[0].set_data_from_numpy(ids)
+        inputs[1].set_data_from_numpy(np.ones_like(ids))
+        return client.infer("minilm_onnx", inputs).as_numpy("embedding")
+
+    with open(lock_path, "a+") as held, cf.ThreadPoolExecutor(2) as pool:
+        fcntl.flock(held, fcntl.LOCK_EX)  # this test holds the cores
+        try:
+            calls = [pool.submit(embed_text, triton_server.grpc_url, "minilm", [TEXTS[0]]), pool.submit(tensor)]
+            done, _ = cf.wait(calls, timeout=1.5)
+            assert not done, "an ONNX Runtime run went ahead without the CPU lock"
+        finally:
+            fcntl.flock(held, fcntl.LOCK_UN)
+        want = reference([TEXTS[0]])[0]
+        for call in calls:
+            assert float(call.result(timeout=60)[0] @ want) >= 0.999
 
 
 def test_text_endpoint_matches_onnxruntime_singles_and_batch(triton_server, reference) -> None:

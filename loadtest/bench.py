@@ -56,6 +56,7 @@ class BenchSettings:
     encoder_instances: int | None = None
     text_instances: int | None = None
     text_params: dict[str, str] = field(default_factory=dict)
+    cpu_lock: bool = True  # real rows: False = one instance per ONNX Runtime model, no shared CPU lock
 
 
 @dataclass
@@ -168,7 +169,7 @@ def run_bench(s: BenchSettings) -> BenchRun:
         ensure_real_repo(s)
     harness.build_repository(repo_dir, s.real_repo if has_real else None, s.real_name, s.command)
     run = BenchRun(s, machine=report.machine_info())
-    h = harness.Harness(repo_dir, s.state_dir, s.cost, s.intra_op_threads).start()
+    h = harness.Harness(repo_dir, s.state_dir, s.cost, s.intra_op_threads, cpu_lock=s.cpu_lock).start()
     try:
         run.selfcheck_rps = h.self_check(s.concurrency, max(2.0, s.duration_s / 2), s.processes)
         print(f"load-generator self-check: {run.selfcheck_rps:.0f} req/s against the no-op model", flush=True)
@@ -203,6 +204,8 @@ def parse_args(argv: list[str] | None = None) -> BenchSettings:
     p.add_argument("--text-instances", type=int, help="emulated rows: text-endpoint instances (default: the config's)")
     p.add_argument("--text-param", action="append", default=[], metavar="KEY=VALUE",
                    help="emulated rows: a text-endpoint parameter, e.g. max_in_flight=2")
+    p.add_argument("--no-cpu-lock", dest="cpu_lock", action="store_false",
+                   help="real rows: one instance per ONNX Runtime model and no shared CPU lock (`server up --no-cpu-lock`)")
     a = p.parse_args(argv)
     dur = a.duration or (1.5 if a.quick else 10.0)
     return BenchSettings(
@@ -214,7 +217,7 @@ def parse_args(argv: list[str] | None = None) -> BenchSettings:
         else CostModel(a.cost_a_us, a.cost_b_us, source="--cost-a-us/--cost-b-us"),
         state_dir=a.state_dir, command="python -m loadtest.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
         encoder_instances=a.encoder_instances, text_instances=a.text_instances,
-        text_params=dict(item.partition("=")[::2] for item in a.text_param))
+        text_params=dict(item.partition("=")[::2] for item in a.text_param), cpu_lock=a.cpu_lock)
 
 
 def main(argv: list[str] | None = None) -> int:

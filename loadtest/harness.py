@@ -101,6 +101,7 @@ class Harness:
     state_dir: Path
     cost: CostModel
     intra_op_threads: int = 0
+    cpu_lock: bool = True  # False: one instance per ONNX Runtime model, no shared CPU lock
     server: LocalServer | None = None
 
     def start(self) -> "Harness":
@@ -116,8 +117,8 @@ class Harness:
 
     def variant_for(self, executor: str, **overrides) -> CpuVariant:
         """The CPU variant this harness renders with, for `executor` (overrides: other CpuVariant fields)."""
-        return CpuVariant(executor=executor, intra_op_threads=self.intra_op_threads, **self.cost.variant_kwargs(),
-                          **overrides)
+        kwargs = {"intra_op_threads": self.intra_op_threads, "cpu_lock": self.cpu_lock, **self.cost.variant_kwargs()}
+        return CpuVariant(executor=executor, **{**kwargs, **overrides})
 
     def stop(self) -> None:
         if self.server is not None:

@@ -25,6 +25,10 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--executor", choices=["onnxruntime", "costmodel"], default="onnxruntime",
                     help="encoder executor: ONNX Runtime, or the calibrated GPU cost model (emulated)")
     up.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0 = all cores)")
+    up.add_argument("--no-cpu-lock", dest="cpu_lock", action="store_false",
+                    help="one instance per ONNX Runtime model and no shared CPU lock: half the weights in memory, "
+                         "but a request that reaches a busy instance can wait for Triton 2.51's 500 ms lost "
+                         "wake-up (docs/architecture.md)")
     up.add_argument("--ready-timeout", type=float, default=180.0)
     for name in ("down", "status"):
         sub.add_parser(name, help=f"{name} the server started by `up`").add_argument(
@@ -52,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
                                       state_dir=args.state_dir, model_control=args.model_control,
                                       load_models=("*",) if args.model_control == "explicit" else (),
                                       ready_timeout_s=args.ready_timeout,
-                                      variant=CpuVariant(executor=args.executor, intra_op_threads=args.threads))
+                                      variant=CpuVariant(executor=args.executor, intra_op_threads=args.threads,
+                                                         cpu_lock=args.cpu_lock))
             srv = LocalServer(settings).start()
             models = [name for name, _ in iter_models(args.repository)]
             print(f"tritonserver ready: pid {srv.proc.pid}, http {srv.http_url}, grpc {srv.grpc_url}, "

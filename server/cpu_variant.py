@@ -22,15 +22,21 @@ ONNX_MODEL_PY = CPU_MODELS / "onnx_model.py"
 # `python -m loadtest.stack_bench` (reports/stack; docs/architecture.md, "Local CPU variant"):
 # - encoder "inprocess": the text endpoint runs the encoder's model.onnx itself. On the GPU the encoder is
 #   the C++ onnxruntime backend and BLS stays inside the server; here the stand-in encoder is a second
-#   python stub (BLS mode: 0.943 and +3.01 ms vs 0.964 and +1.74 ms in-process). The encoder model stays
+#   python stub: one fixed text added 2.70 ms over raw ORT through BLS and 1.53 ms in-process
+#   (`python -m loadtest.hop_latency`, reports/stack/hops_spin_on.md). The encoder model stays
 #   loaded for tensor-mode clients; encoder "bls" keeps the GPU topology.
 # - TWO instances that take turns on the cores (cpu_lock): ONNX Runtime uses every core for one run, so
 #   the runs of all instances (and of the encoder model's) hold one file lock in the repository. Triton 2.51's
 #   dynamic batcher can miss the wake-up for a request that reaches a busy single instance when nothing
 #   arrives after it, and the request then waits for the batcher's 500 ms idle timeout; with a second
 #   instance such a request is taken at once, tokenized while the first instance's run holds the cores, and
-#   run as soon as it ends: ORT was busy 99% of a saturated window. Without the lock, two instances
-#   oversubscribe the cores; two instances with two BLS calls each gave 0.500 (bls_2x2 report).
+#   run as soon as it ends (ORT was busy 99% of a saturated window in a one-off instrumented run). The
+#   text endpoint holds the lock for a whole Triton batch, so two batches' sub-batches never interleave.
+#   Without the lock, two instances oversubscribe the cores. Real CPU rows (reports/bench vs
+#   reports/bench/cpu_no_lock): delay 0 peak p99 131 vs 595 ms; text endpoint low-load p99 93 vs 128 ms.
+# - Sub-batches of at most 8 texts and 2048 tokens: ORT on CPU costs about 140 us per token from B=4 up,
+#   with almost no fixed cost per call, so bigger sub-batches only add padding; a split pays off from
+#   about 16 tokens of saved padding (split_overhead_tokens).
 CPU_TEXT_PARAMS = {"encoder": "inprocess", "max_in_flight": "1", "sub_batch_max": "8", "token_budget": "2048",
                    "split_overhead_tokens": "16"}
 CPU_TEXT_INSTANCES = 2

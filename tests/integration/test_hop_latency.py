@@ -11,7 +11,7 @@ def test_hop_latency_reports_every_hop(minilm_repo: Path, tmp_path: Path) -> Non
     report = (tmp_path / "hops_spin_on.md").read_text()
     rows = [line for line in report.splitlines() if line.startswith("| ") and "ms" not in line.split("|")[2]]
     names = [line.split("|")[1].strip() for line in rows]
-    assert names == ["raw ONNX Runtime", "encoder through Triton (gRPC + python stub)",
+    assert names == ["encoder through Triton (gRPC + python stub)",
                      "text endpoint, in-process encoder (CPU default: + tokenize)",
                      "text endpoint, BLS to the encoder (GPU topology: + tokenize + stub hop)",
                      "no-op python model, answered at once",

@@ -6,7 +6,8 @@ dynamic_batching as the GPU config. Executor `costmodel` sleeps a + b*B*L micros
 share one emulated GPU: a file lock in the model's directory is held while a batch "runs", so two
 instances overlap their hand-offs but not their compute, as two instances on one GPU do. With
 parameter cpu_lock "1", executor `onnxruntime` takes turns the same way through the repository's
-.cpu_compute.lock, shared with the text endpoint's in-process encoder (ORT uses every core per run).
+.cpu_compute.lock, held for a whole Triton batch and shared with the text endpoint's in-process
+encoder (ORT uses every core per run).
 """
 import fcntl
 import json
@@ -121,14 +122,8 @@ class TritonPythonModel:
                 fcntl.flock(self.run_lock, fcntl.LOCK_UN)
             vecs = self.rng.standard_normal((ids.shape[0], self.dim)).astype(np.float32)
             return vecs / np.linalg.norm(vecs, axis=1, keepdims=True)
-        feeds = {"input_ids": ids, "attention_mask": mask}
-        if self.run_lock is not None:
-            fcntl.flock(self.run_lock, fcntl.LOCK_EX)
-        try:
-            return self.session.run(["embedding"], {k: v for k, v in feeds.items() if k in self.input_names})[0]
-        finally:
-            if self.run_lock is not None:
-                fcntl.flock(self.run_lock, fcntl.LOCK_UN)
+        feeds = {"input_ids": ids, "attention_mask": mask}  # the CPU lock is held by execute
+        return self.session.run(["embedding"], {k: v for k, v in feeds.items() if k in self.input_names})[0]
 
     def finalize(self):
         if self.run_lock is not None:
@@ -149,6 +144,18 @@ class TritonPythonModel:
                 responses[i] = pb_utils.InferenceResponse(error=_input_error(problem))
                 continue
             groups.setdefault(ids.shape[1], []).append((i, ids, mask))
+        cpu_lock = self.run_lock if self.session is not None else None
+        if cpu_lock is not None:  # the cores for the whole Triton batch: two batches' runs never interleave
+            fcntl.flock(cpu_lock, fcntl.LOCK_EX)
+        try:
+            self._run_groups(groups, responses)
+        finally:
+            if cpu_lock is not None:
+                fcntl.flock(cpu_lock, fcntl.LOCK_UN)
+        return responses
+
+    def _run_groups(self, groups, responses):
+        """One run per sequence length; fills `responses`."""
         for items in groups.values():
             if len(items) == 1:  # one request (e.g. one planned sub-batch of the text endpoint): no copy
                 ids, mask = items[0][1].astype(np.int64, copy=False), items[0][2].astype(np.int64, copy=False)
@@ -167,4 +174,3 @@ class TritonPythonModel:
                 n = req_ids.shape[0]
                 responses[i] = pb_utils.InferenceResponse([pb_utils.Tensor("embedding", out[start:start + n])])
                 start += n
-        return responses

@@ -215,6 +215,47 @@ def build_inputs(module: ModuleType, call: InferCall) -> list[Any]:
     return inputs
 
 
+def raw_contents(dtype: str, arr: np.ndarray) -> bytes:
+    """One input tensor in Triton's raw wire format: BYTES as 4-byte little-endian length + bytes per
+    element (row-major), every other datatype as its contiguous little-endian buffer."""
+    if dtype == "BYTES":
+        parts = []
+        for item in arr.reshape(-1):
+            data = item if isinstance(item, bytes) else str(item).encode("utf-8")
+            parts.append(len(data).to_bytes(4, "little"))
+            parts.append(data)
+        return b"".join(parts)
+    return np.ascontiguousarray(arr).astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
+
+
+def grpc_request(service_pb2: ModuleType, call: InferCall) -> Any:
+    """The ModelInferRequest for an InferCall, built directly (raw contents, `embedding` requested).
+
+    Same message as tritonclient.grpc's infer builds from InferInput objects (a unit test compares
+    them), without those objects: the sync gRPC client sends it on the generated stub.
+    """
+    request = service_pb2.ModelInferRequest(model_name=call.model)
+    for name, dtype, arr in call.inputs:
+        tensor = request.inputs.add()
+        tensor.name = name
+        tensor.datatype = dtype
+        tensor.shape.extend(int(d) for d in arr.shape)
+        request.raw_input_contents.append(raw_contents(dtype, arr))
+    for key, value in call.parameters.items():
+        if isinstance(value, str):
+            request.parameters[key].string_param = value
+        elif isinstance(value, bool):
+            request.parameters[key].bool_param = value
+        elif isinstance(value, int):
+            request.parameters[key].int64_param = value
+        elif isinstance(value, float):
+            request.parameters[key].double_param = value
+        else:
+            raise KitError(f"request parameter {key!r} has type {type(value).__name__}: use str, bool, int or float")
+    request.outputs.add().name = OUTPUT
+    return request
+
+
 def build_outputs(module: ModuleType) -> list[Any]:
     """Ask for the `embedding` output (binary over HTTP)."""
     if module.__name__.startswith("tritonclient.http"):

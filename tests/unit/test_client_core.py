@@ -18,6 +18,7 @@ from client.core import (
     chunk_slices,
     config_from_json,
     decode_embeddings,
+    grpc_request,
     prepare_texts,
     tensor_call,
     text_call,
@@ -165,3 +166,29 @@ def test_plan_splits_at_max_batch_and_assembles_in_order() -> None:
 def test_spec_needs_connect() -> None:
     with pytest.raises(KitError, match="not connected"):
         _ = _Planner(model="minilm").spec
+
+
+@pytest.mark.parametrize("call", [
+    text_call("bge_large_zh", ["今天天气很好", "", "hello\x00world", "向量" * 300], truncate=True),
+    text_call("bge_large_zh", ["x"], truncate=False),
+    tensor_call("bge_large_zh_onnx", np.array([[101, 7592, 102, 0]], dtype=np.int64),
+                np.array([[1, 1, 1, 0]], dtype=np.int32)),
+])
+def test_grpc_request_is_the_message_tritonclient_builds(call) -> None:
+    """The directly built ModelInferRequest equals tritonclient's, field for field, bytes for bytes."""
+    from tritonclient.grpc._utils import _get_inference_request
+
+    want = _get_inference_request(
+        model_name=call.model, inputs=build_inputs(grpcclient, call), model_version="", request_id="",
+        outputs=build_outputs(grpcclient), sequence_id=0, sequence_start=False, sequence_end=False, priority=0,
+        timeout=None, parameters=call.parameters or None)
+    got = grpc_request(service_pb2, call)
+    assert got == want
+    assert got.SerializeToString(deterministic=True) == want.SerializeToString(deterministic=True)
+
+
+def test_grpc_request_rejects_unsupported_parameter_types() -> None:
+    call = text_call("m", ["a"], truncate=True)
+    bad = type(call)(call.model, call.inputs, {"when": [1, 2]}, call.rows)
+    with pytest.raises(KitError, match="'when' has type list"):
+        grpc_request(service_pb2, bad)

@@ -1,6 +1,6 @@
-"""The I/O edge: four thin adapters over tritonclient (gRPC / HTTP x sync / asyncio).
+"""The I/O edge: four thin adapters (gRPC / HTTP x sync / asyncio).
 
-Sync gRPC sends infer requests on the generated stub (see GrpcSync).
+Sync gRPC calls grpc's generated stub for Triton's service (see GrpcSync); the others wrap tritonclient.
 
 Each adapter exposes the same four calls - model_config, infer, ready, close - with a per-call
 timeout, and lets transport exceptions escape untouched: client.retry classifies them.
@@ -32,13 +32,12 @@ GRPC_CHANNEL_ARGS = [
 
 
 class GrpcSync:
-    """tritonclient.grpc for config and readiness; infer on the generated stub. Thread-safe; deadlines
-    through the per-call timeout.
+    """grpc's generated stub for Triton's service, on one channel: thread-safe; deadlines per call.
 
-    infer sends the ModelInferRequest that client.core.grpc_request builds straight from the InferCall,
-    on its own channel (same options): tritonclient's InferInput objects cost about 0.1-0.2 ms of
-    client CPU per call, and a one-text call at quiet hours pays all of it. Errors are converted with
-    tritonclient's own get_error_grpc, so client.errors classifies them exactly as before.
+    infer sends the ModelInferRequest that client.core.grpc_request builds straight from the InferCall:
+    tritonclient's InferInput objects cost about 0.1-0.2 ms of client CPU per call, and a one-text call
+    at quiet hours pays all of it. RpcErrors become tritonclient's InferenceServerException through its
+    own get_error_grpc, so client.errors classifies them as for every other adapter.
     """
 
     def __init__(self, url: str) -> None:
@@ -47,33 +46,32 @@ class GrpcSync:
         from tritonclient.grpc import service_pb2, service_pb2_grpc
 
         self.mod = mod
-        self.client = mod.InferenceServerClient(url=url, channel_args=GRPC_CHANNEL_ARGS)
         self._grpc = grpc
         self._pb = service_pb2
         self._channel = grpc.insecure_channel(url, options=GRPC_CHANNEL_ARGS)
         self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
 
-    def model_config(self, name: str, timeout_s: float) -> mc.ModelConfig:
-        return self.client.get_model_config(name, client_timeout=timeout_s).config
-
-    def infer(self, call: InferCall, timeout_s: float) -> Any:
+    def _call(self, method: str, request: Any, timeout_s: float) -> Any:
         from tritonclient.grpc._utils import get_error_grpc
 
-        request = grpc_request(self._pb, call)
         try:
-            response = self._stub.ModelInfer(request, timeout=timeout_s)
+            return getattr(self._stub, method)(request, timeout=timeout_s)
         except self._grpc.RpcError as exc:
             raise get_error_grpc(exc) from None
-        return self.mod.InferResult(response)
+
+    def model_config(self, name: str, timeout_s: float) -> mc.ModelConfig:
+        return self._call("ModelConfig", self._pb.ModelConfigRequest(name=name), timeout_s).config
+
+    def infer(self, call: InferCall, timeout_s: float) -> Any:
+        return self.mod.InferResult(self._call("ModelInfer", grpc_request(self._pb, call), timeout_s))
 
     def ready(self, model: str | None, timeout_s: float) -> bool:
         if model is None:
-            return bool(self.client.is_server_ready(client_timeout=timeout_s))
-        return bool(self.client.is_model_ready(model, client_timeout=timeout_s))
+            return bool(self._call("ServerReady", self._pb.ServerReadyRequest(), timeout_s).ready)
+        return bool(self._call("ModelReady", self._pb.ModelReadyRequest(name=model), timeout_s).ready)
 
     def close(self) -> None:
         self._channel.close()
-        self.client.close()
 
 
 class HttpSync:

@@ -103,23 +103,11 @@ def measure_round_trip(s: HopSettings) -> dict[str, float]:
             client = grpcclient.InferenceServerClient(srv.grpc_url)
             inp = grpcclient.InferInput("text", [1, 1], "BYTES")
             inp.set_data_from_numpy(np.array([TEXT.encode()], dtype=object).reshape(1, 1))
-            out = {}
-            for busy in (0.0, s.busy_ms):
-                label = ("no-op python model, answered at once" if busy == 0 else
-                         f"no-op python model, stub busy {busy:g} ms first (busy time subtracted)")
-                out[label] = _median_ms(lambda b=busy: client.infer("noop", [inp], parameters={"busy_ms": b}), s.n) - busy
-    return out
-
-
-def _median_ms(fn, n: int) -> float:
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1000)
-    return float(np.median(times))
+            busy = {"no-op python model, answered at once": 0.0,
+                    f"no-op python model, stub busy {s.busy_ms:g} ms first (busy time subtracted)": s.busy_ms}
+            calls = {label: (lambda ms=ms: client.infer("noop", [inp], parameters={"busy_ms": ms}))
+                     for label, ms in busy.items()}
+            return {label: ms - busy[label] for label, ms in _interleaved_medians(calls, s.n).items()}
 
 
 def _interleaved_medians(calls: dict, n: int, block: int = 20) -> dict[str, float]:
@@ -215,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
              "| path | p50 ms | raw ORT p50 ms, same blocks | added vs raw ms |", "|---|---|---|---|"]
     lines += [f"| {name} | {ms:.2f} | {raw:.2f} | {ms - raw:+.2f} |" for name, (ms, raw) in results.items()]
     lines += ["", "The Triton round trip alone (gRPC + dynamic batcher + python stub, no ONNX Runtime), median of "
-              f"{s.n} calls back to back:", "", "| path | round trip beyond the stub's busy time, ms |", "|---|---|"]
+              f"{s.n} calls back to back, the two rows in alternating blocks of 20:", "",
+              "| path | round trip beyond the stub's busy time, ms |", "|---|---|"]
     lines += [f"| {name} | {ms:.2f} |" for name, ms in trips.items()]
     s.out.mkdir(parents=True, exist_ok=True)
     name = f"hops_spin_{'on' if s.spin else 'off'}.md"

@@ -25,7 +25,7 @@ from pathlib import Path
 from kit.errors import KitError, ServerNotReady
 from loadtest import stack_client, stack_raw
 from loadtest.stack_report import StackResults, write_report
-from server.cpu_variant import CPU_TEXT_INSTANCES, CPU_TEXT_PARAMS, CpuVariant, cpu_config
+from server.cpu_variant import CPU_TEXT_INSTANCES, CPU_TEXT_PARAMS, CpuVariant
 from server.launcher import LocalServer, ServerSettings
 from server.repository import TEXT_MODEL_PY, Batching, load_config
 from server.launcher import free_ports as launcher_free_ports
@@ -117,11 +117,11 @@ def server_settings(s: StackSettings) -> ServerSettings:
                           state_dir=s.state_dir, variant=variant)
 
 
-def server_knobs(s: StackSettings, settings: ServerSettings) -> str:
-    """Instances and parameters of the text endpoint and the encoder as the server renders them."""
+def server_knobs(s: StackSettings, rendered: Path) -> str:
+    """Instances and parameters of the text endpoint and the encoder, read from the server's rendered configs."""
     parts = []
     for name in (s.name, f"{s.name}_onnx"):
-        cfg = cpu_config(load_config(s.repository / name), settings.variant)
+        cfg = load_config(rendered / name)
         params = {k: v.string_value for k, v in sorted(cfg.parameters.items())
                   if k not in ("cost_a_us", "cost_b_us", "executor", "onnx_model", "tokenizer_dir")}
         delay = cfg.dynamic_batching.max_queue_delay_microseconds
@@ -169,9 +169,9 @@ def run(s: StackSettings) -> StackResults:
     if s.text_params.get("sub_batch_max") == "auto":  # encoder sub-batches of the size this CPU likes best
         s.text_params["sub_batch_max"] = str(best.batch)
     settings = server_settings(s)
-    knobs = server_knobs(s, settings)
     rounds, latency, latency_repeats = [], {"raw_on": [], "raw_off": [], "stack": []}, []
     with LocalServer(settings) as srv:
+        knobs = server_knobs(s, srv.state / "repository")
         url, model = srv.grpc_url, s.name
         stack_client.saturate(url, model, tp_texts, s.per_request, s.concurrency, 0.5, s.warm_s)  # warm
         for r in range(s.rounds):

@@ -3,11 +3,10 @@
 Rendered by server.cpu_variant as <NAME>_onnx/1/model.py. Same name, inputs, outputs and
 dynamic_batching as the GPU config. Executor `costmodel` sleeps a + b*B*L microseconds instead
 (an emulated GPU, labelled so by every report that uses it). All instances of one costmodel model
-share one emulated GPU: a file lock in the model's directory is held while a batch "runs", so two
+share one emulated GPU: a file lock in the model's directory is held while a Triton batch "runs", so two
 instances overlap their hand-offs but not their compute, as two instances on one GPU do. With
 parameter cpu_lock "1", executor `onnxruntime` takes turns the same way through the repository's
-.cpu_compute.lock, held for a whole Triton batch and shared with the text endpoint's in-process
-encoder (ORT uses every core per run).
+.cpu_compute.lock, shared with the text endpoint's in-process encoder (ORT uses every core per run).
 """
 import fcntl
 import json
@@ -114,15 +113,11 @@ class TritonPythonModel:
         return None
 
     def _run(self, ids, mask):
-        if self.session is None:
-            fcntl.flock(self.run_lock, fcntl.LOCK_EX)  # one batch at a time on the emulated GPU
-            try:
-                time.sleep(self.cost_a + self.cost_b * ids.shape[0] * ids.shape[1])
-            finally:
-                fcntl.flock(self.run_lock, fcntl.LOCK_UN)
+        if self.session is None:  # the emulated GPU (execute holds its lock)
+            time.sleep(self.cost_a + self.cost_b * ids.shape[0] * ids.shape[1])
             vecs = self.rng.standard_normal((ids.shape[0], self.dim)).astype(np.float32)
             return vecs / np.linalg.norm(vecs, axis=1, keepdims=True)
-        feeds = {"input_ids": ids, "attention_mask": mask}  # the CPU lock is held by execute
+        feeds = {"input_ids": ids, "attention_mask": mask}
         return self.session.run(["embedding"], {k: v for k, v in feeds.items() if k in self.input_names})[0]
 
     def finalize(self):
@@ -144,14 +139,13 @@ class TritonPythonModel:
                 responses[i] = pb_utils.InferenceResponse(error=_input_error(problem))
                 continue
             groups.setdefault(ids.shape[1], []).append((i, ids, mask))
-        cpu_lock = self.run_lock if self.session is not None else None
-        if cpu_lock is not None:  # the cores for the whole Triton batch: two batches' runs never interleave
-            fcntl.flock(cpu_lock, fcntl.LOCK_EX)
+        if self.run_lock is not None:  # the GPU (or the cores) for the whole Triton batch: batches never interleave
+            fcntl.flock(self.run_lock, fcntl.LOCK_EX)
         try:
             self._run_groups(groups, responses)
         finally:
-            if cpu_lock is not None:
-                fcntl.flock(cpu_lock, fcntl.LOCK_UN)
+            if self.run_lock is not None:
+                fcntl.flock(self.run_lock, fcntl.LOCK_UN)
         return responses
 
     def _run_groups(self, groups, responses):

@@ -6,6 +6,7 @@ Nothing here opens a socket; the transports (client/transport.py) do the I/O and
 from __future__ import annotations
 
 import dataclasses
+import json
 from types import ModuleType
 from typing import Any, Sequence
 
@@ -254,6 +255,29 @@ def grpc_request(service_pb2: ModuleType, call: InferCall) -> Any:
             raise KitError(f"request parameter {key!r} has type {type(value).__name__}: use str, bool, int or float")
     request.outputs.add().name = OUTPUT
     return request
+
+
+def http_request(call: InferCall) -> tuple[bytes, int]:
+    """The body of Triton's HTTP infer request for an InferCall, and the length of its JSON header.
+
+    Every input travels in binary after the JSON header (binary tensor extension) and `embedding` is
+    asked for in binary: the same bytes as tritonclient.http's generate_request_body (a unit test
+    compares them), built without InferInput objects for the lean sync HTTP transport.
+    """
+    for key, value in call.parameters.items():
+        if not isinstance(value, (str, bool, int, float)):
+            raise KitError(f"request parameter {key!r} has type {type(value).__name__}: use str, bool, int or float")
+    raws = [raw_contents(dtype, arr) for _, dtype, arr in call.inputs]
+    request: dict[str, Any] = {
+        "inputs": [{"name": name, "shape": [int(d) for d in arr.shape], "datatype": dtype,
+                    "parameters": {"binary_data_size": len(raw)}}
+                   for (name, dtype, arr), raw in zip(call.inputs, raws)],
+        "outputs": [{"name": OUTPUT, "parameters": {"binary_data": True}}],
+    }
+    if call.parameters:
+        request["parameters"] = dict(call.parameters)
+    header = json.dumps(request, separators=(",", ":")).encode()
+    return b"".join([header, *raws]), len(header)
 
 
 def build_outputs(module: ModuleType) -> list[Any]:

@@ -1,6 +1,7 @@
 """The I/O edge: four thin adapters (gRPC / HTTP x sync / asyncio).
 
-Sync gRPC calls grpc's generated stub for Triton's service (see GrpcSync); the others wrap tritonclient.
+Sync gRPC calls grpc's generated stub for Triton's service (see GrpcSync), sync HTTP a lean keep-alive
+connection (see HttpSync); the asyncio adapters wrap tritonclient.
 
 Each adapter exposes the same four calls - model_config, infer, ready, close - with a per-call
 timeout, and lets transport exceptions escape untouched: client.retry classifies them.
@@ -8,11 +9,19 @@ timeout, and lets transport exceptions escape untouched: client.retry classifies
 from __future__ import annotations
 
 import asyncio
+import gzip
+import json
+import zlib
 from typing import Any
+from urllib.parse import quote
+
+import numpy as np
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from client.core import ClientSettings, InferCall, build_inputs, build_outputs, config_from_json, grpc_request
+from client.core import (ClientSettings, InferCall, build_inputs, build_outputs, config_from_json, grpc_request,
+                         http_request)
+from client.errors import InputError
 
 __all__ = ["make_sync_transport", "make_async_transport"]
 
@@ -75,34 +84,95 @@ class GrpcSync:
 
 
 class HttpSync:
-    """tritonclient.http (geventhttpclient): one thread per client; deadlines through gevent.Timeout."""
+    """Triton's HTTP/REST protocol on client.http1's lean keep-alive connection; thread-safe (calls take
+    turns on the connection: use gRPC for many calls in flight from one client); deadlines per call.
+
+    tritonclient.http's client (geventhttpclient) costs more client CPU per one-text call than the server
+    spends answering it outside the encoder; this sends the body client.core.http_request builds
+    (tritonclient's bytes, unit-tested) and reads the answer with HttpInferResult. Error answers become
+    tritonclient's InferenceServerException with the HTTP status, as tritonclient raises them, so
+    client.errors classifies them as for every other adapter.
+    """
 
     def __init__(self, url: str, timeout_s: float) -> None:
         import tritonclient.http as mod
 
+        from client.http1 import Http1Connection
+
         self.mod = mod
-        self.client = mod.InferenceServerClient(url=url, connection_timeout=timeout_s, network_timeout=timeout_s)
+        host, _, port = url.rpartition(":")
+        if not host or not port.isdigit():
+            raise InputError(f"url={url!r}: give host:port, e.g. 127.0.0.1:8000")
+        self.conn = Http1Connection(host.strip("[]"), int(port))
 
-    def _bounded(self, timeout_s: float, fn, *args, **kwargs) -> Any:
-        import gevent
+    def _get(self, path: str, timeout_s: float) -> Any:
+        return self.conn.request("GET", path, timeout_s=timeout_s)
 
-        with gevent.Timeout(timeout_s):
-            return fn(*args, **kwargs)
+    def _raise_for(self, response: Any) -> None:
+        """tritonclient.http's error for a non-200 answer: the server's `error` text and the status."""
+        if response.status == 200:
+            return
+        from tritonclient.utils import InferenceServerException
+
+        try:
+            msg = json.loads(response.body)["error"] if response.body else "empty response from the server"
+        except (ValueError, KeyError, TypeError):
+            msg = response.body[:200].decode("utf-8", "replace")
+        raise InferenceServerException(msg=msg, status=str(response.status))
 
     def model_config(self, name: str, timeout_s: float) -> mc.ModelConfig:
-        return config_from_json(self._bounded(timeout_s, self.client.get_model_config, name))
+        response = self._get(f"/v2/models/{quote(name)}/config", timeout_s)
+        self._raise_for(response)
+        return config_from_json(json.loads(response.body))
 
     def infer(self, call: InferCall, timeout_s: float) -> Any:
-        return self._bounded(timeout_s, self.client.infer, call.model, build_inputs(self.mod, call),
-                             outputs=build_outputs(self.mod), parameters=call.parameters or None)
+        body, header_length = http_request(call)
+        response = self.conn.request("POST", f"/v2/models/{quote(call.model)}/infer", body,
+                                     {"Inference-Header-Content-Length": str(header_length)}, timeout_s)
+        self._raise_for(response)
+        return HttpInferResult(response.body, response.headers)
 
     def ready(self, model: str | None, timeout_s: float) -> bool:
-        if model is None:
-            return bool(self._bounded(timeout_s, self.client.is_server_ready))
-        return bool(self._bounded(timeout_s, self.client.is_model_ready, model))
+        path = "/v2/health/ready" if model is None else f"/v2/models/{quote(model)}/ready"
+        return self._get(path, timeout_s).status == 200
 
     def close(self) -> None:
-        self.client.close()
+        self.conn.close()
+
+
+class HttpInferResult:
+    """An HTTP infer response: `as_numpy(name)` as tritonclient.http.InferResult reads it (JSON header,
+    then each binary output's bytes in order), without the classes tritonclient builds per response."""
+
+    def __init__(self, body: bytes, headers: dict[str, str]) -> None:
+        encoding = headers.get("content-encoding")
+        if encoding == "gzip":
+            body = gzip.decompress(body)
+        elif encoding == "deflate":
+            body = zlib.decompress(body)
+        length = headers.get("inference-header-content-length")
+        split = len(body) if length is None else int(length)
+        self._result = json.loads(body[:split])
+        self._buffer = memoryview(body)[split:]
+
+    def as_numpy(self, name: str) -> np.ndarray | None:
+        """The output `name` as a numpy array (None if the response has no such output)."""
+        from tritonclient.utils import deserialize_bytes_tensor, triton_to_np_dtype
+
+        offset = 0
+        for output in self._result.get("outputs", []):
+            size = (output.get("parameters") or {}).get("binary_data_size")
+            if output["name"] != name:
+                offset += size or 0
+                continue
+            shape, dtype = output["shape"], output["datatype"]
+            if size is None:  # sent as JSON data
+                return np.array(output["data"], dtype=triton_to_np_dtype(dtype)).reshape(shape)
+            raw = self._buffer[offset:offset + size]
+            if dtype == "BYTES":
+                return deserialize_bytes_tensor(bytes(raw)).reshape(shape)
+            return np.frombuffer(raw, dtype=np.dtype(triton_to_np_dtype(dtype)).newbyteorder("<")).reshape(shape)
+        return None
 
 
 class GrpcAsync:

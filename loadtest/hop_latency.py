@@ -10,10 +10,14 @@ A second table isolates the Triton round trip itself: a no-op python model (gRPC
 python stub, no ONNX Runtime) answered at once, and the same model when its stub first computes for
 `--busy-ms` (a busy loop, like an encoder run): the round trip beyond that busy time grows when every
 other thread of the path has slept through it (their wake-ups and caches are cold).
+
+A third table splits every path's mean by Triton's own statistics: time inside Triton (queue, compute
+input / infer / output, as the server counts them) and outside it (gRPC frontend, loopback, client).
 """
 from __future__ import annotations
 
 import argparse
+import math
 import platform
 import sys
 import time
@@ -26,6 +30,7 @@ from server.cpu_variant import CPU_TEXT_PARAMS, CpuVariant
 from server.launcher import REPO_ROOT, LocalServer, ServerSettings, free_ports
 from server.repository import Batching
 
+ENCODER_PATH = "encoder through Triton (gRPC + python stub)"
 TEXT = "这家酒店的服务非常周到，房间也很干净，下次还来。"
 
 
@@ -85,8 +90,9 @@ class TritonPythonModel:
 """
 
 
-def measure_round_trip(s: HopSettings) -> dict[str, float]:
-    """Median ms a no-op python model adds beyond its own busy time: answered at once, and after busy_ms."""
+def measure_round_trip(s: HopSettings) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    """Median ms a no-op python model adds beyond its own busy time (answered at once, and after
+    busy_ms), and the mean split of each by Triton's statistics (see _split)."""
     import tempfile
 
     import tritonclient.grpc as grpcclient
@@ -107,18 +113,31 @@ def measure_round_trip(s: HopSettings) -> dict[str, float]:
                     f"no-op python model, stub busy {s.busy_ms:g} ms first (busy time subtracted)": s.busy_ms}
             calls = {label: (lambda ms=ms: client.infer("noop", [inp], parameters={"busy_ms": ms}))
                      for label, ms in busy.items()}
-            return {label: ms - busy[label] for label, ms in _interleaved_medians(calls, s.n).items()}
+            # One model serves both rows, so each row's statistics come from its own server-side window:
+            # its calls are timed, and counted, alone (the medians above interleave the rows).
+            medians = {label: float(np.median(v)) - busy[label]
+                       for label, v in _interleaved_times(calls, s.n).items()}
+            split = {}
+            for label, fn in calls.items():
+                snap = {}
+                times = _interleaved_times({label: fn}, s.n,
+                                           after_warmup=lambda: snap.update(_triton_stats(client, "noop")))
+                split[label] = _split(times[label], snap, _triton_stats(client, "noop"), busy[label])
+            return medians, split
 
 
-def _interleaved_medians(calls: dict, n: int, block: int = 20) -> dict[str, float]:
-    """Median ms of each call, n calls each, run in alternating blocks (the order rotates per block).
+def _interleaved_times(calls: dict, n: int, block: int = 20, after_warmup=None) -> dict[str, list[float]]:
+    """Ms of each call, n calls each, run in alternating blocks (the order rotates per block).
 
     Side by side: drift of the shared machine falls on every path alike, and each path runs back to
-    back inside its block (one request in flight).
+    back inside its block (one request in flight). `after_warmup()` runs between the 5 warm-up calls
+    per path and the timed ones (a statistics snapshot).
     """
     for fn in calls.values():
         for _ in range(5):
             fn()
+    if after_warmup is not None:
+        after_warmup()
     times = {name: [] for name in calls}
     order = list(calls)
     for start in range(0, n, block):
@@ -128,12 +147,40 @@ def _interleaved_medians(calls: dict, n: int, block: int = 20) -> dict[str, floa
                 calls[name]()
                 times[name].append((time.perf_counter() - t0) * 1000)
         order = order[1:] + order[:1]
-    return {name: float(np.median(v)) for name, v in times.items()}
+    return times
 
 
-def measure(s: HopSettings) -> dict[str, tuple[float, float]]:
+STAT_KINDS = ("success", "queue", "compute_input", "compute_infer", "compute_output")
+
+
+def _triton_stats(client, model: str) -> dict[str, tuple[int, int]]:
+    """(count, ns) per kind of Triton's inference statistics for `model`, summed over its versions."""
+    out = {k: (0, 0) for k in STAT_KINDS}
+    for version in client.get_inference_statistics(model, as_json=True).get("model_stats", []):
+        for k in STAT_KINDS:
+            v = version.get("inference_stats", {}).get(k, {})
+            out[k] = (out[k][0] + int(v.get("count", 0)), out[k][1] + int(v.get("ns", 0)))
+    return out
+
+
+def _split(client_ms: list[float], before: dict, after: dict, busy_ms: float = 0.0,
+           raw_ms: list[float] | None = None) -> dict[str, float]:
+    """Mean ms per request: as the client timed it, inside Triton (its statistics: from the request's
+    arrival in the core to its response, split into queue and compute input / infer / output), and the
+    rest outside Triton (gRPC frontend, loopback, client library). busy_ms comes off the compute; raw_ms
+    (raw ORT, same blocks) gives the mean the compute infer is to be read against (NaN without it)."""
+    per = {k: (after[k][1] - before[k][1]) / 1e6 / max(1, after[k][0] - before[k][0]) for k in STAT_KINDS}
+    per["success"] -= busy_ms
+    per["compute_infer"] -= busy_ms
+    client = float(np.mean(client_ms)) - busy_ms
+    raw = float(np.mean(raw_ms)) if raw_ms else float("nan")
+    return {"client": client, **per, "outside": client - per["success"], "raw": raw}
+
+
+def measure(s: HopSettings) -> tuple[dict[str, tuple[float, float]], dict[str, dict[str, float]]]:
     """For the encoder through Triton and the text endpoint (in-process, BLS): (p50 ms, raw ORT p50 ms),
-    raw ORT measured in alternating blocks with the paths of the same server, for one text."""
+    raw ORT measured in alternating blocks with the paths of the same server, for one text; and the
+    mean split of each path by Triton's statistics (see _split)."""
     import onnxruntime as ort
     import tritonclient.grpc as grpcclient
     from tokenizers import Tokenizer
@@ -155,6 +202,7 @@ def measure(s: HopSettings) -> dict[str, tuple[float, float]]:
         sess.run(["embedding"], {"input_ids": ids, "attention_mask": mask})
 
     results = {}  # path -> (its p50, raw ORT p50 in the same blocks)
+    splits = {}  # path -> _split
     for mode, label in (("inprocess", "text endpoint, in-process encoder (CPU default: + tokenize)"),
                         ("bls", "text endpoint, BLS to the encoder (GPU topology: + tokenize + stub hop)")):
         http, grpc_port, metrics = free_ports(3, range(18400, 18500))
@@ -178,20 +226,24 @@ def measure(s: HopSettings) -> dict[str, tuple[float, float]]:
                 client.infer(s.name, [inp])
 
             calls = {"raw": raw, label: text}
+            models = {label: s.name}
             if mode == "inprocess":
-                calls["encoder through Triton (gRPC + python stub)"] = encoder
-            medians = _interleaved_medians(calls, s.n)
-            for name, ms in medians.items():
-                if name != "raw":
-                    results[name] = (ms, medians["raw"])
-    order = ["encoder through Triton (gRPC + python stub)"]
-    return {name: results[name] for name in order + [k for k in results if k not in order]}
+                calls[ENCODER_PATH] = encoder
+                models[ENCODER_PATH] = f"{s.name}_onnx"
+            before = {}
+            times = _interleaved_times(calls, s.n, after_warmup=lambda: before.update(
+                {path: _triton_stats(client, model) for path, model in models.items()}))
+            for path, model in models.items():  # the BLS path's own encoder calls count on the encoder
+                results[path] = (float(np.median(times[path])), float(np.median(times["raw"])))
+                splits[path] = _split(times[path], before[path], _triton_stats(client, model), raw_ms=times["raw"])
+    order = [ENCODER_PATH] + [k for k in results if k != ENCODER_PATH]
+    return {name: results[name] for name in order}, {name: splits[name] for name in order}
 
 
 def main(argv: list[str] | None = None) -> int:
     s = _parse(argv)
-    results = measure(s)
-    trips = measure_round_trip(s)
+    results, splits = measure(s)
+    trips, trip_splits = measure_round_trip(s)
     cmd = "python -m loadtest.hop_latency " + " ".join(sys.argv[1:] if argv is None else argv)
     lines = [f"<!-- Generated by `{cmd.strip()}`; rerun it to regenerate. -->",
              "# One text, one request in flight: latency hop by hop", "",
@@ -206,6 +258,16 @@ def main(argv: list[str] | None = None) -> int:
               f"{s.n} calls back to back, the two rows in alternating blocks of 20:", "",
               "| path | round trip beyond the stub's busy time, ms |", "|---|---|"]
     lines += [f"| {name} | {ms:.2f} |" for name, ms in trips.items()]
+    lines += ["", "Where each path's time goes, by Triton's own statistics (means per request; busy time taken "
+              "off the no-op rows; the no-op rows timed one after the other, so each has its own window). "
+              "In Triton: from the request's arrival in the core to its response. Outside Triton: the "
+              "client's time minus that (gRPC frontend, loopback, client library).", "",
+              "| path | raw ORT ms, same blocks | client ms | in Triton ms | queue | compute input | compute infer "
+              "| compute output | outside Triton ms |", "|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {name} | {'-' if math.isnan(v['raw']) else format(v['raw'], '.2f')} | {v['client']:.2f} "
+              f"| {v['success']:.2f} | {v['queue']:.2f} | {v['compute_input']:.2f} "
+              f"| {v['compute_infer']:.2f} | {v['compute_output']:.2f} | {v['outside']:.2f} |"
+              for name, v in {**splits, **trip_splits}.items()]
     s.out.mkdir(parents=True, exist_ok=True)
     name = f"hops_spin_{'on' if s.spin else 'off'}.md"
     (s.out / name).write_text("\n".join(lines) + "\n")

@@ -64,6 +64,7 @@ class StackSettings:
     text_params: dict[str, str] = field(default_factory=lambda: dict(CPU_TEXT_PARAMS))  # what `server up` runs
     text_instances: int = CPU_TEXT_INSTANCES
     spin: bool = CpuVariant.allow_spinning  # ORT spin-waiting (inside runs) in the stack, as the CPU variant
+    client: str = "sdk-http"  # the (c) client: a key of CLIENTS
     seed: int = 0
     command: str = "python -m loadtest.stack_bench"
 
@@ -196,10 +197,14 @@ def run(s: StackSettings) -> StackResults:
                   f"{b.texts_per_s / a:.3f}  padding {pad[0]:.3f}  texts/batch {rounds[-1]['batch']:.1f}", flush=True)
 
         print(f"latency, one request in flight, {s.latency_texts} texts in blocks of {s.latency_block} ...", flush=True)
-        seq = stack_client.Sequential(url, model)
+        seq = _latency_client(s.client, srv, model)
+        ref = None if s.client == "tritonclient-grpc" else stack_client.Sequential(url, model)
         paths = {"raw_off": lambda text, row: raw.latency_ms(False, row, s.pad_to_multiple),
                  "stack": lambda text, row: seq.latency_ms(text),
                  "raw_on": lambda text, row: raw.latency_ms(True, row, s.pad_to_multiple)}
+        if ref is not None:  # the same stack through tritonclient's gRPC client, in the same blocks
+            paths["stack_tritonclient"] = lambda text, row: ref.latency_ms(text)
+            latency["stack_tritonclient"] = []
         try:
             for text, row in list(zip(texts, ids))[:5]:  # warm every path
                 for call in paths.values():
@@ -227,6 +232,8 @@ def run(s: StackSettings) -> StackResults:
                       f"stack {statistics.median(repeat['stack']):.2f} ms", flush=True)
         finally:
             seq.close()
+            if ref is not None:
+                ref.close()
 
     lengths = [len(x) for x in tp_ids]
     mean_batch = statistics.median(rd["batch"] for rd in rounds)
@@ -248,13 +255,28 @@ def run(s: StackSettings) -> StackResults:
         "(b)": f"tritonclient gRPC aio, {s.concurrency} requests x {s.per_request} texts in flight, "
                f"{s.warm_s} s warm-up + {s.window_s} s window per round, {s.rounds} rounds; "
                "the client runs on the same cores",
-        "(c)": f"sync gRPC, 1 text per request, {s.latency_texts} texts x {s.latency_repeats} passes, back to back (pause {s.settle_s} s); "
+        "(c)": f"{CLIENTS[s.client]}, 1 text per request, {s.latency_texts} texts x {s.latency_repeats} passes, back to back (pause {s.settle_s} s); "
                f"raw batch 1 (spin off, spin on) and the stack take turns in blocks of {s.latency_block} "
-               "texts, the same texts on every path, order rotating",
+               "texts, the same texts on every path, order rotating"
+               + ("; tritonclient's sync gRPC client on the same stack in the same blocks, as a reference"
+                  if s.client != "tritonclient-grpc" else ""),
         "server knobs": knobs,
     }
     return StackResults(header=header, sweep=[(c.label, c.batch, t) for c, t in sweep], rounds=rounds,
                         latency=latency, latency_repeats=latency_repeats, padding=padding)
+
+
+CLIENTS = {"sdk-http": "the kit's client SDK (client.EmbeddingClient, sync, protocol http)",
+           "sdk-grpc": "the kit's client SDK (client.EmbeddingClient, sync, protocol grpc)",
+           "tritonclient-grpc": "tritonclient's sync gRPC client"}
+
+
+def _latency_client(name: str, srv: LocalServer, model: str):
+    """The (c) client: the kit's SDK over HTTP (default) or gRPC, or tritonclient's gRPC client."""
+    if name == "tritonclient-grpc":
+        return stack_client.Sequential(srv.grpc_url, model)
+    protocol = name.removeprefix("sdk-")
+    return stack_client.SdkSequential(srv.http_url if protocol == "http" else srv.grpc_url, model, protocol)
 
 
 def parse_args(argv: list[str] | None = None) -> StackSettings:
@@ -274,6 +296,9 @@ def parse_args(argv: list[str] | None = None) -> StackSettings:
     p.add_argument("--per-request", type=int, default=StackSettings.per_request, help="texts per request for (b)")
     p.add_argument("--settle-s", type=float, default=StackSettings.settle_s,
                    help="pause before each latency call in (c) (default 0: back to back; 0.02 = from idle cores)")
+    p.add_argument("--client", choices=sorted(CLIENTS), default=StackSettings.client,
+                   help="the (c) client (default sdk-http: the kit's SDK, sync HTTP; a non-tritonclient choice "
+                        "also times tritonclient's sync gRPC client in the same blocks, as a reference)")
     p.add_argument("--no-spin", dest="spin", action="store_false",
                    help="ORT spin-waiting off in the stack (default: on inside runs, as the CPU variant)")
     p.add_argument("--text-instances", type=int, default=StackSettings.text_instances,
@@ -284,6 +309,7 @@ def parse_args(argv: list[str] | None = None) -> StackSettings:
     a = p.parse_args(argv)
     s = StackSettings(out=a.out, repository=a.repository, threads=a.threads, concurrency=a.concurrency,
                       per_request=a.per_request, text_instances=a.text_instances, spin=a.spin, settle_s=a.settle_s,
+                      client=a.client,
                       command="python -m loadtest.stack_bench " + " ".join(sys.argv[1:] if argv is None else argv))
     if a.quick:
         s.rounds, s.window_s, s.warm_s, s.texts, s.latency_texts, s.sweep_texts = 2, 3.0, 1.0, 256, 40, 96

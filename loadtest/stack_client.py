@@ -156,3 +156,22 @@ class Sequential:
 
     def close(self) -> None:
         self.client.close()
+
+
+class SdkSequential:
+    """One request in flight through the kit's own client SDK (client.EmbeddingClient, sync), one text
+    per call: what a service embedding a query at quiet hours pays, client library included."""
+
+    def __init__(self, url: str, model: str, protocol: str):
+        from client.sync import EmbeddingClient
+
+        self.client = EmbeddingClient(url, model=model, protocol=protocol).connect()
+
+    def latency_ms(self, text: str) -> float:
+        """Client-side latency of one single-text embed_documents call."""
+        start = time.perf_counter()
+        self.client.embed_documents([text])
+        return (time.perf_counter() - start) * 1e3
+
+    def close(self) -> None:
+        self.client.close()

@@ -19,7 +19,8 @@ class StackResults:
     header: dict[str, str]  # machine, command, model label, knobs (printed as a list)
     sweep: list[tuple[str, int, float]]  # (raw config label, batch, texts/s)
     rounds: list[dict[str, float]]  # per round: raw, stack, ratio, padding, batch, client_cores, errors
-    latency: dict[str, list[float]] = field(default_factory=dict)  # raw_on / raw_off / stack, ms (all repeats)
+    # raw_on / raw_off / stack (/ stack_tritonclient, a reference), ms (all repeats)
+    latency: dict[str, list[float]] = field(default_factory=dict)
     latency_repeats: list[dict[str, list[float]]] = field(default_factory=list)  # the same, one dict a repeat
     padding: dict[str, float] = field(default_factory=dict)  # stack, fifo, fifo_32, sorted_raw
 
@@ -40,6 +41,15 @@ def _spread(xs: list[float]) -> str:
 
 def _paired(a: list[float], b: list[float]) -> float:
     return _pct([x - y for x, y in zip(a, b)], 50)
+
+
+def _reference_row(res: StackResults, raw_key: str) -> dict[str, str]:
+    """(c) through tritonclient's sync gRPC client, timed in the same blocks: no target, a reference."""
+    lat = res.latency
+    reps = [_pct(r.get("stack_tritonclient", []), 50) - _pct(r.get(raw_key, []), 50) for r in res.latency_repeats]
+    return {"row": "(c) the same stack through tritonclient's sync gRPC client, p50 / added p50",
+            "value": f"{_pct(lat['stack_tritonclient'], 50):.2f} ms / {statistics.median(reps):+.2f} ms",
+            "noise": f"repeats {_spread(reps)}; same blocks as the row above", "target": "-", "verdict": "-"}
 
 
 def summary_rows(res: StackResults) -> list[dict[str, str]]:
@@ -80,6 +90,7 @@ def summary_rows(res: StackResults) -> list[dict[str, str]]:
          "noise": (f"repeats {_spread(reps)}; " if reps else "")
                   + f"median of per-text differences {_paired(lat.get('stack', []), lat.get(raw_key, [])):+.2f} ms",
          "target": f"<= +{TARGET_ADDED_P50_MS} ms", "verdict": ok(added <= TARGET_ADDED_P50_MS)},
+        *([] if not lat.get("stack_tritonclient") else [_reference_row(res, raw_key)]),
         {"row": "padding ratio of (b) (kit metrics)", "value": f"{pad.get('stack', float('nan')):.3f}",
          "noise": f"rounds {_spread([r['padding'] for r in res.rounds])}", "target": f"<= {TARGET_PADDING}",
          "verdict": ok(pad.get("stack", 9.0) <= TARGET_PADDING)},
@@ -155,7 +166,7 @@ def _plot(res: StackResults, path: Path) -> Path | None:
     ax1.set_title("throughput (SYNTHETIC bge-small-zh)")
     ax1.legend(fontsize=8)
     for key, label in (("raw_on", "raw batch 1, spin on"), ("raw_off", "raw batch 1, spin off"),
-                       ("stack", "stack, 1 in flight")):
+                       ("stack", "stack, 1 in flight"), ("stack_tritonclient", "stack via tritonclient gRPC")):
         xs = sorted(res.latency.get(key, []))
         if xs:
             ax2.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], label=label)

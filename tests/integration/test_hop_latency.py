@@ -3,18 +3,45 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from loadtest.hop_latency import main
+
+PATHS = ["encoder through Triton (gRPC + python stub)",
+         "text endpoint, in-process encoder (CPU default: + tokenize)",
+         "text endpoint, BLS to the encoder (GPU topology: + tokenize + stub hop)"]
+NOOP = ["no-op python model, answered at once",
+        "no-op python model, stub busy 8 ms first (busy time subtracted)"]
+
+
+def _tables(report: str) -> list[list[list[str]]]:
+    """The report's markdown tables: rows of cells, header and separator dropped."""
+    tables, current = [], None
+    for line in report.splitlines():
+        if line.startswith("|"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if current is None:
+                current = []
+                tables.append(current)
+            elif not set("".join(cells)) <= {"-"}:
+                current.append(cells)
+        else:
+            current = None
+    return tables
 
 
 def test_hop_latency_reports_every_hop(minilm_repo: Path, tmp_path: Path) -> None:
     assert main(["--repository", str(minilm_repo), "--name", "minilm", "-n", "5", "--out", str(tmp_path)]) == 0
-    report = (tmp_path / "hops_spin_on.md").read_text()
-    rows = [line for line in report.splitlines() if line.startswith("| ") and "ms" not in line.split("|")[2]]
-    names = [line.split("|")[1].strip() for line in rows]
-    assert names == ["encoder through Triton (gRPC + python stub)",
-                     "text endpoint, in-process encoder (CPU default: + tokenize)",
-                     "text endpoint, BLS to the encoder (GPU topology: + tokenize + stub hop)",
-                     "no-op python model, answered at once",
-                     "no-op python model, stub busy 8 ms first (busy time subtracted)"]
-    for line in rows:
-        assert float(line.split("|")[2]) > 0  # a round trip beyond the busy time is never free
+    hops, trips, split = _tables((tmp_path / "hops_spin_on.md").read_text())
+    assert [row[0] for row in hops] == PATHS
+    assert [row[0] for row in trips] == NOOP
+    for row in trips:
+        assert float(row[1]) > 0  # a round trip beyond the busy time is never free
+    assert [row[0] for row in split] == PATHS + NOOP
+    for name, raw, client, triton, queue, c_in, c_infer, c_out, outside in split:
+        assert (raw == "-") == (name in NOOP)
+        # Triton's statistics cover part of what the client timed; the parts are its own sub-durations
+        assert 0 < float(triton) < float(client)
+        assert float(client) == pytest.approx(float(triton) + float(outside), abs=0.011)
+        assert float(queue) + float(c_in) + float(c_infer) + float(c_out) <= float(triton) + 0.02
+        assert min(float(queue), float(c_in), float(c_out)) >= 0

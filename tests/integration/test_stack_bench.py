@@ -9,6 +9,7 @@ from loadtest.stack_report import summary_rows
 
 ROWS = ("(a) raw ONNX Runtime", "(b) full stack at saturation", "(b)/(a)", "(c) raw batch-1 latency",
         "(c) raw batch-1 p50, spin off / spin on", "(c) full stack, 1 in flight", "(c) added p50",
+        "(c) the same stack through tritonclient's sync gRPC client",
         "padding ratio of (b)", "FIFO pad-to-longest (B=", "FIFO pad-to-longest (B=32)")
 
 
@@ -24,6 +25,7 @@ def test_quick_run_writes_every_row(tmp_path: Path) -> None:
     with (tmp_path / "stack_bench.csv").open(encoding="utf-8") as fh:
         lines = [r for r in csv.reader(line for line in fh if not line.startswith("#"))]
     assert sum(1 for r in lines if r and r[0] == "summary") == len(ROWS)
+    assert "the kit's client SDK (client.EmbeddingClient, sync, protocol http)" in md  # the (c) client, named
     assert any(r[0] == "round_1" and r[1] == "ratio" for r in lines if r)
 
 
@@ -41,16 +43,19 @@ def test_summary_rows_verdicts() -> None:
 
 
 def test_added_p50_is_the_median_over_repeats() -> None:
-    reps = [{"raw_on": [5.0], "raw_off": [6.0], "stack": [stack]} for stack in (6.0, 7.0, 9.0)]
+    reps = [{"raw_on": [5.0], "raw_off": [6.0], "stack": [stack], "stack_tritonclient": [stack + 0.5]}
+            for stack in (6.0, 7.0, 9.0)]
     res = stack_bench.StackResults(
         header={}, sweep=[("B=1", 1, 10.0)],
         rounds=[{"raw": 10.0, "stack": 9.0, "ratio": 0.90, "padding": 1.2, "batch": 40.0,
                  "client_cores": 0.01, "errors": 0.0}],
-        latency={k: [v for r in reps for v in r[k]] for k in ("raw_on", "raw_off", "stack")},
+        latency={k: [v for r in reps for v in r[k]] for k in ("raw_on", "raw_off", "stack", "stack_tritonclient")},
         latency_repeats=reps, padding={"stack": 1.2, "fifo": 3.0, "fifo_batch": 40.0, "fifo_32": 2.9})
     rows = {r["row"]: r for r in summary_rows(res)}
     added = rows["(c) added p50 (stack - raw), median of 3 repeats"]
     assert added["value"] == "+2.00 ms" and added["verdict"] == "MISS"  # repeats +1, +2, +4 over raw spin on
     assert added["noise"].startswith("repeats 1..4")
+    ref = rows["(c) the same stack through tritonclient's sync gRPC client, p50 / added p50"]
+    assert ref["value"] == "7.50 ms / +2.50 ms" and ref["verdict"] == "-"  # a reference, never a verdict
     assert rows["(b)/(a), per round then median"]["verdict"] == "MISS"
     assert rows["padding ratio of (b) (kit metrics)"]["verdict"] == "MISS"

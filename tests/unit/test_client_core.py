@@ -19,6 +19,7 @@ from client.core import (
     config_from_json,
     decode_embeddings,
     grpc_request,
+    http_request,
     prepare_texts,
     tensor_call,
     text_call,
@@ -192,3 +193,23 @@ def test_grpc_request_rejects_unsupported_parameter_types() -> None:
     bad = type(call)(call.model, call.inputs, {"when": [1, 2]}, call.rows)
     with pytest.raises(KitError, match="'when' has type list"):
         grpc_request(service_pb2, bad)
+
+
+@pytest.mark.parametrize("call", [
+    text_call("bge_large_zh", ["今天天气很好", "", "hello\x00world", "向量" * 300], truncate=True),
+    text_call("bge_large_zh", ["x"], truncate=False),
+    tensor_call("bge_large_zh_onnx", np.array([[101, 7592, 102, 0]], dtype=np.int64),
+                np.array([[1, 1, 1, 0]], dtype=np.int32)),
+])
+def test_http_request_is_the_body_tritonclient_builds(call) -> None:
+    """The directly built HTTP body (JSON header + binary inputs) equals tritonclient.http's, byte for byte."""
+    want, want_json = httpclient.InferenceServerClient.generate_request_body(
+        build_inputs(httpclient, call), outputs=build_outputs(httpclient), parameters=call.parameters or None)
+    got, got_json = http_request(call)
+    assert got == want and got_json == want_json
+
+
+def test_http_request_rejects_unsupported_parameter_types() -> None:
+    call = text_call("m", ["a"], truncate=True)
+    with pytest.raises(KitError, match="'when' has type dict"):
+        http_request(type(call)(call.model, call.inputs, {"when": {"a": 1}}, call.rows))

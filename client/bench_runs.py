@@ -17,9 +17,10 @@ import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2
 
 from client.aio import AsyncEmbeddingClient
-from client.core import build_inputs, build_outputs, decode_embeddings, text_call
+from client.core import decode_embeddings, grpc_request, http_request, text_call
 from client.errors import KitError
 from client.tokens import BucketTokenizer
+from client.transport import HttpInferResult
 
 __all__ = ["reviews", "sans_io_overhead", "round_trip_overhead", "tokenizer_throughput", "concurrent_run",
            "model_stats"]
@@ -45,7 +46,9 @@ def _median_us(fn: Callable[[], Any], repeat: int) -> float:
 
 def sans_io_overhead(texts: Sequence[str], dim: int, batch_sizes: Sequence[int], repeat: int = 300
                      ) -> list[dict[str, Any]]:
-    """In-process request building (text_call + InferInput) and response decoding, per protocol."""
+    """In-process request building and response decoding, per protocol, as the sync transports do them:
+    gRPC builds the ModelInferRequest (grpc_request) and reads it with tritonclient's InferResult; HTTP
+    builds the body (http_request) and reads it with HttpInferResult."""
     rows = []
     for b in batch_sizes:
         batch = list(texts[:b])
@@ -57,19 +60,21 @@ def sans_io_overhead(texts: Sequence[str], dim: int, batch_sizes: Sequence[int],
         header = (b'{"model_name":"m","outputs":[{"name":"embedding","datatype":"FP32","shape":[%d,%d],'
                   b'"parameters":{"binary_data_size":%d}}]}' % (b, dim, emb.nbytes))
         body = header + emb.tobytes()
-        for proto, mod in (("grpc", grpcclient), ("http", httpclient)):
-            def build() -> Any:
-                call = text_call("m", batch, True)
-                return build_inputs(mod, call), build_outputs(mod)
-
+        headers = {"inference-header-content-length": str(len(header))}
+        for proto in ("grpc", "http"):
             if proto == "grpc":
+                def build() -> Any:
+                    return grpc_request(service_pb2, text_call("m", batch, True))
+
                 def decode() -> Any:
                     msg = service_pb2.ModelInferResponse.FromString(wire)
                     return decode_embeddings(grpcclient.InferResult(msg), b, dim)
             else:
+                def build() -> Any:
+                    return http_request(text_call("m", batch, True))
+
                 def decode() -> Any:
-                    result = httpclient.InferResult.from_response_body(body, header_length=len(header))
-                    return decode_embeddings(result, b, dim)
+                    return decode_embeddings(HttpInferResult(body, headers), b, dim)
             rows.append({"protocol": proto, "batch": b, "build_us": round(_median_us(build, repeat), 1),
                          "decode_us": round(_median_us(decode, repeat), 1)})
     return rows

@@ -1,12 +1,12 @@
 """A lean HTTP/1.1 keep-alive connection for the sync HTTP transport (client.transport.HttpSync).
 
-One text at quiet hours spends most of its client time in the HTTP library, not on the wire: measured
-side by side on the 2-core dev VM (one request in flight to the text endpoint, same server), this
-connection cost 0.25 ms of client CPU per call against 0.57-0.66 ms for gRPC (`python -m client.bench`
-reports the client overhead per transport). It speaks just what Triton's HTTP endpoint needs:
-Content-Length and chunked bodies, keep-alive with one silent reconnect when a reused connection turns
-out closed (the server restarted or dropped it while idle), and one deadline per request that bounds
-connect, send and every read.
+A text at quiet hours is one small request in flight, and its client time goes mostly to the HTTP
+library, not to the wire. This connection does only what Triton's HTTP endpoint needs:
+Content-Length and chunked bodies; keep-alive with one silent reconnect when a reused connection
+turns out to be closed (the server restarted or dropped it while idle); one deadline per request that
+bounds the connect, the send and every read. `python -m client.bench` reports the client overhead
+per transport; `python -m loadtest.stack_bench` times the SDK over this connection beside
+tritonclient's gRPC client.
 """
 from __future__ import annotations
 

@@ -257,6 +257,9 @@ def grpc_request(service_pb2: ModuleType, call: InferCall) -> Any:
     return request
 
 
+_COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))  # as tritonclient.http writes it (rapidjson)
+
+
 def http_request(call: InferCall) -> tuple[bytes, int]:
     """The body of Triton's HTTP infer request for an InferCall, and the length of its JSON header.
 
@@ -276,7 +279,7 @@ def http_request(call: InferCall) -> tuple[bytes, int]:
     }
     if call.parameters:
         request["parameters"] = dict(call.parameters)
-    header = json.dumps(request, separators=(",", ":")).encode()
+    header = _COMPACT_JSON.encode(request).encode()
     return b"".join([header, *raws]), len(header)
 
 

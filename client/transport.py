@@ -16,8 +16,8 @@ from typing import Any
 from urllib.parse import quote
 
 import numpy as np
-
 from tritonclient.grpc import model_config_pb2 as mc
+from tritonclient.utils import deserialize_bytes_tensor, triton_to_np_dtype
 
 from client.core import (ClientSettings, InferCall, build_inputs, build_outputs, config_from_json, grpc_request,
                          http_request)
@@ -104,6 +104,7 @@ class HttpSync:
         if not host or not port.isdigit():
             raise InputError(f"url={url!r}: give host:port, e.g. 127.0.0.1:8000")
         self.conn = Http1Connection(host.strip("[]"), int(port))
+        self._infer_paths: dict[str, str] = {}
 
     def _get(self, path: str, timeout_s: float) -> Any:
         return self.conn.request("GET", path, timeout_s=timeout_s)
@@ -127,7 +128,10 @@ class HttpSync:
 
     def infer(self, call: InferCall, timeout_s: float) -> Any:
         body, header_length = http_request(call)
-        response = self.conn.request("POST", f"/v2/models/{quote(call.model)}/infer", body,
+        path = self._infer_paths.get(call.model)
+        if path is None:
+            path = self._infer_paths[call.model] = f"/v2/models/{quote(call.model)}/infer"
+        response = self.conn.request("POST", path, body,
                                      {"Inference-Header-Content-Length": str(header_length)}, timeout_s)
         self._raise_for(response)
         return HttpInferResult(response.body, response.headers)
@@ -138,6 +142,9 @@ class HttpSync:
 
     def close(self) -> None:
         self.conn.close()
+
+
+_WIRE_DTYPES: dict[str, np.dtype] = {}  # Triton datatype -> little-endian numpy dtype (binary outputs)
 
 
 class HttpInferResult:
@@ -157,8 +164,6 @@ class HttpInferResult:
 
     def as_numpy(self, name: str) -> np.ndarray | None:
         """The output `name` as a numpy array (None if the response has no such output)."""
-        from tritonclient.utils import deserialize_bytes_tensor, triton_to_np_dtype
-
         offset = 0
         for output in self._result.get("outputs", []):
             size = (output.get("parameters") or {}).get("binary_data_size")
@@ -171,7 +176,10 @@ class HttpInferResult:
             raw = self._buffer[offset:offset + size]
             if dtype == "BYTES":
                 return deserialize_bytes_tensor(bytes(raw)).reshape(shape)
-            return np.frombuffer(raw, dtype=np.dtype(triton_to_np_dtype(dtype)).newbyteorder("<")).reshape(shape)
+            np_dtype = _WIRE_DTYPES.get(dtype)
+            if np_dtype is None:
+                np_dtype = _WIRE_DTYPES[dtype] = np.dtype(triton_to_np_dtype(dtype)).newbyteorder("<")
+            return np.frombuffer(raw, dtype=np_dtype).reshape(shape)
         return None
 
 

@@ -20,7 +20,8 @@ class EmbeddingClient(BaseEmbeddingClient):
     >>> with EmbeddingClient("127.0.0.1:8001", model="bge_large_zh") as c:
     ...     vectors = c.embed_documents(["文本一", "文本二"])   # float32 [2, 1024]
 
-    gRPC clients are thread-safe; an HTTP client (gevent) belongs to one thread.
+    Thread-safe: gRPC calls run side by side on one channel; HTTP calls take turns on one keep-alive
+    connection (use gRPC, or one client per thread, for many calls in flight).
     """
 
     def __init__(self, url: str | None = None, model: str = "bge_large_zh", protocol: str = "grpc",

@@ -214,9 +214,9 @@ def write_report(res: dict, settings: ChaosSettings, argv: list[str]) -> Path:
         lines.append(f"| {k['protocol']} | {k['max_time_to_error_s']:.3f} s | {k['error_kinds_after_kill']} | "
                      f"{k['restart_s']:.1f} s | {k['same_clients_ok_after_restart_s']} s | "
                      f"{_gone(k)} | {k['shm_regions_left']} |")
-    lines += ["", "Recovery counts from the restart to every old client succeeding. A stub blocked in a BLS "
-              "call when its server dies does not exit (Triton 2.51's python backend); the harness kills "
-              "such stubs (listed in the table) after 15 s, before the restart.",
+    lines += ["", "Recovery counts from the restart to every old client succeeding. Triton 2.51's python stubs "
+              "exit when they notice their server is gone, but in some runs one does not within 15 s; the "
+              "harness then kills it (named in the table) before the restart.",
               "", "## kill -9 of the encoder's python stub", "",
               f"Server alive: {st['server_alive']}; server/model still report ready: {st['server_ready']}/"
               f"{st['encoder_ready']}; first success after the kill: {st['first_ok_after_kill_s']}; "

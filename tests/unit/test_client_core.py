@@ -169,12 +169,16 @@ def test_spec_needs_connect() -> None:
         _ = _Planner(model="minilm").spec
 
 
-@pytest.mark.parametrize("call", [
+# Requests the direct builders must encode exactly as tritonclient does: odd texts, a parameter, int32 mask.
+WIRE_CALLS = [
     text_call("bge_large_zh", ["今天天气很好", "", "hello\x00world", "向量" * 300], truncate=True),
     text_call("bge_large_zh", ["x"], truncate=False),
     tensor_call("bge_large_zh_onnx", np.array([[101, 7592, 102, 0]], dtype=np.int64),
                 np.array([[1, 1, 1, 0]], dtype=np.int32)),
-])
+]
+
+
+@pytest.mark.parametrize("call", WIRE_CALLS)
 def test_grpc_request_is_the_message_tritonclient_builds(call) -> None:
     """The directly built ModelInferRequest equals tritonclient's, field for field, bytes for bytes."""
     from tritonclient.grpc._utils import _get_inference_request
@@ -195,12 +199,7 @@ def test_grpc_request_rejects_unsupported_parameter_types() -> None:
         grpc_request(service_pb2, bad)
 
 
-@pytest.mark.parametrize("call", [
-    text_call("bge_large_zh", ["今天天气很好", "", "hello\x00world", "向量" * 300], truncate=True),
-    text_call("bge_large_zh", ["x"], truncate=False),
-    tensor_call("bge_large_zh_onnx", np.array([[101, 7592, 102, 0]], dtype=np.int64),
-                np.array([[1, 1, 1, 0]], dtype=np.int32)),
-])
+@pytest.mark.parametrize("call", WIRE_CALLS)
 def test_http_request_is_the_body_tritonclient_builds(call) -> None:
     """The directly built HTTP body (JSON header + binary inputs) equals tritonclient.http's, byte for byte."""
     want, want_json = httpclient.InferenceServerClient.generate_request_body(

@@ -17,7 +17,7 @@ from urllib.parse import quote
 
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
-from tritonclient.utils import deserialize_bytes_tensor, triton_to_np_dtype
+from tritonclient.utils import InferenceServerException, deserialize_bytes_tensor, triton_to_np_dtype
 
 from client.core import (ClientSettings, InferCall, build_inputs, build_outputs, config_from_json, grpc_request,
                          http_request)
@@ -87,19 +87,15 @@ class HttpSync:
     """Triton's HTTP/REST protocol on client.http1's lean keep-alive connection; thread-safe (calls take
     turns on the connection: use gRPC for many calls in flight from one client); deadlines per call.
 
-    tritonclient.http's client (geventhttpclient) costs more client CPU per one-text call than the server
-    spends answering it outside the encoder; this sends the body client.core.http_request builds
-    (tritonclient's bytes, unit-tested) and reads the answer with HttpInferResult. Error answers become
-    tritonclient's InferenceServerException with the HTTP status, as tritonclient raises them, so
+    Sends the body client.core.http_request builds (tritonclient.http's bytes, unit-tested) and reads
+    the answer with HttpInferResult, with no per-call objects beyond those. Error answers become
+    tritonclient's InferenceServerException with the HTTP status, as tritonclient.http raises them, so
     client.errors classifies them as for every other adapter.
     """
 
-    def __init__(self, url: str, timeout_s: float) -> None:
-        import tritonclient.http as mod
-
+    def __init__(self, url: str) -> None:
         from client.http1 import Http1Connection
 
-        self.mod = mod
         host, _, port = url.rpartition(":")
         if not host or not port.isdigit():
             raise InputError(f"url={url!r}: give host:port, e.g. 127.0.0.1:8000")
@@ -113,8 +109,6 @@ class HttpSync:
         """tritonclient.http's error for a non-200 answer: the server's `error` text and the status."""
         if response.status == 200:
             return
-        from tritonclient.utils import InferenceServerException
-
         try:
             msg = json.loads(response.body)["error"] if response.body else "empty response from the server"
         except (ValueError, KeyError, TypeError):
@@ -249,7 +243,7 @@ def make_sync_transport(settings: ClientSettings) -> GrpcSync | HttpSync:
     """The sync adapter for settings.protocol."""
     if settings.protocol == "grpc":
         return GrpcSync(settings.url)
-    return HttpSync(settings.url, settings.timeout_s)
+    return HttpSync(settings.url)
 
 
 def make_async_transport(settings: ClientSettings) -> GrpcAsync | HttpAsync:

@@ -177,7 +177,7 @@ def test_http_sync_infer_decodes_binary_output_and_maps_errors(scripted) -> None
             conn.sendall(reply(out + vec.tobytes(), extra=f"Inference-Header-Content-Length: {len(out)}\r\n"))
 
     srv = scripted(handler)
-    t = HttpSync(f"127.0.0.1:{srv.port}", 5.0)
+    t = HttpSync(f"127.0.0.1:{srv.port}")
     result = t.infer(text_call("m", ["甲", "乙"], truncate=True), 5.0)
     np.testing.assert_array_equal(result.as_numpy("embedding"), vec)
     assert srv.requests[-1].startswith(b"POST /v2/models/m/infer HTTP/1.1\r\n")
@@ -191,7 +191,7 @@ def test_http_sync_infer_decodes_binary_output_and_maps_errors(scripted) -> None
 
 def test_http_sync_rejects_a_url_without_port() -> None:
     with pytest.raises(InputError, match="host:port"):
-        HttpSync("localhost", 1.0)
+        HttpSync("localhost")
 
 
 def _response(outputs: list[tuple[str, str, np.ndarray, bool]]) -> tuple[bytes, int]:

@@ -255,6 +255,9 @@ class TritonPythonModel:
                     vectors = self._result(self._request(ids, mask).exec())
                 if single:
                     out = np.asarray(vectors, dtype=np.float32)
+                    if out.shape != (1, self.dim):  # as the scatter below would refuse it
+                        raise EncoderError(f"encoder {self.encoder} returned {list(out.shape)}, expected "
+                                           f"[1, {self.dim}]: re-export the model")
                 else:
                     out[rows] = vectors
         except RuntimeError as exc:

@@ -100,8 +100,6 @@ class BaseEmbeddingClient:
 
     def _assemble(self, n: int, parts: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
         """Put each request's rows back at their input positions: float32 [n, dim]."""
-        if n == 1 and len(parts) == 1:  # one text: a writable copy of its row, no scatter
-            return np.array(parts[0][1], dtype=np.float32)
         out = np.empty((n, self.spec.dim), dtype=np.float32)
         for idx, emb in parts:
             out[idx] = emb

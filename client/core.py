@@ -229,6 +229,14 @@ def raw_contents(dtype: str, arr: np.ndarray) -> bytes:
     return np.ascontiguousarray(arr).astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
 
 
+def _checked_parameters(call: InferCall) -> dict[str, Any]:
+    """The call's request parameters; each must be a str, bool, int or float (what both protocols carry)."""
+    for key, value in call.parameters.items():
+        if not isinstance(value, (str, bool, int, float)):
+            raise KitError(f"request parameter {key!r} has type {type(value).__name__}: use str, bool, int or float")
+    return call.parameters
+
+
 def grpc_request(service_pb2: ModuleType, call: InferCall) -> Any:
     """The ModelInferRequest for an InferCall, built directly (raw contents, `embedding` requested).
 
@@ -242,17 +250,15 @@ def grpc_request(service_pb2: ModuleType, call: InferCall) -> Any:
         tensor.datatype = dtype
         tensor.shape.extend(int(d) for d in arr.shape)
         request.raw_input_contents.append(raw_contents(dtype, arr))
-    for key, value in call.parameters.items():
+    for key, value in _checked_parameters(call).items():
         if isinstance(value, str):
             request.parameters[key].string_param = value
         elif isinstance(value, bool):
             request.parameters[key].bool_param = value
         elif isinstance(value, int):
             request.parameters[key].int64_param = value
-        elif isinstance(value, float):
-            request.parameters[key].double_param = value
         else:
-            raise KitError(f"request parameter {key!r} has type {type(value).__name__}: use str, bool, int or float")
+            request.parameters[key].double_param = value
     request.outputs.add().name = OUTPUT
     return request
 
@@ -267,9 +273,7 @@ def http_request(call: InferCall) -> tuple[bytes, int]:
     asked for in binary: the same bytes as tritonclient.http's generate_request_body (a unit test
     compares them), built without InferInput objects for the lean sync HTTP transport.
     """
-    for key, value in call.parameters.items():
-        if not isinstance(value, (str, bool, int, float)):
-            raise KitError(f"request parameter {key!r} has type {type(value).__name__}: use str, bool, int or float")
+    parameters = _checked_parameters(call)
     raws = [raw_contents(dtype, arr) for _, dtype, arr in call.inputs]
     request: dict[str, Any] = {
         "inputs": [{"name": name, "shape": [int(d) for d in arr.shape], "datatype": dtype,
@@ -277,8 +281,8 @@ def http_request(call: InferCall) -> tuple[bytes, int]:
                    for (name, dtype, arr), raw in zip(call.inputs, raws)],
         "outputs": [{"name": OUTPUT, "parameters": {"binary_data": True}}],
     }
-    if call.parameters:
-        request["parameters"] = dict(call.parameters)
+    if parameters:
+        request["parameters"] = dict(parameters)
     header = _COMPACT_JSON.encode(request).encode()
     return b"".join([header, *raws]), len(header)
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from loadtest.stats import fetch_stats
 from server.cpu_variant import CPU_TEXT_PARAMS, CpuVariant
 from server.launcher import REPO_ROOT, LocalServer, ServerSettings, free_ports
 from server.repository import Batching
@@ -99,9 +100,10 @@ def measure_round_trip(s: HopSettings) -> tuple[dict[str, float], dict[str, dict
 
     with tempfile.TemporaryDirectory(prefix="kit_noop_") as tmp:
         repo = Path(tmp) / "repo"
-        (repo / "noop" / "1").mkdir(parents=True)
-        (repo / "noop" / "config.pbtxt").write_text(NOOP_CONFIG)
-        (repo / "noop" / "1" / "model.py").write_text(NOOP_MODEL_PY)
+        for model in ("noop", "noop_busy"):
+            (repo / model / "1").mkdir(parents=True)
+            (repo / model / "config.pbtxt").write_text(NOOP_CONFIG.replace('name: "noop"', f'name: "{model}"'))
+            (repo / model / "1" / "model.py").write_text(NOOP_MODEL_PY)
         http, grpc_port, metrics = free_ports(3, range(18400, 18500))
         settings = ServerSettings(repository=repo, http_port=http, grpc_port=grpc_port, metrics_port=metrics,
                                   state_dir=REPO_ROOT / ".kit" / "hop_latency_noop", variant=CpuVariant())
@@ -109,20 +111,18 @@ def measure_round_trip(s: HopSettings) -> tuple[dict[str, float], dict[str, dict
             client = grpcclient.InferenceServerClient(srv.grpc_url)
             inp = grpcclient.InferInput("text", [1, 1], "BYTES")
             inp.set_data_from_numpy(np.array([TEXT.encode()], dtype=object).reshape(1, 1))
-            busy = {"no-op python model, answered at once": 0.0,
-                    f"no-op python model, stub busy {s.busy_ms:g} ms first (busy time subtracted)": s.busy_ms}
-            calls = {label: (lambda ms=ms: client.infer("noop", [inp], parameters={"busy_ms": ms}))
-                     for label, ms in busy.items()}
-            # One model serves both rows, so each row's statistics come from its own server-side window:
-            # its calls are timed, and counted, alone (the medians above interleave the rows).
-            medians = {label: float(np.median(v)) - busy[label]
-                       for label, v in _interleaved_times(calls, s.n).items()}
-            split = {}
-            for label, fn in calls.items():
-                snap = {}
-                times = _interleaved_times({label: fn}, s.n,
-                                           after_warmup=lambda: snap.update(_triton_stats(client, "noop")))
-                split[label] = _split(times[label], snap, _triton_stats(client, "noop"), busy[label])
+            # One model per row, so one interleaved run gives both medians and each row's statistics.
+            rows = {"no-op python model, answered at once": ("noop", 0.0),
+                    f"no-op python model, stub busy {s.busy_ms:g} ms first (busy time subtracted)":
+                        ("noop_busy", s.busy_ms)}
+            calls = {label: (lambda m=model, ms=ms: client.infer(m, [inp], parameters={"busy_ms": ms}))
+                     for label, (model, ms) in rows.items()}
+            before = {}
+            times = _interleaved_times(calls, s.n, after_warmup=lambda: before.update(
+                {label: fetch_stats(srv.http_url, model) for label, (model, _) in rows.items()}))
+            medians = {label: float(np.median(times[label])) - ms for label, (_, ms) in rows.items()}
+            split = {label: _split(times[label], before[label], fetch_stats(srv.http_url, model), ms)
+                     for label, (model, ms) in rows.items()}
             return medians, split
 
 
@@ -153,23 +153,15 @@ def _interleaved_times(calls: dict, n: int, block: int = 20, after_warmup=None) 
 STAT_KINDS = ("success", "queue", "compute_input", "compute_infer", "compute_output")
 
 
-def _triton_stats(client, model: str) -> dict[str, tuple[int, int]]:
-    """(count, ns) per kind of Triton's inference statistics for `model`, summed over its versions."""
-    out = {k: (0, 0) for k in STAT_KINDS}
-    for version in client.get_inference_statistics(model, as_json=True).get("model_stats", []):
-        for k in STAT_KINDS:
-            v = version.get("inference_stats", {}).get(k, {})
-            out[k] = (out[k][0] + int(v.get("count", 0)), out[k][1] + int(v.get("ns", 0)))
-    return out
-
-
-def _split(client_ms: list[float], before: dict, after: dict, busy_ms: float = 0.0,
+def _split(client_ms: list[float], before: dict[str, float], after: dict[str, float], busy_ms: float = 0.0,
            raw_ms: list[float] | None = None) -> dict[str, float]:
-    """Mean ms per request: as the client timed it, inside Triton (its statistics: from the request's
+    """Mean ms per request from two loadtest.stats.fetch_stats snapshots: as the client timed it, inside
+    Triton (its statistics: from the request's
     arrival in the core to its response, split into queue and compute input / infer / output), and the
     rest outside Triton (gRPC frontend, loopback, client library). busy_ms comes off the compute; raw_ms
     (raw ORT, same blocks) gives the mean the compute infer is to be read against (NaN without it)."""
-    per = {k: (after[k][1] - before[k][1]) / 1e6 / max(1, after[k][0] - before[k][0]) for k in STAT_KINDS}
+    per = {k: (after[f"{k}_ns"] - before[f"{k}_ns"]) / 1e6 / max(1.0, after[f"{k}_count"] - before[f"{k}_count"])
+           for k in STAT_KINDS}
     per["success"] -= busy_ms
     per["compute_infer"] -= busy_ms
     client = float(np.mean(client_ms)) - busy_ms
@@ -232,10 +224,10 @@ def measure(s: HopSettings) -> tuple[dict[str, tuple[float, float]], dict[str, d
                 models[ENCODER_PATH] = f"{s.name}_onnx"
             before = {}
             times = _interleaved_times(calls, s.n, after_warmup=lambda: before.update(
-                {path: _triton_stats(client, model) for path, model in models.items()}))
+                {path: fetch_stats(srv.http_url, model) for path, model in models.items()}))
             for path, model in models.items():  # the BLS path's own encoder calls count on the encoder
                 results[path] = (float(np.median(times[path])), float(np.median(times["raw"])))
-                splits[path] = _split(times[path], before[path], _triton_stats(client, model), raw_ms=times["raw"])
+                splits[path] = _split(times[path], before[path], fetch_stats(srv.http_url, model), raw_ms=times["raw"])
     order = [ENCODER_PATH] + [k for k in results if k != ENCODER_PATH]
     return {name: results[name] for name in order}, {name: splits[name] for name in order}
 
@@ -259,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
               "| path | round trip beyond the stub's busy time, ms |", "|---|---|"]
     lines += [f"| {name} | {ms:.2f} |" for name, ms in trips.items()]
     lines += ["", "Where each path's time goes, by Triton's own statistics (means per request; busy time taken "
-              "off the no-op rows; the no-op rows timed one after the other, so each has its own window). "
+              "off the no-op rows, each served by its own copy of the no-op model). "
               "In Triton: from the request's arrival in the core to its response. Outside Triton: the "
               "client's time minus that (gRPC frontend, loopback, client library).", "",
               "| path | raw ORT ms, same blocks | client ms | in Triton ms | queue | compute input | compute infer "

@@ -40,8 +40,6 @@ def plan_sub_batches(lengths, budget, max_batch, multiple, overhead_tokens=64):
     one encoder call, in token units); constraints B <= max_batch and B x padded_L <= budget (a
     lone text longer than the budget still gets its own run). Returns [(indices, padded_len)].
     """
-    if len(lengths) == 1:  # one text (a quiet-hours query): its own run
-        return [([0], -(-lengths[0] // multiple) * multiple)]
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     n = len(order)
     pads = [-(-lengths[i] // multiple) * multiple for i in order]
@@ -242,24 +240,16 @@ class TritonPythonModel:
         plans = plan_sub_batches(lengths, self.budget, self.sub_batch_max, self.multiple, self.overhead_tokens)
         if self.session is None and len(plans) > 1 and self.max_in_flight > 1:
             return self._execute_overlapped(responses, slots, all_ids, lengths, plans)
-        single = len(all_ids) == 1  # one text: its run's output is the answer, nothing to scatter
-        out = None if single else np.empty((len(all_ids), self.dim), dtype=np.float32)
+        out = np.empty((len(all_ids), self.dim), dtype=np.float32)
         if self.cpu_lock is not None:  # the cores for this whole Triton batch: batches never interleave
             fcntl.flock(self.cpu_lock, fcntl.LOCK_EX)
         try:
             for rows, pad_len in plans:  # in-process ORT, or one blocking BLS call after another
                 ids, mask = self._pad(all_ids, lengths, rows, pad_len)
                 if self.session is not None:
-                    vectors = self._run_inprocess(ids, mask)
+                    out[rows] = self._run_inprocess(ids, mask)
                 else:
-                    vectors = self._result(self._request(ids, mask).exec())
-                if single:
-                    out = np.asarray(vectors, dtype=np.float32)
-                    if out.shape != (1, self.dim):  # as the scatter below would refuse it
-                        raise EncoderError(f"encoder {self.encoder} returned {list(out.shape)}, expected "
-                                           f"[1, {self.dim}]: re-export the model")
-                else:
-                    out[rows] = vectors
+                    out[rows] = self._result(self._request(ids, mask).exec())
         except RuntimeError as exc:
             return self._finish(responses, slots, None, exc)
         finally:

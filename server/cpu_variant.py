@@ -22,7 +22,7 @@ ONNX_MODEL_PY = CPU_MODELS / "onnx_model.py"
 # `python -m loadtest.stack_bench` (reports/stack; docs/architecture.md, "Local CPU variant"):
 # - encoder "inprocess": the text endpoint runs the encoder's model.onnx itself. On the GPU the encoder is
 #   the C++ onnxruntime backend and BLS stays inside the server; here the stand-in encoder is a second
-#   python stub: one fixed text added 2.07 ms over raw ORT through BLS and 1.19 ms in-process
+#   python stub: one fixed text added 2.61 ms over raw ORT through BLS and 1.87 ms in-process
 #   (`python -m loadtest.hop_latency`, reports/stack/hops_spin_on.md). The encoder model stays
 #   loaded for tensor-mode clients; encoder "bls" keeps the GPU topology.
 # - TWO instances that take turns on the cores (cpu_lock): ONNX Runtime uses every core for one run, so

@@ -1,6 +1,6 @@
-"""Entry point of `python -m client`."""
+"""Entry point of `python -m bge_triton.client`."""
 import sys
 
-from client.cli import main
+from bge_triton.client.cli import main
 
 sys.exit(main())

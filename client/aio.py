@@ -6,11 +6,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from client.base import BaseEmbeddingClient
-from client.core import InferCall, decode_embeddings
-from client.errors import classify
-from client.retry import acall_with_retry
-from client.transport import make_async_transport
+from bge_triton.client.base import BaseEmbeddingClient
+from bge_triton.client.core import InferCall, decode_embeddings
+from bge_triton.client.errors import classify
+from bge_triton.client.retry import acall_with_retry
+from bge_triton.client.transport import make_async_transport
 
 __all__ = ["AsyncEmbeddingClient"]
 
@@ -132,7 +132,7 @@ class AsyncEmbeddingClient(BaseEmbeddingClient):
 
     def micro_batcher(self, *, query: bool = False, **kwargs: Any) -> "MicroBatcher":
         """A MicroBatcher over embed_documents (or embed_queries) of this client; see client.batcher."""
-        from client.batcher import MicroBatcher
+        from bge_triton.client.batcher import MicroBatcher
 
         fn = self.embed_queries if query else self.embed_documents
         if self._spec is not None:
@@ -140,4 +140,4 @@ class AsyncEmbeddingClient(BaseEmbeddingClient):
         return MicroBatcher(fn, **kwargs)
 
 
-from client.batcher import MicroBatcher  # noqa: E402  (type name for the annotation above)
+from bge_triton.client.batcher import MicroBatcher  # noqa: E402  (type name for the annotation above)

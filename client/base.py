@@ -11,7 +11,7 @@ from typing import Any, Sequence
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
-from client.core import (
+from bge_triton.client.core import (
     ClientSettings,
     InferCall,
     ModelSpec,
@@ -21,9 +21,9 @@ from client.core import (
     text_call,
     validate_model_config,
 )
-from client.errors import KitError
-from client.retry import RetryBudget, RetryPolicy
-from client.tokens import BucketTokenizer, pad_to_bucket
+from bge_triton.client.errors import KitError
+from bge_triton.client.retry import RetryBudget, RetryPolicy
+from bge_triton.client.tokens import BucketTokenizer, pad_to_bucket
 
 __all__ = ["BaseEmbeddingClient", "Plan"]
 

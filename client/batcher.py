@@ -19,8 +19,8 @@ from typing import Any, Awaitable, Callable, Sequence
 
 import numpy as np
 
-from client.core import prepare_texts
-from client.errors import InputError, KitError, Overloaded
+from bge_triton.client.core import prepare_texts
+from bge_triton.client.errors import InputError, KitError, Overloaded
 
 __all__ = ["MicroBatcher"]
 

@@ -1,4 +1,4 @@
-"""`python -m client.bench --out reports/client`: the client SDK's benchmark (markdown + CSV).
+"""`python -m bge_triton.client.bench --out reports/client`: the client SDK's benchmark (markdown + CSV).
 
 Measures: client overhead per request (sans-I/O build + decode in-process, and the round trip
 against a trivial cost-model encoder minus the server's own time), tokenizer throughput on the
@@ -17,14 +17,14 @@ import platform
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from client import bench_runs as runs
+from bge_triton.client import bench_runs as runs
 
 __all__ = ["build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
     """Flags of the benchmark; one namespace is passed down."""
-    p = argparse.ArgumentParser(prog="python -m client.bench", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m bge_triton.client.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=Path("reports/client"), help="report directory")
     p.add_argument("--repository", type=Path, default=Path("model_repository"), help="model repository")
@@ -45,8 +45,8 @@ def _server(args: argparse.Namespace, offset: int, trivial: bool, state: Path) -
     if args.grpc_url and not trivial:
         yield args.grpc_url, args.http_url or args.grpc_url
         return
-    from server.cpu_variant import CpuVariant
-    from server.launcher import LocalServer, ServerSettings
+    from bge_triton.server.cpu_variant import CpuVariant
+    from bge_triton.server.launcher import LocalServer, ServerSettings
 
     variant = CpuVariant(executor="costmodel", cost_a_us=0.0, cost_b_us=0.0) if trivial else CpuVariant()
     port = args.base_port + offset
@@ -93,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     notes: list[str] = []
 
     with _server(args, 0, False, state / "real") as (grpc_url, http_url):
-        from client.sync import EmbeddingClient
+        from bge_triton.client.sync import EmbeddingClient
 
         with EmbeddingClient(grpc_url, model=name) as c:
             dim, max_length = c.dim, c.spec.max_length
@@ -154,7 +154,7 @@ TITLES = {
 
 def _write_report(args: argparse.Namespace, tables: dict[str, list[dict[str, Any]]], notes: list[str],
                   dim: int, max_length: int | None, synthetic: str) -> None:
-    cmd = "python -m client.bench " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in
+    cmd = "python -m bge_triton.client.bench " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in
                                                 (("out", args.out), ("repository", args.repository),
                                                  ("model", args.model), ("texts", args.texts),
                                                  ("concurrency", args.concurrency)))

@@ -16,11 +16,11 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2
 
-from client.aio import AsyncEmbeddingClient
-from client.core import decode_embeddings, grpc_request, http_request, text_call
-from client.errors import KitError
-from client.tokens import BucketTokenizer
-from client.transport import HttpInferResult
+from bge_triton.client.aio import AsyncEmbeddingClient
+from bge_triton.client.core import decode_embeddings, grpc_request, http_request, text_call
+from bge_triton.client.errors import KitError
+from bge_triton.client.tokens import BucketTokenizer
+from bge_triton.client.transport import HttpInferResult
 
 __all__ = ["reviews", "sans_io_overhead", "round_trip_overhead", "tokenizer_throughput", "concurrent_run",
            "model_stats"]
@@ -108,7 +108,7 @@ def stats_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]
 def round_trip_overhead(url: str, http_url: str, model: str, protocol: str, texts: Sequence[str],
                         n: int = 200, **client_kw: Any) -> dict[str, Any]:
     """Sequential single-text requests: client wall time minus the server's own request time."""
-    from client.sync import EmbeddingClient
+    from bge_triton.client.sync import EmbeddingClient
 
     with EmbeddingClient(url, model=model, protocol=protocol, **client_kw) as c:
         c.embed_documents(list(texts[:4]))  # warm up

@@ -1,4 +1,4 @@
-"""`python -m client`: embed texts (JSON lines on stdout) or check the server's health."""
+"""`python -m bge_triton.client`: embed texts (JSON lines on stdout) or check the server's health."""
 from __future__ import annotations
 
 import argparse
@@ -6,17 +6,17 @@ import json
 import sys
 from typing import Sequence
 
-from client.core import ClientSettings
-from client.errors import KitError
-from client.retry import RetryPolicy
-from client.sync import EmbeddingClient
+from bge_triton.client.core import ClientSettings
+from bge_triton.client.errors import KitError
+from bge_triton.client.retry import RetryPolicy
+from bge_triton.client.sync import EmbeddingClient
 
 __all__ = ["build_parser", "main", "settings_from_args"]
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The CLI's flags; one ClientSettings is built from them."""
-    parser = argparse.ArgumentParser(prog="python -m client", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bge_triton.client", description=__doc__)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--url", default=None,
                         help="host:port of tritonserver (default 127.0.0.1:8001 gRPC, 127.0.0.1:8000 with --http)")

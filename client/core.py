@@ -14,8 +14,8 @@ import numpy as np
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from client.errors import InputError, KitError, ModelConfigError, classify
-from client.retry import RetryPolicy
+from bge_triton.client.errors import InputError, KitError, ModelConfigError, classify
+from bge_triton.client.retry import RetryPolicy
 
 __all__ = [
     "BGE_QUERY_INSTRUCTION",
@@ -126,7 +126,7 @@ def _expect_io(config: mc.ModelConfig, kind: str, name: str, dtype: int, dims: l
     """Find input/output `name` and check its type and dims; returns the tensor config."""
     tensors = {t.name: t for t in getattr(config, kind)}
     want = f"'{name}' {_DTYPE[dtype]} dims {dims if dims is not None else '[DIM]'}"
-    fix = ("Re-export with `python -m export` (contract: docs/architecture.md) "
+    fix = ("Re-export with `python -m bge_triton.export` (contract: docs/architecture.md) "
            "or choose the matching mode= / model=.")
     if name not in tensors:
         have = ", ".join(_describe(t) for t in tensors.values()) or "none"

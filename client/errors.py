@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from kit.errors import InputError, KitError, ModelConfigError, Overloaded, ServerUnavailable
+from bge_triton.errors import InputError, KitError, ModelConfigError, Overloaded, ServerUnavailable
 from tritonclient.utils import InferenceServerException
 
 __all__ = ["KitError", "InputError", "ModelConfigError", "Overloaded", "ServerUnavailable",
@@ -38,10 +38,10 @@ def _from_triton(exc: InferenceServerException, where: str, timeout_s: float | N
         return _timeout_error(where, timeout_s)
     if any(s in low for s in _UNKNOWN_MODEL) or "NOT_FOUND" in status or status == "404":
         return ModelConfigError(f"{where}: {msg}. Check model= and that the repository is loaded "
-                                "(`python -m client health`, `python -m server status`)")
+                                "(`python -m bge_triton.client health`, `python -m bge_triton.server status`)")
     if "UNAVAILABLE" in status or status in ("502", "503"):
         return ServerUnavailable(f"{where}: server unavailable ({msg}); is tritonserver running at the url? "
-                                 "(`python -m server up ...`)")
+                                 "(`python -m bge_triton.server up ...`)")
     if "INVALID_ARGUMENT" in status or status in ("400", "413", "422"):
         return InputError(f"{where}: the server rejected the input: {msg}. Fix the input (e.g. "
                           "truncate=True for over-long texts); invalid input is never retried")
@@ -72,12 +72,12 @@ def classify(exc: BaseException, where: str = "request", timeout_s: float | None
 
         if isinstance(exc, HTTPConnectionClosed):
             return ServerUnavailable(f"{where}: the server closed the connection ({exc}); it may have "
-                                     "restarted or crashed: check `python -m server status`")
+                                     "restarted or crashed: check `python -m bge_triton.server status`")
     except ImportError:  # pragma: no cover - geventhttpclient ships with tritonclient[http]
         pass
     if isinstance(exc, (ConnectionError, OSError, EOFError)):
         return ServerUnavailable(f"{where}: connection failed ({type(exc).__name__}: {exc}); is tritonserver "
-                                 "running at the url? (`python -m server up ...`)")
+                                 "running at the url? (`python -m bge_triton.server up ...`)")
     try:
         import aiohttp
 

@@ -4,8 +4,8 @@ A text at quiet hours is one small request in flight, and its client time goes m
 library, not to the wire. This connection does only what Triton's HTTP endpoint needs:
 Content-Length and chunked bodies; keep-alive with one silent reconnect when a reused connection
 turns out to be closed (the server restarted or dropped it while idle); one deadline per request that
-bounds the connect, the send and every read. `python -m client.bench` reports the client overhead
-per transport; `python -m loadtest.stack_bench` times the SDK over this connection beside
+bounds the connect, the send and every read. `python -m bge_triton.client.bench` reports the client overhead
+per transport; `python -m bge_triton.loadtest.stack_bench` times the SDK over this connection beside
 tritonclient's gRPC client.
 """
 from __future__ import annotations

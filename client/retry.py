@@ -11,7 +11,7 @@ import random
 import time
 from typing import Awaitable, Callable, TypeVar
 
-from client.errors import classify, is_retryable
+from bge_triton.client.errors import classify, is_retryable
 
 __all__ = ["RetryPolicy", "RetryBudget", "call_with_retry", "acall_with_retry"]
 

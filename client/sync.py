@@ -5,11 +5,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from client.base import BaseEmbeddingClient
-from client.core import decode_embeddings
-from client.errors import classify
-from client.retry import call_with_retry
-from client.transport import make_sync_transport
+from bge_triton.client.base import BaseEmbeddingClient
+from bge_triton.client.core import decode_embeddings
+from bge_triton.client.errors import classify
+from bge_triton.client.retry import call_with_retry
+from bge_triton.client.transport import make_sync_transport
 
 __all__ = ["EmbeddingClient"]
 

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-from client.errors import InputError, ModelConfigError
+from bge_triton.client.errors import InputError, ModelConfigError
 
 __all__ = ["BucketTokenizer", "pick_bucket", "effective_buckets", "pad_to_bucket"]
 

@@ -19,9 +19,9 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.utils import InferenceServerException, deserialize_bytes_tensor, triton_to_np_dtype
 
-from client.core import (ClientSettings, InferCall, build_inputs, build_outputs, config_from_json, grpc_request,
+from bge_triton.client.core import (ClientSettings, InferCall, build_inputs, build_outputs, config_from_json, grpc_request,
                          http_request)
-from client.errors import InputError
+from bge_triton.client.errors import InputError
 
 __all__ = ["make_sync_transport", "make_async_transport"]
 
@@ -94,7 +94,7 @@ class HttpSync:
     """
 
     def __init__(self, url: str) -> None:
-        from client.http1 import Http1Connection
+        from bge_triton.client.http1 import Http1Connection
 
         host, _, port = url.rpartition(":")
         if not host or not port.isdigit():

@@ -1,8 +1,12 @@
 """Export stage: HF model -> ONNX (optimum) -> pooling + L2 in-graph -> ORT fusion -> FP16/INT8 -> validated -> repository.
 
-Entry points: `python -m export`, `python -m export.bench`, `python -m export.fidelity_report`.
+Entry points: `python -m bge_triton.export`, `python -m bge_triton.export.bench`, `python -m bge_triton.export.fidelity_report`.
 """
 from __future__ import annotations
+from bge_triton.extras import require
+
+require("export", "bge_triton.export (HF -> ONNX)")
+
 
 __all__ = ["ExportSettings", "run_export"]
 

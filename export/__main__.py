@@ -1,10 +1,10 @@
-"""`python -m export`: HF model -> validated ONNX in the model repository; prints a results table."""
+"""`python -m bge_triton.export`: HF model -> validated ONNX in the model repository; prints a results table."""
 from __future__ import annotations
 
 import sys
 from typing import Sequence
 
-from kit.errors import ExportError
+from bge_triton.errors import ExportError
 
 from .pipeline import ExportResult, run_export
 from .settings import parse_settings

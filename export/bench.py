@@ -1,4 +1,4 @@
-"""`python -m export.bench`: raw ONNX Runtime latency/throughput of the exported graphs, no server.
+"""`python -m bge_triton.export.bench`: raw ONNX Runtime latency/throughput of the exported graphs, no server.
 
 Synthetic bge-large-zh and bge-small-zh (real shapes, random weights) at fp32, int8 recipes and fp16 where the CPU
 runs it; batch 1/8/32 x sequence 32/128. Writes reports/export/bench.md + bench.csv. CPU numbers are ratios
@@ -16,7 +16,7 @@ from typing import Sequence
 import numpy as np
 from tqdm import tqdm
 
-from kit.errors import ExportError
+from bge_triton.errors import ExportError
 
 from .validate import OnnxEmbedder
 from .variants import VariantBuilder, machine_line
@@ -39,7 +39,7 @@ class BenchSettings:
 
 def parse(argv: Sequence[str] | None = None) -> BenchSettings:
     """Flags -> BenchSettings (--quick: batch 1/8, 3 repetitions)."""
-    p = argparse.ArgumentParser(prog="python -m export.bench", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m bge_triton.export.bench", description=__doc__.splitlines()[0])
     p.add_argument("--models", default="synthetic:bge-large-zh,synthetic:bge-small-zh", help="comma-separated --model values")
     p.add_argument("--precisions", default="fp32,int8-nbits8,int8-plain,fp16",
                    help="comma-separated: fp32, fp16, int8-<recipe> (recipes: export.optimize.RECIPES)")
@@ -156,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     s = parse(argv)
     machine = machine_line()
-    cmd = "python -m export.bench " + " ".join(sys.argv[1:] if argv is None else argv)
+    cmd = "python -m bge_triton.export.bench " + " ".join(sys.argv[1:] if argv is None else argv)
     try:
         rows = run(s)
     except ExportError as err:

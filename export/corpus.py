@@ -8,7 +8,7 @@ import re
 from functools import lru_cache
 from importlib import resources
 
-from kit.errors import ExportError
+from bge_triton.errors import ExportError
 
 # Stdlib modules whose docstrings give plain English sentences (the same on every machine with this Python).
 ENGLISH_MODULES = (

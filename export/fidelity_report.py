@@ -1,4 +1,4 @@
-"""`python -m export.fidelity_report`: fidelity and speed of every precision / INT8 recipe on real MiniLM weights.
+"""`python -m bge_triton.export.fidelity_report`: fidelity and speed of every precision / INT8 recipe on real MiniLM weights.
 
 For each variant: min/mean cosine and max abs diff against PyTorch on the fixed validation texts, batch-vs-single
 drift, top-10 agreement with the FP32 graph (100 queries over 1000 real texts), latency. Writes
@@ -15,7 +15,7 @@ from typing import Sequence
 import numpy as np
 from tqdm import tqdm
 
-from kit.errors import ExportError
+from bge_triton.errors import ExportError
 
 from .bench import time_round_robin
 from .optimize import RECIPES
@@ -98,7 +98,7 @@ def write(rows: list[dict], out: Path, cmd: str, model: str, machine: str) -> Pa
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Measure and write the report."""
-    p = argparse.ArgumentParser(prog="python -m export.fidelity_report", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m bge_triton.export.fidelity_report", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="sentence-transformers/all-MiniLM-L6-v2")
     p.add_argument("--variants", default="fp32,fp16," + ",".join(f"int8-{r}" for r in RECIPES))
     p.add_argument("--reps", type=int, default=10)
@@ -112,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ExportError as err:
         print(f"fidelity report failed: {err}", file=sys.stderr)
         return 1
-    cmd = "python -m export.fidelity_report " + " ".join(sys.argv[1:] if argv is None else argv)
+    cmd = "python -m bge_triton.export.fidelity_report " + " ".join(sys.argv[1:] if argv is None else argv)
     print(write(rows, a.out, cmd.strip(), a.model, machine).read_text())
     return 0
 

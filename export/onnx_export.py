@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from kit.errors import ExportError
+from bge_triton.errors import ExportError
 
 from .source import ModelSource
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import onnx
 
-from kit.errors import ExportError
+from bge_triton.errors import ExportError
 
 from .onnx_export import MAX_IR_VERSION
 from .source import ModelSource

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from kit.errors import ExportError
+from bge_triton.errors import ExportError
 
 from .onnx_export import describe_io, export_embedding_model
 from .optimize import convert
@@ -32,7 +32,7 @@ class ExportResult:
 
 def command_line(s: ExportSettings) -> str:
     """The command that regenerates this export (written into generated files)."""
-    parts = ["python -m export", f"--model {s.model}", f"--repository {s.repository}", f"--name {s.name}",
+    parts = ["python -m bge_triton.export", f"--model {s.model}", f"--repository {s.repository}", f"--name {s.name}",
              f"--precision {s.precision}"]
     if s.max_length:
         parts.append(f"--max-length {s.max_length}")

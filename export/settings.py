@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from kit.errors import ExportError
+from bge_triton.errors import ExportError
 
 PRECISIONS = ("fp32", "fp16", "int8")
 POOLINGS = ("cls", "mean")
@@ -31,7 +31,7 @@ class Thresholds:
 
 @dataclass(frozen=True)
 class ExportSettings:
-    """Everything one `python -m export` run needs; nothing else reads flags or the environment."""
+    """Everything one `python -m bge_triton.export` run needs; nothing else reads flags or the environment."""
 
     model: str
     repository: Path
@@ -96,9 +96,9 @@ class ExportSettings:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The `python -m export` command line."""
+    """The `python -m bge_triton.export` command line."""
     p = argparse.ArgumentParser(
-        prog="python -m export",
+        prog="python -m bge_triton.export",
         description="Export a BERT-like embedding model (BGE-Large-zh) to a validated ONNX encoder with pooling and "
         "L2 normalisation in the graph, and write it into a Triton model repository as NAME_onnx + NAME.",
     )

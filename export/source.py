@@ -5,7 +5,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from kit.errors import ExportError
+from bge_triton.errors import ExportError
 
 from .settings import SYNTHETIC_PREFIX, ExportSettings
 from .synthetic import MARKER_FILE, synthetic_model_dir

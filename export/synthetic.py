@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from kit.errors import ExportError
+from bge_triton.errors import ExportError
 
 VOCAB_SIZE = 21128
 # BERT's special tokens keep their ids, as in bert-base-chinese (1..99 are [unusedN]).

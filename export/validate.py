@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kit.errors import ExportError
+from bge_triton.errors import ExportError
 
 from .corpus import chinese_reviews, english_sentences, sample
 from .settings import ExportSettings

@@ -6,7 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
-from kit.errors import ExportError
+from bge_triton.errors import ExportError
 
 from .source import ModelSource
 
@@ -36,7 +36,7 @@ def write_tokenizer(tokenizer, dst: Path, synthetic: bool) -> None:
     dst.mkdir(parents=True)
     tokenizer.save_pretrained(str(dst))
     if synthetic:
-        (dst / "SYNTHETIC").write_text("SYNTHETIC: generated vocab of a random-weight model (python -m export).\n")
+        (dst / "SYNTHETIC").write_text("SYNTHETIC: generated vocab of a random-weight model (python -m bge_triton.export).\n")
 
 
 def write_report(report: dict, dst: Path) -> None:
@@ -47,7 +47,7 @@ def write_report(report: dict, dst: Path) -> None:
 
 def write_configs(repository: Path, name: str, source: ModelSource, precision: str, command: str) -> tuple[Path, Path]:
     """Both config.pbtxt files, derived from the canonical ones through Triton's schema (server.repository)."""
-    from server.repository import write_model_pair
+    from bge_triton.server.repository import write_model_pair
 
     return write_model_pair(repository, name, source.hidden, source.max_length, synthetic=source.synthetic,
                             pooling=source.pooling, precision=precision, generated_by=command)

@@ -1,4 +1,4 @@
-"""`python -m loadtest.bench`: the seed table reproduced on a real local Triton, each scenario at
+"""`python -m bge_triton.loadtest.bench`: the seed table reproduced on a real local Triton, each scenario at
 peak (closed loop) and at low load (open-loop Poisson at ~20% of batch-1 capacity), side by side.
 
 Rows run twice: the real exported model on ONNX Runtime (CPU), and the calibrated cost model
@@ -14,13 +14,13 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from kit.errors import ExportError
-from loadtest import corpus, harness, loadgen, report
-from loadtest.costmodel import DEFAULT as DEFAULT_COST
-from loadtest.costmodel import CostModel
-from loadtest.stats import CpuMeter, fetch_stats, stats_delta, summarize
-from server.cpu_variant import CpuVariant
-from server.repository import ENCODER_SUFFIX, SCENARIOS
+from bge_triton.errors import ExportError
+from bge_triton.loadtest import corpus, harness, loadgen, report
+from bge_triton.loadtest.costmodel import DEFAULT as DEFAULT_COST
+from bge_triton.loadtest.costmodel import CostModel
+from bge_triton.loadtest.stats import CpuMeter, fetch_stats, stats_delta, summarize
+from bge_triton.server.cpu_variant import CpuVariant
+from bge_triton.server.repository import ENCODER_SUFFIX, SCENARIOS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCENARIO_ORDER = ("no_batching", "static_32", "dynamic_5ms", "delay_0", "text_endpoint")
@@ -50,7 +50,7 @@ class BenchSettings:
     max_chars: int = 256
     cost: CostModel = DEFAULT_COST
     state_dir: Path = REPO_ROOT / ".kit" / "loadtest" / "bench_state"
-    command: str = "python -m loadtest.bench"
+    command: str = "python -m bge_triton.loadtest.bench"
     # Emulated rows only: instance counts / text-endpoint parameters other than the canonical configs'
     # (None = the canonical value), to compare GPU configurations side by side.
     encoder_instances: int | None = None
@@ -73,7 +73,7 @@ def ensure_real_repo(s: BenchSettings) -> None:
     """Export the real-model rows' model once (cached under .kit) if it is not there."""
     if (s.real_repo / f"{s.real_name}{ENCODER_SUFFIX}" / "1" / "model.onnx").exists():
         return
-    cmd = [sys.executable, "-m", "export", "--model", s.real_model, "--repository", str(s.real_repo),
+    cmd = [sys.executable, "-m", "bge_triton.export", "--model", s.real_model, "--repository", str(s.real_repo),
            "--name", s.real_name, "--precision", "fp32", "--max-length", "256"]
     print("exporting the real-model rows' model:", " ".join(cmd), flush=True)
     if subprocess.run(cmd, cwd=REPO_ROOT).returncode != 0:
@@ -181,7 +181,7 @@ def run_bench(s: BenchSettings) -> BenchRun:
 
 
 def parse_args(argv: list[str] | None = None) -> BenchSettings:
-    p = argparse.ArgumentParser(prog="python -m loadtest.bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bge_triton.loadtest.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="short windows (about a minute or two in all)")
     p.add_argument("--out", type=Path, default=BenchSettings.out, help="report directory (default reports/bench)")
     p.add_argument("--executor", default=",".join(EXECUTORS), help="onnxruntime, costmodel, or both (comma list)")
@@ -215,7 +215,7 @@ def parse_args(argv: list[str] | None = None) -> BenchSettings:
         low_duration_s=dur * 1.5, processes=a.processes, intra_op_threads=a.threads,
         cost=DEFAULT_COST if (a.cost_a_us, a.cost_b_us) == (DEFAULT_COST.a_us, DEFAULT_COST.b_us)
         else CostModel(a.cost_a_us, a.cost_b_us, source="--cost-a-us/--cost-b-us"),
-        state_dir=a.state_dir, command="python -m loadtest.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
+        state_dir=a.state_dir, command="python -m bge_triton.loadtest.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
         encoder_instances=a.encoder_instances, text_instances=a.text_instances,
         text_params=dict(item.partition("=")[::2] for item in a.text_param), cpu_lock=a.cpu_lock)
 

@@ -1,4 +1,4 @@
-"""`python -m loadtest.chaos [--quick] [--out reports/chaos]`: bad input, overload and faults against
+"""`python -m bge_triton.loadtest.chaos [--quick] [--out reports/chaos]`: bad input, overload and faults against
 real local tritonservers it starts itself (ports 18200-18299), then chaos.md + chaos.csv + PNG.
 
 Figures: bad inputs tried, requests sent, requests lost (must be 0), errors by kind, max
@@ -18,13 +18,13 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from kit.errors import KitError
-from loadtest.chaos_common import start_server
-from loadtest.chaos_faults import broken_start, kill9_under_load, kill_stub
-from loadtest.chaos_inputs import ALL_CASES, flood, run_catalogue
-from loadtest.chaos_overload import OverloadSettings, run_overload
+from bge_triton.errors import KitError
+from bge_triton.loadtest.chaos_common import start_server
+from bge_triton.loadtest.chaos_faults import broken_start, kill9_under_load, kill_stub
+from bge_triton.loadtest.chaos_inputs import ALL_CASES, flood, run_catalogue
+from bge_triton.loadtest.chaos_overload import OverloadSettings, run_overload
 
-COMMAND = "python -m loadtest.chaos"
+COMMAND = "python -m bge_triton.loadtest.chaos"
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _export_minilm(work: Path) -> Path:
     repo = work / "repo"
-    cmd = [sys.executable, "-m", "export", "--model", "sentence-transformers/all-MiniLM-L6-v2", "--repository",
+    cmd = [sys.executable, "-m", "bge_triton.export", "--model", "sentence-transformers/all-MiniLM-L6-v2", "--repository",
            str(repo), "--name", "minilm", "--precision", "fp32", "--quiet"]
     subprocess.run(cmd, check=True)
     return repo
@@ -222,7 +222,7 @@ def write_report(res: dict, settings: ChaosSettings, argv: list[str]) -> Path:
               f"{st['encoder_ready']}; first success after the kill: {st['first_ok_after_kill_s']}; "
               f"a new stub was started: {st['new_stub']}. Errors seen ({len(st['errors'])}): "
               f"`{st['errors'][0][2] if st['errors'] else '-'}`. Recovery: restart the server "
-              "(`python -m server down && python -m server up ...`).",
+              "(`python -m bge_triton.server down && python -m bge_triton.server up ...`).",
               "", "## Broken model files at `server up`", ""]
     for b in res["broken"]:
         first = next((ln for ln in b["stderr"].splitlines() if ln.strip().startswith("- ")), b["stderr"][:200])

@@ -14,10 +14,10 @@ from typing import Any, Sequence
 import numpy as np
 import psutil
 
-from kit.errors import ServerNotReady
-from server.cpu_variant import CpuVariant
-from server.launcher import LocalServer, ServerSettings
-from server.launcher import free_ports as launcher_free_ports
+from bge_triton.errors import ServerNotReady
+from bge_triton.server.cpu_variant import CpuVariant
+from bge_triton.server.launcher import LocalServer, ServerSettings
+from bge_triton.server.launcher import free_ports as launcher_free_ports
 
 PORT_RANGE = range(18200, 18300)  # the chaos scenarios' own ports (bench: 18100-18199)
 

@@ -22,12 +22,12 @@ from pathlib import Path
 
 import psutil
 
-from client import EmbeddingClient, KitError, RetryPolicy, ServerUnavailable
-from kit.errors import ServerNotReady
-from loadtest.chaos_common import (free_ports, listening_addresses, process_tree, server_settings, stub_pids,
+from bge_triton.client import EmbeddingClient, KitError, RetryPolicy, ServerUnavailable
+from bge_triton.errors import ServerNotReady
+from bge_triton.loadtest.chaos_common import (free_ports, listening_addresses, process_tree, server_settings, stub_pids,
                                    wait_until)
-from server.cpu_variant import CpuVariant
-from server.launcher import REPO_ROOT, LocalServer
+from bge_triton.server.cpu_variant import CpuVariant
+from bge_triton.server.launcher import REPO_ROOT, LocalServer
 
 COST = CpuVariant(executor="costmodel", cost_a_us=5000.0, cost_b_us=10.0)  # light on the 2 CPUs
 
@@ -236,12 +236,12 @@ def _truncate(path: Path) -> None:
 
 def broken_start(repository: Path, work_dir: Path, case: str, model: str = "minilm",
                  ready_timeout_s: float = 90.0) -> dict:
-    """`python -m server up` on a copy of the repository with one breakage; returns rc, time, message."""
+    """`python -m bge_triton.server up` on a copy of the repository with one breakage; returns rc, time, message."""
     repo = _copy_repo(repository, work_dir / f"repo_{case}")
     BREAKAGES[case](repo, model)
     http, grpc, metrics = free_ports(3)
     state = work_dir / f"state_{case}"
-    cmd = [sys.executable, "-m", "server", "up", "--repository", str(repo), "--http-port", str(http),
+    cmd = [sys.executable, "-m", "bge_triton.server", "up", "--repository", str(repo), "--http-port", str(http),
            "--grpc-port", str(grpc), "--metrics-port", str(metrics), "--state-dir", str(state),
            "--ready-timeout", str(ready_timeout_s)]
     t = time.monotonic()
@@ -250,7 +250,7 @@ def broken_start(repository: Path, work_dir: Path, case: str, model: str = "mini
            "stderr": proc.stderr.strip(), "stdout": proc.stdout.strip()}
     pid_file = state / "server.pid"
     if proc.returncode == 0 and pid_file.exists():  # it came up anyway: stop the pid it wrote
-        from server.launcher import stop_pid
+        from bge_triton.server.launcher import stop_pid
 
         stop_pid(int(pid_file.read_text()))
         pid_file.unlink(missing_ok=True)

@@ -15,7 +15,7 @@ from typing import Callable
 
 import numpy as np
 
-from loadtest.chaos_common import raw_client, raw_infer, text_array, tree_rss_mb
+from bge_triton.loadtest.chaos_common import raw_client, raw_infer, text_array, tree_rss_mb
 
 INVALID = {"grpc": "StatusCode.INVALID_ARGUMENT", "http": "400"}
 NOT_FOUND = {"grpc": "StatusCode.NOT_FOUND", "http": "404"}

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-from client import AsyncEmbeddingClient, InputError, KitError, Overloaded, RetryPolicy, ServerUnavailable
-from loadtest.chaos_common import start_server, tree_rss_mb
-from server.cpu_variant import CpuVariant
-from server.repository import Batching
+from bge_triton.client import AsyncEmbeddingClient, InputError, KitError, Overloaded, RetryPolicy, ServerUnavailable
+from bge_triton.loadtest.chaos_common import start_server, tree_rss_mb
+from bge_triton.server.cpu_variant import CpuVariant
+from bge_triton.server.repository import Batching
 
 TEXT = "hello world"  # [CLS] hello world [SEP]: 4 tokens, padded to 8 -> a fixed cost per text
 

@@ -13,8 +13,8 @@ import re
 import sys
 from pathlib import Path
 
-from kit.errors import InputError
-from loadtest.stats import percentile
+from bge_triton.errors import InputError
+from bge_triton.loadtest.stats import percentile
 
 CORPORA = ("reviews", "queries")
 _CLAUSE = re.compile(r"[，。！？；,.!?;\s]+")

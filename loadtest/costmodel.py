@@ -2,7 +2,7 @@
 
 `fit` does least squares on a profile of (batch, seq_len, ms) points. The default is fitted to
 the seed's A10G rows at L=64 (batch 1: 145 QPS; static batch 32: 1200 QPS). A profile of a real
-card is measured with the kit: `python -m loadtest.costmodel --url HOST:PORT --model NAME_onnx`
+card is measured with the kit: `python -m bge_triton.loadtest.costmodel --url HOST:PORT --model NAME_onnx`
 (compute time per Triton batch from /v2/models/<m>/stats), written as CSV, and fitted.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kit.errors import InputError
+from bge_triton.errors import InputError
 
 SEED_SEQ_LEN = 64
 
@@ -99,7 +99,7 @@ def measure_profile(http_url: str, model: str, batches: list[int], lengths: list
     """Compute ms per Triton batch for each (B, L): one request of shape [B, L], stats deltas."""
     import tritonclient.http as th
 
-    from loadtest.stats import fetch_stats
+    from bge_triton.loadtest.stats import fetch_stats
 
     client = th.InferenceServerClient(http_url)
     rng = np.random.default_rng(0)
@@ -127,7 +127,7 @@ def _ints(text: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m loadtest.costmodel", description=(
+    parser = argparse.ArgumentParser(prog="python -m bge_triton.loadtest.costmodel", description=(
         "Fit t(B,L) = a + b*B*L for the costmodel executor: to the seed A10G rows (default), to a profile CSV "
         "(--csv), or to a profile measured now on a running Triton (--url, --model)."))
     parser.add_argument("--csv", type=Path, help="profile CSV with columns batch,seq_len,ms to fit")
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.url:
         points = measure_profile(args.url, args.model, args.batches, args.lengths, args.reps)
         if args.write:
-            write_profile(points, args.write, "python -m loadtest.costmodel " + " ".join(argv or sys.argv[1:]))
+            write_profile(points, args.write, "python -m bge_triton.loadtest.costmodel " + " ".join(argv or sys.argv[1:]))
         model = fit(points, f"measured on {args.url} ({args.model})")
     elif args.csv:
         points = read_profile(args.csv)

@@ -13,13 +13,13 @@ from pathlib import Path
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from kit.errors import ModelConfigError, ServerNotReady
-from loadtest import loadgen
-from loadtest.costmodel import CostModel
-from server.cpu_variant import CpuVariant, cpu_config
-from server.launcher import LocalServer, ServerSettings
-from server.launcher import free_ports as launcher_free_ports
-from server.repository import (CANONICAL_NAME, DEFAULT_CANONICAL, ENCODER_SUFFIX, Batching, apply_batching,
+from bge_triton.errors import ModelConfigError, ServerNotReady
+from bge_triton.loadtest import loadgen
+from bge_triton.loadtest.costmodel import CostModel
+from bge_triton.server.cpu_variant import CpuVariant, cpu_config
+from bge_triton.server.launcher import LocalServer, ServerSettings
+from bge_triton.server.launcher import free_ports as launcher_free_ports
+from bge_triton.server.repository import (CANONICAL_NAME, DEFAULT_CANONICAL, ENCODER_SUFFIX, Batching, apply_batching,
                                TEXT_MODEL_PY, load_config, set_param, write_config)
 
 NOOP = "noop"
@@ -77,7 +77,7 @@ def build_repository(out: Path, real_repo: Path | None, real_name: str | None, c
         return out
     for name in (real_name, real_name + ENCODER_SUFFIX):
         if not (real_repo / name / "config.pbtxt").is_file():
-            raise ModelConfigError(f"{real_repo}/{name} is missing: run `python -m export --model "
+            raise ModelConfigError(f"{real_repo}/{name} is missing: run `python -m bge_triton.export --model "
                                    f"synthetic:bge-small-zh --repository {real_repo} --name {real_name} --precision fp32`")
     _link(real_repo / (real_name + ENCODER_SUFFIX), out / (real_name + ENCODER_SUFFIX))
     # The text endpoint: the export's config and tokenizer, but this checkout's model.py (an export made by an

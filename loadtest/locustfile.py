@@ -22,9 +22,9 @@ from geventhttpclient import HTTPClient
 from locust import LoadTestShape, User, constant, events, task
 from locust.runners import WorkerRunner
 
-from kit.errors import KitError
-from loadtest import corpus, loadgen, shapes
-from loadtest.window import WindowRecorder, histogram_delta, histogram_percentile
+from bge_triton.errors import KitError
+from bge_triton.loadtest import corpus, loadgen, shapes
+from bge_triton.loadtest.window import WindowRecorder, histogram_delta, histogram_percentile
 
 log = logging.getLogger("loadtest")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kit.errors import InputError
+from bge_triton.errors import InputError
 
 SHAPES = ("steady", "step", "tidal", "spike")
 

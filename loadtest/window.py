@@ -9,7 +9,7 @@ import csv
 import time
 from pathlib import Path
 
-from loadtest.stats import StatsDelta, fetch_stats, stats_delta
+from bge_triton.loadtest.stats import StatsDelta, fetch_stats, stats_delta
 
 
 def histogram_delta(before: dict[int, int], after: dict[int, int]) -> dict[int, int]:

@@ -1,4 +1,4 @@
-"""`python -m server up|down|status`: the local real tritonserver (CPU variant of the repository)."""
+"""`python -m bge_triton.server up|down|status`: the local real tritonserver (CPU variant of the repository)."""
 from __future__ import annotations
 
 import argparse
@@ -7,14 +7,14 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from kit.errors import KitError
-from server.cpu_variant import CpuVariant
-from server.launcher import DEFAULT_STATE, REPO_ROOT, LocalServer, ServerSettings, _alive, _ready, stop_pid
-from server.repository import iter_models
+from bge_triton.errors import KitError
+from bge_triton.server.cpu_variant import CpuVariant
+from bge_triton.server.launcher import DEFAULT_STATE, REPO_ROOT, LocalServer, ServerSettings, _alive, _ready, stop_pid
+from bge_triton.server.repository import iter_models
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m server", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m bge_triton.server", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     up = sub.add_parser("up", help="render the CPU variant, start tritonserver on 127.0.0.1, wait until ready")
     up.add_argument("--repository", type=Path, default=REPO_ROOT / "model_repository")
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
             info = _info(args.state_dir)
             if info and _alive(info["pid"]) and (args.state_dir / "server.pid").exists():
                 print(f"already running: pid {info['pid']} (http 127.0.0.1:{info['http_port']}); "
-                      "`python -m server down` first", file=sys.stderr)
+                      "`python -m bge_triton.server down` first", file=sys.stderr)
                 return 1
             settings = ServerSettings(repository=args.repository, http_port=args.http_port,
                                       grpc_port=args.grpc_port, metrics_port=args.metrics_port,

@@ -13,17 +13,17 @@ from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from server.repository import Batching, apply_batching, iter_models, load_config, set_param, write_config
+from bge_triton.server.repository import Batching, apply_batching, iter_models, load_config, set_param, write_config
 
 CPU_MODELS = Path(__file__).resolve().parent / "cpu_models"
 ONNX_MODEL_PY = CPU_MODELS / "onnx_model.py"
 
 # The text endpoint in front of a CPU encoder (executor onnxruntime). Each setting was measured with
-# `python -m loadtest.stack_bench` (reports/stack; docs/architecture.md, "Local CPU variant"):
+# `python -m bge_triton.loadtest.stack_bench` (reports/stack; docs/architecture.md, "Local CPU variant"):
 # - encoder "inprocess": the text endpoint runs the encoder's model.onnx itself. On the GPU the encoder is
 #   the C++ onnxruntime backend and BLS stays inside the server; here the stand-in encoder is a second
 #   python stub: one fixed text added 2.61 ms over raw ORT through BLS and 1.87 ms in-process
-#   (`python -m loadtest.hop_latency`, reports/stack/hops_spin_on.md). The encoder model stays
+#   (`python -m bge_triton.loadtest.hop_latency`, reports/stack/hops_spin_on.md). The encoder model stays
 #   loaded for tensor-mode clients; encoder "bls" keeps the GPU topology.
 # - TWO instances that take turns on the cores (cpu_lock): ONNX Runtime uses every core for one run, so
 #   the runs of all instances (and of the encoder model's) hold one file lock in the repository. Triton 2.51's
@@ -159,5 +159,5 @@ def render_cpu_variant(repository: Path, out_dir: Path, variant: CpuVariant = Cp
                 if model_py.exists() or model_py.is_symlink():
                     model_py.unlink()
                 shutil.copyfile(ONNX_MODEL_PY, model_py)
-        write_config(cpu, dst / "config.pbtxt", "python -m server up (CPU variant, rendered at start)")
+        write_config(cpu, dst / "config.pbtxt", "python -m bge_triton.server up (CPU variant, rendered at start)")
     return out_dir

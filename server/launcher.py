@@ -19,8 +19,8 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from kit.errors import ServerNotReady
-from server.cpu_variant import CpuVariant, render_cpu_variant
+from bge_triton.errors import ServerNotReady
+from bge_triton.server.cpu_variant import CpuVariant, render_cpu_variant
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_STATE = REPO_ROOT / ".kit" / "server"
@@ -198,7 +198,7 @@ class LocalServer:
         s = self.settings
         self.state.mkdir(parents=True, exist_ok=True)
         if not Path(s.repository).is_dir():
-            raise ServerNotReady(f"model repository {s.repository} does not exist: run `python -m export` first")
+            raise ServerNotReady(f"model repository {s.repository} does not exist: run `python -m bge_triton.export` first")
         backends = prepare_backends(REPO_ROOT / ".kit" / "cache")
         rendered = render_cpu_variant(Path(s.repository), self.state / "repository", s.variant)
         cmd = build_command(s, backends, rendered)

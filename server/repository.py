@@ -14,7 +14,7 @@ from typing import Iterable
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from kit.errors import ModelConfigError
+from bge_triton.errors import ModelConfigError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CANONICAL = REPO_ROOT / "model_repository"
@@ -42,7 +42,7 @@ def load_config(path: Path | str) -> mc.ModelConfig:
     if path.is_dir():
         path = path / "config.pbtxt"
     if not path.is_file():
-        raise ModelConfigError(f"no config.pbtxt at {path}: export the model first (python -m export --help)")
+        raise ModelConfigError(f"no config.pbtxt at {path}: export the model first (python -m bge_triton.export --help)")
     return parse_config(path.read_text(encoding="utf-8"), str(path))
 
 
@@ -135,7 +135,7 @@ def derive_model_pair(name: str, dim: int, max_length: int, *, synthetic: bool, 
 
 def write_model_pair(repository: Path, name: str, dim: int, max_length: int, *, synthetic: bool,
                      pooling: str, precision: str, canonical: Path = DEFAULT_CANONICAL,
-                     generated_by: str | None = "python -m export") -> tuple[Path, Path]:
+                     generated_by: str | None = "python -m bge_triton.export") -> tuple[Path, Path]:
     """Write NAME_onnx/config.pbtxt and NAME/config.pbtxt (+ the text endpoint's model.py)."""
     repository = Path(repository)
     enc, txt = derive_model_pair(name, dim, max_length, synthetic=synthetic, pooling=pooling,

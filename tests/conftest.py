@@ -27,7 +27,7 @@ def free_port() -> int:
 
 def run_export(repository: Path, name: str, model: str, precision: str, *extra: str) -> None:
     """Run the real exporter CLI; fail the test session with its output if it fails."""
-    cmd = [sys.executable, "-m", "export", "--model", model, "--repository", str(repository), "--name", name,
+    cmd = [sys.executable, "-m", "bge_triton.export", "--model", model, "--repository", str(repository), "--name", name,
            "--precision", precision, "--quiet", *extra]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
@@ -47,7 +47,7 @@ def minilm_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def start_server(repository: Path, state_dir: Path, **kwargs):
     """Start a LocalServer on free ports; the caller stops it."""
-    from server.launcher import LocalServer, ServerSettings
+    from bge_triton.server.launcher import LocalServer, ServerSettings
 
     settings = ServerSettings(repository=repository, http_port=free_port(), grpc_port=free_port(),
                               metrics_port=free_port(), state_dir=state_dir, **kwargs)

@@ -23,7 +23,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script on a bare host: import from the working tree
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from loadtest.gpu import loadgen, report, scenarios, tritonproc  # noqa: E402  (stdlib/numpy only)
+from bge_triton.loadtest.gpu import loadgen, report, scenarios, tritonproc  # noqa: E402  (stdlib/numpy only)
 
 HERE = Path(__file__).resolve().parent
 
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     s = parse_args(argv)
     import torch  # heavy: imported here so the spawned load processes never import it
 
-    from loadtest.gpu import measure
+    from bge_triton.loadtest.gpu import measure
 
     dims = scenarios.MODEL_SIZES[s.size]
     torch_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[s.dtype]

@@ -80,7 +80,7 @@ class TritonPythonModel:
             path = os.path.join(args["model_repository"], args["model_version"], "model.onnx")
             if not os.path.isfile(path):
                 raise pb_utils.TritonModelException(
-                    f"{path} is missing: run `python -m export --repository <repo> --name <name>` first")
+                    f"{path} is missing: run `python -m bge_triton.export --repository <repo> --name <name>` first")
             opts = ort.SessionOptions()
             threads = int(_param(cfg, "intra_op_threads", "0"))
             if threads > 0:

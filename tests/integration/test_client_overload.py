@@ -10,12 +10,12 @@ from typing import Any, Iterator
 import numpy as np
 import pytest
 
-from kit.errors import ServerNotReady
-from server.launcher import free_ports as launcher_free_ports
+from bge_triton.errors import ServerNotReady
+from bge_triton.server.launcher import free_ports as launcher_free_ports
 
-from client import AsyncEmbeddingClient, EmbeddingClient, Overloaded, RetryPolicy
+from bge_triton.client import AsyncEmbeddingClient, EmbeddingClient, Overloaded, RetryPolicy
 
-pytestmark = [pytest.mark.integration, pytest.mark.reliability]
+pytestmark = pytest.mark.integration
 
 NAME = "minilm"
 CALLERS = 6
@@ -29,9 +29,9 @@ def free_ports(n: int) -> list[int]:
 
 @pytest.fixture(scope="module")
 def tiny_queue_server(minilm_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    launcher = pytest.importorskip("server.launcher")
-    from server.cpu_variant import CpuVariant
-    from server.repository import Batching
+    launcher = pytest.importorskip("bge_triton.server.launcher")
+    from bge_triton.server.cpu_variant import CpuVariant
+    from bge_triton.server.repository import Batching
 
     http, grpc, metrics = free_ports(3)
     variant = CpuVariant(executor="costmodel", cost_a_us=300_000, cost_b_us=0.0,

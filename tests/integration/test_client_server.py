@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from client import AsyncEmbeddingClient, EmbeddingClient, InputError, ModelConfigError, RetryPolicy
-from client import ServerUnavailable
-from client.tokens import BucketTokenizer
+from bge_triton.client import AsyncEmbeddingClient, EmbeddingClient, InputError, ModelConfigError, RetryPolicy
+from bge_triton.client import ServerUnavailable
+from bge_triton.client.tokens import BucketTokenizer
 
 pytestmark = pytest.mark.integration
 

@@ -1,9 +1,9 @@
-"""`python -m loadtest.hop_latency` runs on the real local Triton and reports all three hops."""
+"""`python -m bge_triton.loadtest.hop_latency` runs on the real local Triton and reports all three hops."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from loadtest.hop_latency import main
+from bge_triton.loadtest.hop_latency import main
 
 PATHS = ["encoder through Triton (gRPC + python stub)",
          "text endpoint, in-process encoder (CPU default: + tokenize)",

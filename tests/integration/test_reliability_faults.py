@@ -1,17 +1,17 @@
 """Issue 7, overload and faults on REAL tritonservers this module starts itself (ports 18200-18299):
 3x overload with a deterministic (costmodel) encoder, kill -9 of the server under load and a
 restart on the same ports, kill -9 of a python backend stub, broken model files at start, and
-the launcher binding loopback only. `python -m loadtest.chaos` runs the long versions."""
+the launcher binding loopback only. `python -m bge_triton.loadtest.chaos` runs the long versions."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
 
-from loadtest.chaos_faults import broken_start, kill9_under_load, kill_stub
-from loadtest.chaos_overload import OverloadSettings, run_overload
+from bge_triton.loadtest.chaos_faults import broken_start, kill9_under_load, kill_stub
+from bge_triton.loadtest.chaos_overload import OverloadSettings, run_overload
 
-pytestmark = [pytest.mark.integration, pytest.mark.reliability]
+pytestmark = pytest.mark.integration
 
 
 def test_overload_3x_every_request_answered_fast_and_bounded(minilm_repo: Path, tmp_path: Path) -> None:
@@ -51,7 +51,7 @@ def test_killed_stub_is_reported_not_hung(minilm_repo: Path, tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize("case,message", [
-    ("onnx_missing", "model.onnx is missing: run `python -m export"),
+    ("onnx_missing", "model.onnx is missing: run `python -m bge_triton.export"),
     ("tokenizer_corrupt", "failed to load 'minilm'"),
     ("config_corrupt", "has no field named \"max_batch_sise\""),
 ])

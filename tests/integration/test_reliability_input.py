@@ -11,13 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from client import AsyncEmbeddingClient, EmbeddingClient, InputError, ModelConfigError, RetryPolicy
-from loadtest.chaos_common import raw_client, raw_infer, start_server, text_array
-from loadtest.chaos_inputs import ALL_CASES, flood, run_catalogue
-from server.cpu_variant import CpuVariant
-from server.repository import Batching, load_config, write_config
+from bge_triton.client import AsyncEmbeddingClient, EmbeddingClient, InputError, ModelConfigError, RetryPolicy
+from bge_triton.loadtest.chaos_common import raw_client, raw_infer, start_server, text_array
+from bge_triton.loadtest.chaos_inputs import ALL_CASES, flood, run_catalogue
+from bge_triton.server.cpu_variant import CpuVariant
+from bge_triton.server.repository import Batching, load_config, write_config
 
-pytestmark = [pytest.mark.integration, pytest.mark.reliability]
+pytestmark = pytest.mark.integration
 NAME, HELD = "minilm", "minilmheld"
 FLOOD = int(os.environ.get("KIT_RELIABILITY_FLOOD", "1500"))  # loadtest.chaos sends 10k
 RSS_BOUND_MB = 64.0

@@ -7,8 +7,8 @@ from typing import Sequence
 import numpy as np
 import pytest
 
-from client.batcher import MicroBatcher
-from client.errors import InputError, KitError, Overloaded
+from bge_triton.client.batcher import MicroBatcher
+from bge_triton.client.errors import InputError, KitError, Overloaded
 
 
 class FakeEmbed:

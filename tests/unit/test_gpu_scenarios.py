@@ -10,7 +10,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from loadtest.gpu import report, scenarios
+from bge_triton.loadtest.gpu import report, scenarios
 
 REPO = Path(__file__).resolve().parents[2]
 

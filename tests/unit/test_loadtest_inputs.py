@@ -7,9 +7,9 @@ import struct
 import numpy as np
 import pytest
 
-from kit.errors import InputError
-from loadtest import corpus, loadgen
-from loadtest.window import histogram_delta, histogram_percentile
+from bge_triton.errors import InputError
+from bge_triton.loadtest import corpus, loadgen
+from bge_triton.loadtest.window import histogram_delta, histogram_percentile
 
 
 def _split(body: bytes) -> tuple[dict, bytes]:

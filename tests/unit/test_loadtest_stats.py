@@ -6,10 +6,10 @@ import math
 import numpy as np
 import pytest
 
-from kit.errors import InputError
-from loadtest import costmodel, shapes
-from loadtest.stats import flatten_stats, percentile, stats_delta, summarize
-from loadtest.tune import choose
+from bge_triton.errors import InputError
+from bge_triton.loadtest import costmodel, shapes
+from bge_triton.loadtest.stats import flatten_stats, percentile, stats_delta, summarize
+from bge_triton.loadtest.tune import choose
 
 
 def _stats(inference: int, execs: int, ok: int, queue_ns: int, infer_ns: int, fail: int = 0) -> dict:
@@ -113,7 +113,7 @@ def test_tuner_pick_rules():
 
 
 def test_tuner_combines_rounds_by_median():
-    from loadtest.tune import combine
+    from bge_triton.loadtest.tune import combine
 
     rounds = [_row(0, (), 100, 30), _row(0, (), 110, 300), _row(0, (), 90, 40)]
     row = combine(rounds)

@@ -10,10 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from client import RetryPolicy
-from server.launcher import ServerSettings, build_command
+from bge_triton.client import RetryPolicy
+from bge_triton.server.launcher import ServerSettings, build_command
 
-pytestmark = pytest.mark.reliability
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -58,7 +57,7 @@ def test_retry_backoff_is_bounded_and_jittered() -> None:
         assert max(delays) <= cap and min(delays) >= 0
         assert len(set(delays)) > 490  # full jitter: callers do not retry in step
         assert 0.4 * cap < sum(delays) / len(delays) < 0.6 * cap
-    from client.errors import Overloaded
+    from bge_triton.client.errors import Overloaded
 
     err = Overloaded("queue full")
     attempts = 1

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from loadtest import stack_client, stack_raw
+from bge_triton.loadtest import stack_client, stack_raw
 
 
 def test_pad_rows_pads_to_multiple_with_mask() -> None:

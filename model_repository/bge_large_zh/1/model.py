@@ -103,7 +103,7 @@ class TritonPythonModel:
         tok_file = os.path.join(tok_dir, "tokenizer.json")
         if not os.path.isfile(tok_file):
             raise pb_utils.TritonModelException(
-                f"{tok_file} is missing: run `python -m export --repository <repo> --name {cfg['name']}`")
+                f"{tok_file} is missing: run `python -m bge_triton.export --repository <repo> --name {cfg['name']}`")
         self.encoder = _param(cfg, "onnx_model", cfg["name"] + "_onnx")
         self.max_length = int(_param(cfg, "max_length", "512"))
         self.budget = int(_param(cfg, "token_budget", "8192"))
@@ -143,7 +143,7 @@ class TritonPythonModel:
         path = next((p for p in paths if os.path.isfile(p)), None)
         if path is None:
             raise pb_utils.TritonModelException(
-                f"encoder=inprocess needs {encoder_dir}/<version>/model.onnx: run `python -m export` first")
+                f"encoder=inprocess needs {encoder_dir}/<version>/model.onnx: run `python -m bge_triton.export` first")
         opts = ort.SessionOptions()
         threads = int(_param(cfg, "intra_op_threads", "0"))
         if threads > 0:

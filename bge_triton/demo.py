@@ -1,4 +1,4 @@
-"""`python -m kit.demo`: the main job end to end on this machine.
+"""`python -m bge_triton.demo`: the main job end to end on this machine.
 
 Exports BAAI/bge-large-zh-v1.5 when it can be loaded offline (local dir or HF cache), otherwise
 synthetic:bge-large-zh (random weights, said loudly); starts the real local tritonserver; embeds
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kit.errors import ExportError, KitError
+from bge_triton.errors import ExportError, KitError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 REAL_MODEL = "BAAI/bge-large-zh-v1.5"
@@ -54,7 +54,7 @@ class DemoSettings:
 
 
 def _parse(argv: list[str] | None) -> DemoSettings:
-    p = argparse.ArgumentParser(prog="python -m kit.demo", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m bge_triton.demo", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None,
                    help=f"model to export (default: {REAL_MODEL} if loadable offline, else {SYNTHETIC_MODEL})")
@@ -75,8 +75,8 @@ def choose_model(requested: str | None) -> str:
     """The real BGE-Large-zh when it resolves offline, the synthetic one otherwise."""
     if requested:
         return requested
-    from export.settings import ExportSettings
-    from export.source import resolve_path
+    from bge_triton.export.settings import ExportSettings
+    from bge_triton.export.source import resolve_path
 
     try:
         resolve_path(ExportSettings(model=REAL_MODEL, repository=Path("."), name="probe"))
@@ -93,12 +93,12 @@ def ensure_export(s: DemoSettings, model: str) -> dict:
         report = json.loads(report_path.read_text())
         if report.get("model") == model and report.get("precision") == s.precision:
             print(f"reusing export in {s.repository} (--force-export to redo)")
-            from server.repository import TEXT_MODEL_PY
+            from bge_triton.server.repository import TEXT_MODEL_PY
 
             endpoint = s.repository / s.name / "1" / "model.py"  # this checkout's text endpoint, as the exporter writes it
             shutil.copyfile(TEXT_MODEL_PY, endpoint)
             return report
-    from export.__main__ import main as export_main
+    from bge_triton.export.__main__ import main as export_main
 
     t0 = time.perf_counter()
     code = export_main(["--model", model, "--repository", str(s.repository), "--name", s.name,
@@ -139,8 +139,8 @@ def main(argv: list[str] | None = None) -> int:
         if synthetic:
             print(BANNER)
         report = ensure_export(s, model)
-        from client import EmbeddingClient
-        from server.launcher import LocalServer, ServerSettings
+        from bge_triton.client import EmbeddingClient
+        from bge_triton.server.launcher import LocalServer, ServerSettings
 
         settings = ServerSettings(repository=s.repository, http_port=s.http_port, grpc_port=s.grpc_port,
                                   metrics_port=s.metrics_port, state_dir=REPO_ROOT / ".kit" / "demo" / "server")

@@ -1,5 +1,5 @@
 """Shared pieces of bge-triton-kit: the exception tree and small helpers used by every stage."""
-from kit.errors import (
+from bge_triton.errors import (
     ExportError,
     InputError,
     KitError,

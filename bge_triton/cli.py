@@ -1,0 +1,46 @@
+"""`bge-triton <command>`: one console script for the commands users type; each is also `python -m ...`."""
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Sequence
+
+# command -> (module with main(argv), what it does). Each module also runs as `python -m <module>`.
+COMMANDS = {
+    "export": ("bge_triton.export.__main__", "HF model -> validated ONNX in the model repository [export]"),
+    "serve": ("bge_triton.server.__main__", "the local tritonserver: up | status | down [server]"),
+    "embed": ("bge_triton.client.cli", "embed texts through a running server (the SDK)"),
+    "demo": ("bge_triton.demo", "export, serve, embed, stop: the whole kit once [all]"),
+    "bench": ("bge_triton.loadtest.bench", "the seed-table benchmark [loadtest, server]"),
+    "tune": ("bge_triton.loadtest.tune", "the queue-delay tuner [loadtest, server]"),
+    "chaos": ("bge_triton.loadtest.chaos", "bad input, overload and faults [loadtest, server]"),
+    "stack": ("bge_triton.loadtest.stack_bench", "full stack against raw ONNX Runtime [loadtest, server]"),
+}
+
+
+def usage() -> str:
+    rows = "\n".join(f"  {name:<8} {what}" for name, (_, what) in COMMANDS.items())
+    return ("usage: bge-triton <command> [args...]   (bge-triton <command> --help for its flags)\n\n"
+            f"commands ([extra] = pip install 'bge-triton-kit[extra]'):\n{rows}\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Dispatch to the command's own main(argv); 2 with the usage for an unknown command."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0 if args else 2
+    name, rest = args[0], args[1:]
+    if name not in COMMANDS:
+        print(f"bge-triton: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    try:
+        module = importlib.import_module(COMMANDS[name][0])
+    except ImportError as exc:
+        print(f"bge-triton {name}: {exc}", file=sys.stderr)
+        return 1
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from bge_triton.errors import ServerNotReady
+from bge_triton.server.launcher import LocalServer, ServerSettings
 from bge_triton.server.launcher import free_ports as launcher_free_ports
 
 from bge_triton.client import AsyncEmbeddingClient, EmbeddingClient, Overloaded, RetryPolicy
@@ -29,7 +30,6 @@ def free_ports(n: int) -> list[int]:
 
 @pytest.fixture(scope="module")
 def tiny_queue_server(minilm_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    launcher = pytest.importorskip("bge_triton.server.launcher")
     from bge_triton.server.cpu_variant import CpuVariant
     from bge_triton.server.repository import Batching
 
@@ -37,10 +37,10 @@ def tiny_queue_server(minilm_repo: Path, tmp_path_factory: pytest.TempPathFactor
     variant = CpuVariant(executor="costmodel", cost_a_us=300_000, cost_b_us=0.0,
                          batching={NAME: Batching(max_queue_size=1, max_batch_size=1, max_queue_delay_us=0),
                                    f"{NAME}_onnx": Batching(max_queue_size=1, max_queue_delay_us=0)})
-    settings = launcher.ServerSettings(repository=Path(minilm_repo), http_port=http,
+    settings = ServerSettings(repository=Path(minilm_repo), http_port=http,
                                        grpc_port=grpc, metrics_port=metrics, variant=variant,
                                        state_dir=tmp_path_factory.mktemp("tiny-queue-server"))
-    with launcher.LocalServer(settings) as srv:
+    with LocalServer(settings) as srv:
         yield srv.grpc_url
 
 

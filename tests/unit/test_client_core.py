@@ -46,9 +46,14 @@ def cfg(text: str) -> mc.ModelConfig:
 
 
 def test_public_api_all() -> None:
-    assert sorted(client.__all__) == sorted(set(client.__all__))
-    for name in client.__all__:
-        assert getattr(client, name) is not None
+    assert len(client.__all__) == len(set(client.__all__)), "a name listed twice in __all__"
+    star: dict = {}
+    exec("from bge_triton.client import *", star)  # noqa: S102 - what a user's star import gets
+    assert sorted(k for k in star if not k.startswith("__")) == sorted(client.__all__)
+    for name in client.__all__:  # every public name is the kit's own object, not a re-export of a dependency
+        obj = getattr(client, name)
+        assert getattr(obj, "__module__", "bge_triton").startswith("bge_triton"), (name, obj)
+    assert {"EmbeddingClient", "AsyncEmbeddingClient", "InputError", "Overloaded"} <= set(client.__all__)
     from bge_triton.errors import Overloaded, ServerUnavailable
 
     assert client.Overloaded is Overloaded and issubclass(client.Overloaded, ServerUnavailable)

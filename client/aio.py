@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any, Sequence
 
 import numpy as np
 
 from bge_triton.client.base import BaseEmbeddingClient
-from bge_triton.client.core import InferCall, decode_embeddings
+from bge_triton.client.core import CANARY_TEXT, InferCall, decode_embeddings
 from bge_triton.client.errors import classify
 from bge_triton.client.retry import acall_with_retry
 from bge_triton.client.transport import make_async_transport
@@ -112,7 +113,7 @@ class AsyncEmbeddingClient(BaseEmbeddingClient):
 
     # -- health -----------------------------------------------------------------------------
     async def health(self) -> dict[str, Any]:
-        """Server and model readiness plus the model's spec; never raises for a down server."""
+        """Server and model readiness, the model's spec and one canary embedding; never raises for a down server."""
         s = self.settings
         report: dict[str, Any] = {"url": s.url, "protocol": s.protocol, "model": s.target_model}
         if self._transport is None:
@@ -122,7 +123,10 @@ class AsyncEmbeddingClient(BaseEmbeddingClient):
             report["model_ready"] = await self._transport.ready(s.target_model, s.timeout_s)
             await self.connect()
             report.update(dim=self.spec.dim, max_batch_size=self.spec.max_batch_size,
-                          parameters=self.spec.parameters, ok=True)
+                          parameters=self.spec.parameters)
+            start = time.perf_counter()  # a canary: a model whose python stub died still reports ready
+            await self.embed_documents([CANARY_TEXT], timeout_s=s.timeout_s, truncate=True)
+            report.update(canary_ms=round((time.perf_counter() - start) * 1e3, 2), ok=True)
         except Exception as exc:  # noqa: BLE001 - reported, classified
             err = classify(exc, "health", s.timeout_s)
             report.update(ok=False, error=f"{type(err).__name__}: {err}")

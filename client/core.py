@@ -37,6 +37,7 @@ __all__ = [
 
 BGE_QUERY_INSTRUCTION = "为这个句子生成表示以用于检索相关文章："
 DEFAULT_BUCKETS: tuple[int, ...] = (32, 64, 128, 256, 512)
+CANARY_TEXT = "canary 健康检查"  # health() embeds it: readiness alone misses a dead python stub
 TEXT_INPUT, IDS_INPUT, MASK_INPUT, OUTPUT = "text", "input_ids", "attention_mask", "embedding"
 _DTYPE = {mc.TYPE_STRING: "TYPE_STRING", mc.TYPE_INT64: "TYPE_INT64", mc.TYPE_FP32: "TYPE_FP32"}
 

@@ -1,12 +1,13 @@
 """EmbeddingClient: the blocking client (a context manager), over gRPC (default) or HTTP."""
 from __future__ import annotations
 
+import time
 from typing import Any, Sequence
 
 import numpy as np
 
 from bge_triton.client.base import BaseEmbeddingClient
-from bge_triton.client.core import decode_embeddings
+from bge_triton.client.core import CANARY_TEXT, decode_embeddings
 from bge_triton.client.errors import classify
 from bge_triton.client.retry import call_with_retry
 from bge_triton.client.transport import make_sync_transport
@@ -93,7 +94,7 @@ class EmbeddingClient(BaseEmbeddingClient):
 
     # -- health -----------------------------------------------------------------------------
     def health(self) -> dict[str, Any]:
-        """Server and model readiness plus the model's spec; never raises for a down server."""
+        """Server and model readiness, the model's spec and one canary embedding; never raises for a down server."""
         s = self.settings
         report: dict[str, Any] = {"url": s.url, "protocol": s.protocol, "model": s.target_model}
         if self._transport is None:
@@ -103,7 +104,10 @@ class EmbeddingClient(BaseEmbeddingClient):
             report["model_ready"] = self._transport.ready(s.target_model, s.timeout_s)
             self.connect()
             report.update(dim=self.spec.dim, max_batch_size=self.spec.max_batch_size,
-                          parameters=self.spec.parameters, ok=True)
+                          parameters=self.spec.parameters)
+            start = time.perf_counter()  # a canary: a model whose python stub died still reports ready
+            self._embed([CANARY_TEXT], query=False, timeout_s=s.timeout_s, truncate=True)
+            report.update(canary_ms=round((time.perf_counter() - start) * 1e3, 2), ok=True)
         except BaseException as exc:  # noqa: BLE001 - gevent.Timeout is a BaseException; reported
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise

@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
-import urllib.request
+import time
 from pathlib import Path
 
 from bge_triton.errors import KitError
+from bge_triton.server.canary import canary_all
 from bge_triton.server.cpu_variant import CpuVariant
 from bge_triton.server.launcher import DEFAULT_STATE, REPO_ROOT, LocalServer, ServerSettings, _alive, _ready, stop_pid
 from bge_triton.server.repository import iter_models
@@ -30,6 +32,10 @@ def _parser() -> argparse.ArgumentParser:
                          "but a request that reaches a busy instance can wait for Triton 2.51's 500 ms lost "
                          "wake-up (docs/architecture.md)")
     up.add_argument("--ready-timeout", type=float, default=180.0)
+    up.add_argument("--watch", type=float, default=0.0, metavar="SECONDS",
+                    help="stay in the foreground and send a canary inference to every model each SECONDS; "
+                         "restart the server when it died or a canary fails (a dead python stub: Triton 2.51 "
+                         "keeps reporting such a model ready). Ctrl-C stops watcher and server")
     for name in ("down", "status"):
         sub.add_parser(name, help=f"{name} the server started by `up`").add_argument(
             "--state-dir", type=Path, default=DEFAULT_STATE)
@@ -40,6 +46,35 @@ def _parser() -> argparse.ArgumentParser:
 def _info(state: Path) -> dict | None:
     path = state / "server.json"
     return json.loads(path.read_text()) if path.exists() else None
+
+
+def unhealthy(srv: LocalServer) -> str:
+    """Why the server needs a restart ('' when it is healthy): it died, or a model's canary failed."""
+    if srv.proc is None or srv.proc.poll() is not None:
+        return "tritonserver exited"
+    failed = [f"{r.model}: {r.error}" for r in canary_all(f"http://{srv.http_url}") if not r.ok]
+    return "; ".join(failed)
+
+
+def watch(srv: LocalServer, every_s: float) -> int:
+    """Keep `srv` serving: restart it whenever `unhealthy` says why; stop it on Ctrl-C / SIGTERM."""
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM ends the loop like Ctrl-C
+    try:
+        while True:
+            time.sleep(every_s)
+            try:
+                reason = unhealthy(srv)
+            except OSError as exc:  # the index itself did not answer
+                reason = f"server did not answer: {exc}"
+            if reason:
+                print(f"watch: restarting tritonserver ({reason})", flush=True)
+                srv.stop()
+                srv.start()
+                print(f"watch: ready again, pid {srv.proc.pid}", flush=True)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        srv.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,8 +96,8 @@ def main(argv: list[str] | None = None) -> int:
             srv = LocalServer(settings).start()
             models = [name for name, _ in iter_models(args.repository)]
             print(f"tritonserver ready: pid {srv.proc.pid}, http {srv.http_url}, grpc {srv.grpc_url}, "
-                  f"metrics {srv.metrics_url}; models {models}; log {srv.log_path}")
-            return 0
+                  f"metrics {srv.metrics_url}; models {models}; log {srv.log_path}", flush=True)
+            return watch(srv, args.watch) if args.watch > 0 else 0
         info = _info(args.state_dir)
         pid_file = args.state_dir / "server.pid"
         if not info or not pid_file.exists():
@@ -78,13 +113,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pid {pid}: {'running' if alive else 'not running'}, {'ready' if ready else 'not ready'}, "
               f"http 127.0.0.1:{info['http_port']} grpc 127.0.0.1:{info['grpc_port']} "
               f"metrics 127.0.0.1:{info['metrics_port']}, repository {info['repository']}")
-        if ready:
-            req = urllib.request.Request(f"http://127.0.0.1:{info['http_port']}/v2/repository/index",
-                                         data=b"{}", method="POST")
-            with urllib.request.urlopen(req, timeout=5) as resp:
-                for m in json.loads(resp.read()):
-                    print(f"  {m.get('name')} v{m.get('version', '-')}: {m.get('state', '?')} {m.get('reason', '')}")
-        return 0 if alive and ready else 3
+        healthy = alive and ready
+        if ready:  # /ready is not enough: a model whose python stub died still reports READY
+            for result in canary_all(f"http://127.0.0.1:{info['http_port']}"):
+                state = f"canary ok ({result.ms:.1f} ms)" if result.ok else f"CANARY FAILED: {result.error}"
+                print(f"  {result.model}: {state}")
+                healthy = healthy and result.ok
+        return 0 if healthy else 3
     except KitError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

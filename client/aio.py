@@ -41,16 +41,14 @@ class AsyncEmbeddingClient(BaseEmbeddingClient):
         async with self._connect_lock:
             if self._spec is not None:
                 return self
-            s = self.settings
-            if self._transport is None:
-                self._transport = make_async_transport(s)
-            where = f"model config of '{s.target_model}' at {s.url}"
-            config = await acall_with_retry(lambda t: self._transport.model_config(s.target_model, t),
-                                            s.retry, s.timeout_s, where)
+            self._transport = self._transport or make_async_transport(self.settings)
+            target, where, text_model = self._config_targets()
+            config = await acall_with_retry(lambda t: self._transport.model_config(target, t),
+                                            self.settings.retry, self.settings.timeout_s, where)
             text_endpoint = None
-            if s.mode == "tensor":
+            if text_model is not None:
                 try:
-                    text_endpoint = await self._transport.model_config(s.model, s.timeout_s)
+                    text_endpoint = await self._transport.model_config(text_model, self.settings.timeout_s)
                 except Exception:  # noqa: BLE001 - optional: only its max_length parameter is read
                     text_endpoint = None
             self._accept_config(config, text_endpoint)

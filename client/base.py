@@ -67,6 +67,12 @@ class BaseEmbeddingClient:
         """Tensor mode's bucket tokenizer (None in text mode)."""
         return self._tokenizer
 
+    def _config_targets(self) -> tuple[str, str, str | None]:
+        """What connect() reads: the target model, where (for errors), and the text endpoint in tensor mode."""
+        s = self.settings
+        return s.target_model, f"model config of '{s.target_model}' at {s.url}", \
+            (s.model if s.mode == "tensor" else None)
+
     def _accept_config(self, config: mc.ModelConfig, text_endpoint: mc.ModelConfig | None) -> None:
         """Validate the target model's config; in tensor mode also build the tokenizer."""
         spec = validate_model_config(config, self.settings)

@@ -35,16 +35,14 @@ class EmbeddingClient(BaseEmbeddingClient):
         """Open the transport, read the server's model config and check it (ModelConfigError on mismatch)."""
         if self._spec is not None:
             return self
-        s = self.settings
-        if self._transport is None:
-            self._transport = make_sync_transport(s)
-        where = f"model config of '{s.target_model}' at {s.url}"
-        config = call_with_retry(lambda t: self._transport.model_config(s.target_model, t),
-                                 s.retry, s.timeout_s, where)
+        self._transport = self._transport or make_sync_transport(self.settings)
+        target, where, text_model = self._config_targets()
+        config = call_with_retry(lambda t: self._transport.model_config(target, t),
+                                 self.settings.retry, self.settings.timeout_s, where)
         text_endpoint = None
-        if s.mode == "tensor":
+        if text_model is not None:
             try:
-                text_endpoint = self._transport.model_config(s.model, s.timeout_s)
+                text_endpoint = self._transport.model_config(text_model, self.settings.timeout_s)
             except Exception:  # noqa: BLE001 - optional: only its max_length parameter is read
                 text_endpoint = None
         self._accept_config(config, text_endpoint)

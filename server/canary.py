@@ -11,14 +11,13 @@ import json
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from typing import NamedTuple
 
 CANARY_TEXT = "canary 健康检查"
 INT_TYPES = {"INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64"}
 
 
-@dataclass(frozen=True)
-class CanaryResult:
+class CanaryResult(NamedTuple):
     """One model's canary: ok, the round trip in ms, and the server's error message when not ok."""
 
     model: str

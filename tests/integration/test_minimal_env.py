@@ -155,5 +155,6 @@ def test_text_embeds_through_the_text_endpoint(minimal_server: LocalServer) -> N
     assert abs(float(np.linalg.norm(np.asarray(emb["data"], dtype=np.float32))) - 1.0) < 1e-3
     with EmbeddingClient(minimal_server.grpc_url, model=NAME) as client:
         vecs = client.embed_documents(["检索增强生成", "向量数据库里的一段很长的文本" * 20])
-    assert vecs.shape == (2, 1024)
+        query = client.embed_queries(["明天天气怎么样"])  # docs/gpu.md's SDK example
+    assert vecs.shape == (2, 1024) and query.shape == (1, 1024)
     np.testing.assert_allclose(np.linalg.norm(vecs, axis=1), 1.0, atol=1e-3)

@@ -9,10 +9,12 @@ import stat
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
 from bge_triton.client import RetryPolicy
-from bge_triton.server.launcher import ServerSettings, build_command
+from bge_triton.errors import ServerNotReady
+from bge_triton.server.launcher import REPO_ROOT, ServerSettings, build_command, server_env, stub_venv
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -31,6 +33,23 @@ def test_launcher_binds_loopback_only_and_disables_model_control(tmp_path: Path)
     addresses = {a.split("=", 1)[1] for a in cmd if re.match(r"--(http|grpc|metrics)-address=", a)}
     assert addresses == {"127.0.0.1"}, cmd
     assert "--model-control-mode=none" in cmd
+
+
+def test_minimal_stub_env_hides_the_kit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(REPO_ROOT))
+    monkeypatch.setenv("PYTHONHOME", "/somewhere")
+    kit = server_env()
+    assert str(REPO_ROOT) in kit["PYTHONPATH"].split(":")  # the dev default: kit and repository visible
+    env = server_env(tmp_path / "venv")
+    assert "PYTHONPATH" not in env and "PYTHONHOME" not in env and env["PYTHONNOUSERSITE"] == "1"
+    assert env["PATH"].split(":")[0] == str(tmp_path / "venv" / "bin")  # the stub's python3 is that venv's
+    assert env["LD_LIBRARY_PATH"] == kit["LD_LIBRARY_PATH"]  # same libpython for the stub
+
+
+def test_stub_venv_names_a_package_pip_cannot_install(tmp_path: Path) -> None:
+    with pytest.raises(ServerNotReady, match=r"numpy==0\.0\.0\.0.*pip"):
+        stub_venv(("numpy==0.0.0.0",), tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == []  # nothing half-built left behind
 
 
 ENTRY = REPO / "deploy" / "triton-entrypoint.sh"

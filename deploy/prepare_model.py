@@ -1,6 +1,7 @@
 """The compose `exporter` service: export the model into the repository unless a validated export is there.
 
-    python3 deploy/prepare_model.py --model BAAI/bge-large-zh-v1.5 --repository /models --name bge_large_zh --precision fp16
+    python3 deploy/prepare_model.py --model BAAI/bge-large-zh-v1.5 --repository /kit/model_repository --name bge_large_zh \
+        --precision fp16
 
 A validated export is what `python -m bge_triton.export` writes only after validation passed: NAME_onnx/1/
 export_report.json with fidelity.passed, for this --model and --precision, beside the model.onnx whose sha256

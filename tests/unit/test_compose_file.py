@@ -81,7 +81,7 @@ def test_up_alone_exports_then_serves(resolved: dict) -> None:
     assert svcs["triton"]["depends_on"] == {"exporter": {"condition": "service_completed_successfully"}}
     cmd = svcs["exporter"]["command"]
     assert cmd[:2] == ["python3", "/kit/deploy/prepare_model.py"]
-    assert cmd[cmd.index("--precision") + 1] == "fp16" and cmd[cmd.index("--repository") + 1] == "/models"
+    assert cmd[cmd.index("--precision") + 1] == "fp16" and cmd[cmd.index("--repository") + 1] == "/kit/model_repository"
     assert svcs["exporter"]["restart"] == "no"
 
 
@@ -143,7 +143,10 @@ def test_model_repository_read_only_and_volumes(raw: dict) -> None:
     for target in ("/engine_cache", "/secrets"):
         assert mounts[target]["type"] == "volume" and mounts[target]["source"] in raw["volumes"]
     exporter = {v["target"]: v for v in raw["services"]["exporter"]["volumes"]}
-    assert not exporter["/models"].get("read_only", False)  # the exporter writes the repository
+    # the exporter writes the repository, where the editable kit (deploy/Dockerfile.kit) finds the canonical configs
+    assert exporter["/kit/model_repository"]["source"] == "./model_repository"
+    assert not exporter["/kit/model_repository"].get("read_only", False)
+    assert 'pip install -e "/kit[' in (REPO / "deploy" / "Dockerfile.kit").read_text()
 
 
 def test_python_backend_resources_and_healthcheck(raw: dict) -> None:

@@ -6,6 +6,7 @@ and records pid + ports in a state dir. Stops only the pid it started.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -42,6 +43,9 @@ class ServerSettings:
     log_verbose: int = 0
     variant: CpuVariant = field(default_factory=CpuVariant)
     extra_args: tuple[str, ...] = ()
+    # None: the python stubs see this venv and the repository (today's dev setup). A tuple of pip specs
+    # (e.g. numpy + deploy/Dockerfile.server's list): the stubs get a venv of exactly those, as in the image.
+    stub_packages: tuple[str, ...] | None = None
 
 
 def _pytriton_root() -> Path:
@@ -75,18 +79,57 @@ def prepare_backends(cache_dir: Path) -> Path:
     return dst
 
 
-def server_env() -> dict[str, str]:
-    """Environment for tritonserver and its python stubs: this venv's packages and libpython."""
+def stub_venv(packages: tuple[str, ...], cache_dir: Path) -> Path:
+    """A venv (no system site-packages, no pip) holding exactly `packages` (pip --no-deps), built once per list.
+
+    The embedded Python of the stub finds its prefix through the first `python3` on PATH, so a venv's bin
+    dir first on PATH gives the stubs that venv's site-packages and nothing else (stdlib from the base).
+    """
+    key = hashlib.sha256("\n".join([PY_VERSION, *sorted(packages)]).encode()).hexdigest()[:12]
+    venv = cache_dir / f"stub-venv-py{PY_VERSION}-{key}"
+    if (venv / "packages.txt").is_file():
+        return venv
+    tmp = cache_dir / f".{venv.name}.{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    steps = [[sys.executable, "-m", "venv", "--without-pip", str(tmp)],
+             [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-warn-script-location",
+              "--target", sysconfig.get_path("purelib", vars={"base": str(tmp), "platbase": str(tmp)}), *packages]]
+    for cmd in steps:
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise ServerNotReady(f"could not build the python stubs' environment {list(packages)}: "
+                                 f"`{' '.join(cmd)}` failed:\n{proc.stderr[-2000:]}\nCheck the specs and that PyPI "
+                                 "(or the pip cache) is reachable.")
+    (tmp / "packages.txt").write_text("\n".join(packages) + "\n")
+    try:
+        tmp.rename(venv)  # atomic: a concurrent build of the same list wins or loses as a whole
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return venv
+
+
+def server_env(stub_env: Path | None = None) -> dict[str, str]:
+    """Environment for tritonserver and its python stubs: this venv's packages and libpython.
+
+    With `stub_env` (a venv from stub_venv) the stubs see that venv only: no PYTHONPATH, no user site.
+    """
     env = dict(os.environ)
+    libdir = sysconfig.get_config_var("LIBDIR") or str(Path(sys.base_prefix) / "lib")
+    wheel_libs = str(_pytriton_root().parent.parent / "nvidia_pytriton.libs")  # libcudart etc. for the stub
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, wheel_libs, env.get("LD_LIBRARY_PATH")) if p)
+    env.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
+    if stub_env is not None:
+        for var in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV"):
+            env.pop(var, None)
+        env["PYTHONNOUSERSITE"] = "1"
+        env["PATH"] = os.pathsep.join([str(stub_env / "bin"), env.get("PATH", "")])  # stub finds this venv
+        return env
     paths = [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], str(REPO_ROOT)]
     if env.get("PYTHONPATH"):
         paths.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-    libdir = sysconfig.get_config_var("LIBDIR") or str(Path(sys.base_prefix) / "lib")
-    wheel_libs = str(_pytriton_root().parent.parent / "nvidia_pytriton.libs")  # libcudart etc. for the stub
-    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, wheel_libs, env.get("LD_LIBRARY_PATH")) if p)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])  # stub finds the venv
-    env.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
     return env
 
 
@@ -200,10 +243,11 @@ class LocalServer:
         if not Path(s.repository).is_dir():
             raise ServerNotReady(f"model repository {s.repository} does not exist: run `python -m bge_triton.export` first")
         backends = prepare_backends(REPO_ROOT / ".kit" / "cache")
+        stub_env = None if s.stub_packages is None else stub_venv(s.stub_packages, REPO_ROOT / ".kit" / "cache")
         rendered = render_cpu_variant(Path(s.repository), self.state / "repository", s.variant)
         cmd = build_command(s, backends, rendered)
         log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=server_env(),
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=server_env(stub_env),
                                      cwd=self.state, start_new_session=True)
         log.close()
         info = {"pid": self.proc.pid, "http_port": s.http_port, "grpc_port": s.grpc_port,

@@ -1,8 +1,11 @@
-"""docker-compose.yml checked statically: it validates, and it has the GPU, health and security bits."""
+"""docker-compose.yml checked statically: it validates with nothing set, `up` alone exports then serves, and it
+has the GPU, health and security bits. The exporter's skip rule (deploy/prepare_model.py) on fake exports."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -13,21 +16,28 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "docker-compose.yml"
 ENV_EXAMPLE = REPO / "deploy" / ".env.example"
-ADMIN_APIS = {"model-repository", "shared-memory", "logging", "trace"}
+PROFILES = ("--profile", "monitoring", "--profile", "loadtest")
 DOCKER_COMPOSE = shutil.which("docker-compose")
 needs_compose = pytest.mark.skipif(
     DOCKER_COMPOSE is None,
     reason="docker-compose binary absent: apt-get install -y docker-compose (Debian's 1.29)")
+_spec = importlib.util.spec_from_file_location("prepare_model", REPO / "deploy" / "prepare_model.py")
+prepare_model = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(prepare_model)
 
 
 def _compose_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRITON_", "GRAFANA_", "BIND_ADDR"))}
+    """The caller's environment without any variable docker-compose.yml reads, plus `extra`."""
+    names = set(re.findall(r"\$\{(\w+)", COMPOSE.read_text()))
+    env = {k: v for k, v in os.environ.items() if k not in names and not k.startswith("COMPOSE_")}
     env.update(extra)
     return env
 
 
-def _config(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    cmd = [DOCKER_COMPOSE, "-f", str(COMPOSE), "--project-directory", str(REPO), *args, "config"]
+def _config(*args: str, env_file: Path, env: dict[str, str] | None = None,
+            quiet: bool = False) -> subprocess.CompletedProcess:
+    cmd = [DOCKER_COMPOSE, "-f", str(COMPOSE), "--project-directory", str(REPO), "--env-file", str(env_file),
+           *args, "config", *(["-q"] if quiet else [])]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env or _compose_env())
 
 
@@ -37,43 +47,79 @@ def raw() -> dict:
 
 
 @pytest.fixture(scope="module")
-def resolved() -> dict:
-    """The file as docker-compose resolves it with deploy/.env.example and every profile on."""
+def no_env_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An empty env file: stands for 'no .env' even where a developer keeps one in the repository."""
+    path = tmp_path_factory.mktemp("compose") / "empty.env"
+    path.write_text("")
+    return path
+
+
+@pytest.fixture(scope="module")
+def resolved(no_env_file: Path) -> dict:
+    """The file as docker-compose resolves it with no .env, no variable set and every profile on."""
     if DOCKER_COMPOSE is None:
         pytest.skip("docker-compose binary absent: apt-get install -y docker-compose (Debian's 1.29)")
-    proc = _config("--env-file", str(ENV_EXAMPLE), "--profile", "export", "--profile", "monitoring",
-                   "--profile", "loadtest")
+    proc = _config(*PROFILES, env_file=no_env_file)
     assert proc.returncode == 0, proc.stderr
+    assert "variable is not set" not in proc.stderr, proc.stderr  # every ${VAR} has a default
     return yaml.safe_load(proc.stdout)
 
 
 @needs_compose
-def test_docker_compose_config_validates(resolved: dict) -> None:
+def test_config_validates_with_no_env_and_no_variables(resolved: dict, no_env_file: Path) -> None:
     assert set(resolved["services"]) == {"triton", "exporter", "prometheus", "grafana",
                                          "locust-master", "locust-worker"}
+    proc = _config(env_file=no_env_file, quiet=True)  # plain `up`: no profile
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert _config(*PROFILES, env_file=ENV_EXAMPLE, quiet=True).returncode == 0  # the example, copied as is
 
 
 @needs_compose
-def test_missing_admin_key_is_an_error_not_an_open_server() -> None:
-    proc = _config(env=_compose_env(GRAFANA_ADMIN_PASSWORD="x"))
-    assert proc.returncode != 0
-    assert "TRITON_ADMIN_KEY" in proc.stderr
+def test_up_alone_exports_then_serves(resolved: dict) -> None:
+    svcs = resolved["services"]
+    assert "profiles" not in svcs["triton"] and "profiles" not in svcs["exporter"]
+    assert svcs["triton"]["depends_on"] == {"exporter": {"condition": "service_completed_successfully"}}
+    cmd = svcs["exporter"]["command"]
+    assert cmd[:2] == ["python3", "/kit/deploy/prepare_model.py"]
+    assert cmd[cmd.index("--precision") + 1] == "fp16" and cmd[cmd.index("--repository") + 1] == "/kit/model_repository"
+    assert svcs["exporter"]["restart"] == "no"
 
 
 @needs_compose
-def test_ports_bind_to_loopback_unless_configured(resolved: dict) -> None:
-    for name, svc in resolved["services"].items():
-        for port in svc.get("ports", []):
-            spec = port if isinstance(port, str) else f"{port.get('host_ip')}:{port.get('published')}"
-            assert spec.startswith("127.0.0.1:"), f"{name} publishes {spec} beyond loopback"
-    proc = _config(env=_compose_env(TRITON_ADMIN_KEY="k", GRAFANA_ADMIN_PASSWORD="p", BIND_ADDR="0.0.0.0"))
+def test_ports_bind_to_loopback_unless_configured(resolved: dict, no_env_file: Path) -> None:
+    published = [(name, port) for name, svc in resolved["services"].items() for port in svc.get("ports", [])]
+    assert len(published) == 6  # triton http/grpc/metrics, prometheus, grafana, locust-master
+    for name, port in published:
+        spec = port if isinstance(port, str) else f"{port.get('host_ip')}:{port.get('published')}"
+        assert spec.startswith("127.0.0.1:"), f"{name} publishes {spec} beyond loopback"
+    proc = _config(env_file=no_env_file, env=_compose_env(BIND_ADDR="0.0.0.0"))
     assert proc.returncode == 0, proc.stderr
     assert "0.0.0.0:8000:8000" in proc.stdout
 
 
-def test_triton_gpu_reservation_and_image(raw: dict) -> None:
+@needs_compose
+def test_triton_tag_reaches_both_builds(no_env_file: Path) -> None:
+    proc = _config(*PROFILES, env_file=no_env_file, env=_compose_env(TRITON_TAG="25.01-py3"))
+    assert proc.returncode == 0, proc.stderr
+    svcs = yaml.safe_load(proc.stdout)["services"]
+    for name in ("triton", "exporter", "locust-master", "locust-worker"):
+        assert svcs[name]["build"]["args"] == {"TRITON_TAG": "25.01-py3"}, name
+
+
+def test_no_variable_is_mandatory() -> None:
+    text = COMPOSE.read_text()
+    refs = re.findall(r"\$\{(\w+)([^}]*)\}", text)
+    assert refs
+    assert [f"${{{n}{rest}}}" for n, rest in refs if not rest.startswith(":-")] == []  # no ${VAR:?} / bare ${VAR}
+    documented = set(re.findall(r"^(\w+)=", ENV_EXAMPLE.read_text(), flags=re.M))
+    assert {n for n, _ in refs} - documented == set()  # every setting is in deploy/.env.example
+    assert "BIND_ADDR=127.0.0.1" in ENV_EXAMPLE.read_text()
+
+
+def test_triton_builds_the_server_image(raw: dict) -> None:
     triton = raw["services"]["triton"]
-    assert triton["image"] == "nvcr.io/nvidia/tritonserver:24.10-py3"
+    assert (REPO / triton["build"]["context"] / triton["build"]["dockerfile"]) == REPO / "deploy" / "Dockerfile.server"
+    assert triton["pull_policy"] == "build"  # never a same-named image from a registry
     devices = triton["deploy"]["resources"]["reservations"]["devices"]
     assert any(d["driver"] == "nvidia" and "gpu" in d["capabilities"] and d.get("count", "all")
                for d in devices)
@@ -82,28 +128,25 @@ def test_triton_gpu_reservation_and_image(raw: dict) -> None:
 
 def test_triton_command_flags(raw: dict) -> None:
     cmd = raw["services"]["triton"]["command"]
-    assert cmd[0] == "tritonserver"
+    assert cmd[0] == "tritonserver"  # the entrypoint appends the admin-API restriction to this command only
     assert "--model-repository=/models" in cmd
     assert "--model-control-mode=none" in cmd
     assert "--strict-readiness=true" in cmd
     assert "--metrics-config=summary_latencies=true" in cmd  # p99 panels need the summaries
-    for flag in ("--http-restricted-api=", "--grpc-restricted-protocol="):
-        (value,) = [c[len(flag):] for c in cmd if c.startswith(flag)]
-        apis, _, header = value.partition(":")  # Triton 2.51: <apis>:<key>=<value>
-        assert set(apis.split(",")) >= ADMIN_APIS
-        assert not {"inference", "health"} & set(apis.split(","))
-        key, _, secret = header.partition("=")
-        assert key and "${TRITON_ADMIN_KEY:?" in secret
+    assert not [c for c in cmd if "restricted" in c]  # one place: deploy/triton-entrypoint.sh
 
 
-def test_model_repository_read_only_and_engine_cache_volume(raw: dict) -> None:
+def test_model_repository_read_only_and_volumes(raw: dict) -> None:
     triton = raw["services"]["triton"]
     mounts = {v["target"]: v for v in triton["volumes"]}
     assert mounts["/models"]["source"] == "./model_repository" and mounts["/models"]["read_only"] is True
-    assert mounts["/engine_cache"]["type"] == "volume"
-    assert mounts["/engine_cache"]["source"] in raw["volumes"]
+    for target in ("/engine_cache", "/secrets"):
+        assert mounts[target]["type"] == "volume" and mounts[target]["source"] in raw["volumes"]
     exporter = {v["target"]: v for v in raw["services"]["exporter"]["volumes"]}
-    assert not exporter["/models"].get("read_only", False)  # the exporter writes the repository
+    # the exporter writes the repository, where the editable kit (deploy/Dockerfile.kit) finds the canonical configs
+    assert exporter["/kit/model_repository"]["source"] == "./model_repository"
+    assert not exporter["/kit/model_repository"].get("read_only", False)
+    assert 'pip install -e "/kit[' in (REPO / "deploy" / "Dockerfile.kit").read_text()
 
 
 def test_python_backend_resources_and_healthcheck(raw: dict) -> None:
@@ -117,10 +160,6 @@ def test_python_backend_resources_and_healthcheck(raw: dict) -> None:
 
 def test_profiles(raw: dict) -> None:
     svcs = raw["services"]
-    assert "profiles" not in svcs["triton"]
-    assert svcs["exporter"]["profiles"] == ["export"]
-    cmd = svcs["exporter"]["command"]
-    assert cmd[:3] == ["python", "-m", "bge_triton.export"] and "--precision" in cmd and "fp16" in cmd
     assert (REPO / svcs["exporter"]["build"]["dockerfile"]).exists()
     assert svcs["prometheus"]["profiles"] == svcs["grafana"]["profiles"] == ["monitoring"]
     assert svcs["locust-master"]["profiles"] == svcs["locust-worker"]["profiles"] == ["loadtest"]
@@ -129,8 +168,40 @@ def test_profiles(raw: dict) -> None:
     assert "--worker" in worker["command"] and "ports" not in worker and "container_name" not in worker
 
 
-def test_env_example_names_every_required_variable() -> None:
-    text = ENV_EXAMPLE.read_text()
-    for var in ("TRITON_ADMIN_KEY", "TRITON_ADMIN_HEADER", "BIND_ADDR", "GRAFANA_ADMIN_PASSWORD"):
-        assert f"\n{var}=" in text
-    assert "BIND_ADDR=127.0.0.1" in text
+def _export(repo: Path, precision: str = "fp16", model: str = "BAAI/bge-large-zh-v1.5", passed: bool = True) -> Path:
+    """A fake export laid out as bge_triton.export.writer writes one (tiny model.onnx, report with its sha256)."""
+    onnx = repo / "bge_large_zh_onnx" / "1" / "model.onnx"
+    onnx.parent.mkdir(parents=True, exist_ok=True)
+    onnx.write_bytes(b"onnx bytes")
+    (repo / "bge_large_zh" / "1" / "tokenizer").mkdir(parents=True, exist_ok=True)
+    (repo / "bge_large_zh" / "1" / "tokenizer" / "tokenizer.json").write_text("{}")
+    from bge_triton.export.writer import sha256
+
+    report = {"model": model, "precision": precision, "fidelity": {"passed": passed}, "onnx_sha256": sha256(onnx)}
+    (onnx.parent / "export_report.json").write_text(json.dumps(report))
+    return onnx
+
+
+@pytest.mark.parametrize("spoil, needle", [
+    (lambda r, o: None, None),
+    (lambda r, o: (o.parent / "export_report.json").unlink(), "no "),
+    (lambda r, o: _export(r, precision="int8"), "the export is int8, the deployment wants fp16"),
+    (lambda r, o: _export(r, model="synthetic:bge-large-zh"), "the export is of 'synthetic:bge-large-zh'"),
+    (lambda r, o: _export(r, passed=False), "does not record a passed validation"),
+    (lambda r, o: o.write_bytes(b"other bytes"), "sha256 differs"),
+    (lambda r, o: o.unlink(), "model.onnx"),
+    (lambda r, o: (r / "bge_large_zh" / "1" / "tokenizer" / "tokenizer.json").unlink(), "tokenizer.json"),
+])
+def test_exporter_skips_only_a_validated_export(tmp_path: Path, spoil, needle: str | None) -> None:
+    onnx = _export(tmp_path)
+    spoil(tmp_path, onnx)
+    problem = prepare_model.export_problem(tmp_path, "bge_large_zh", "BAAI/bge-large-zh-v1.5", "fp16")
+    assert (problem is None) if needle is None else (needle in problem), problem
+
+
+def test_exporter_service_skips_with_status_zero(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    _export(tmp_path)
+    argv = ["--model", "BAAI/bge-large-zh-v1.5", "--repository", str(tmp_path), "--name", "bge_large_zh",
+            "--precision", "fp16"]
+    assert prepare_model.main(argv) == 0
+    assert "skipping the export" in capsys.readouterr().out

@@ -86,9 +86,9 @@ class TritonPythonModel:
             version_dir = os.path.join(args["model_repository"], args["model_version"])
             tok = Tokenizers.from_dir(os.path.join(version_dir, self.settings.tokenizer_dir),
                                       self.settings.max_length)
+            self.backend = _backend(self.settings, cfg, args)
         except (ValueError, FileNotFoundError) as exc:
             raise pb_utils.TritonModelException(f"{cfg['name']}: {exc}") from exc
-        self.backend = _backend(self.settings, cfg, args)
         self.pipeline = TextPipeline(self.settings, tok, self.backend, int(cfg["output"][0]["dims"][-1]))
         self._metrics(cfg["name"])
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -93,10 +92,9 @@ def ensure_export(s: DemoSettings, model: str) -> dict:
         report = json.loads(report_path.read_text())
         if report.get("model") == model and report.get("precision") == s.precision:
             print(f"reusing export in {s.repository} (--force-export to redo)")
-            from bge_triton.server.repository import TEXT_MODEL_PY
+            from bge_triton.server.repository import install_text_endpoint
 
-            endpoint = s.repository / s.name / "1" / "model.py"  # this checkout's text endpoint, as the exporter writes it
-            shutil.copyfile(TEXT_MODEL_PY, endpoint)
+            install_text_endpoint(s.repository / s.name / "1")  # this checkout's text endpoint, as the exporter writes it
             return report
     from bge_triton.export.__main__ import main as export_main
 

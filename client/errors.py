@@ -13,11 +13,24 @@ from bge_triton.errors import InputError, KitError, ModelConfigError, Overloaded
 from tritonclient.utils import InferenceServerException
 
 __all__ = ["KitError", "InputError", "ModelConfigError", "Overloaded", "ServerUnavailable",
-           "classify", "is_retryable"]
+           "classify", "is_retryable", "status_code"]
 
 _QUEUE_FULL = ("exceeds maximum queue size", "request timeout expired")
 _UNKNOWN_MODEL = ("unknown model", "is not found", "is not ready", "no version is available")
 _TIMEOUT = ("deadline exceeded", "timed out", "timeout")
+# HTTP statuses as the gRPC code Triton answers with (Triton maps its codes to HTTP this way).
+_HTTP = {"400": "INVALID_ARGUMENT", "404": "NOT_FOUND", "413": "INVALID_ARGUMENT", "422": "INVALID_ARGUMENT",
+         "429": "RESOURCE_EXHAUSTED", "499": "CANCELLED", "500": "INTERNAL", "501": "UNIMPLEMENTED",
+         "502": "UNAVAILABLE", "503": "UNAVAILABLE", "504": "DEADLINE_EXCEEDED"}
+
+
+def status_code(exc: InferenceServerException) -> str | None:
+    """The error's status as a gRPC code name ("UNAVAILABLE", ...), from gRPC or HTTP; None if it has none."""
+    status = str(exc.status() or "").strip().upper()
+    if not status:
+        return None
+    status = status.rpartition(".")[2]  # "StatusCode.UNAVAILABLE" -> "UNAVAILABLE"
+    return _HTTP.get(status, status)
 
 
 def _timeout_error(where: str, timeout_s: float | None) -> ServerUnavailable:
@@ -27,29 +40,51 @@ def _timeout_error(where: str, timeout_s: float | None) -> ServerUnavailable:
     return err
 
 
+def _overloaded(where: str, msg: str) -> Overloaded:
+    return Overloaded(f"{where}: server is overloaded ({msg}); it was retried with backoff - add "
+                      "instances, raise max_queue_size / the queue timeout, or slow the callers")
+
+
+def _unknown_model(where: str, msg: str) -> ModelConfigError:
+    return ModelConfigError(f"{where}: {msg}. Check model= and that the repository is loaded "
+                            "(`python -m bge_triton.client health`, `python -m bge_triton.server status`)")
+
+
 def _from_triton(exc: InferenceServerException, where: str, timeout_s: float | None) -> KitError:
-    status = (exc.status() or "").upper()
+    """By status code first; the message only refines a code (UNAVAILABLE: overload or down) or stands in
+    for a code that says nothing (none, UNKNOWN, INTERNAL: e.g. a server that lost the encoder's code)."""
+    code = status_code(exc)
     msg = exc.message() or str(exc)
     low = msg.lower()
-    if any(s in low for s in _QUEUE_FULL):
-        return Overloaded(f"{where}: server is overloaded ({msg}); it was retried with backoff - add "
-                          "instances, raise max_queue_size / the queue timeout, or slow the callers")
-    if "DEADLINE_EXCEEDED" in status or status == "504" or (not status and any(s in low for s in _TIMEOUT)):
-        return _timeout_error(where, timeout_s)
-    if any(s in low for s in _UNKNOWN_MODEL) or "NOT_FOUND" in status or status == "404":
-        return ModelConfigError(f"{where}: {msg}. Check model= and that the repository is loaded "
-                                "(`python -m bge_triton.client health`, `python -m bge_triton.server status`)")
-    if "UNAVAILABLE" in status or status in ("502", "503"):
+    queue_full = any(s in low for s in _QUEUE_FULL)
+    if code in ("UNAVAILABLE", "RESOURCE_EXHAUSTED"):
+        if queue_full or code == "RESOURCE_EXHAUSTED":
+            return _overloaded(where, msg)
+        if any(s in low for s in _UNKNOWN_MODEL):
+            return _unknown_model(where, msg)
         return ServerUnavailable(f"{where}: server unavailable ({msg}); is tritonserver running at the url? "
                                  "(`python -m bge_triton.server up ...`)")
-    if "INVALID_ARGUMENT" in status or status in ("400", "413", "422"):
+    if code == "INVALID_ARGUMENT":
+        if any(s in low for s in _UNKNOWN_MODEL):  # Triton's HTTP answers an unknown model with 400
+            return _unknown_model(where, msg)
         return InputError(f"{where}: the server rejected the input: {msg}. Fix the input (e.g. "
                           "truncate=True for over-long texts); invalid input is never retried")
-    if "CANCELLED" in status:
+    if code == "NOT_FOUND":
+        return _unknown_model(where, msg)
+    if code == "DEADLINE_EXCEEDED":
+        return _timeout_error(where, timeout_s)
+    if code == "CANCELLED":
         return ServerUnavailable(f"{where}: request cancelled ({msg})")
-    if not status and ("connect" in low or "connection" in low):
-        return ServerUnavailable(f"{where}: cannot connect ({msg}); start the server or fix url=")
-    return KitError(f"{where}: server error [{status or 'client'}] {msg}; see the tritonserver log")
+    if code in (None, "UNKNOWN", "INTERNAL"):  # the code says nothing: the message is all there is
+        if queue_full:
+            return _overloaded(where, msg)
+        if code is None and any(s in low for s in _TIMEOUT):
+            return _timeout_error(where, timeout_s)
+        if any(s in low for s in _UNKNOWN_MODEL):
+            return _unknown_model(where, msg)
+        if code is None and ("connect" in low or "connection" in low):
+            return ServerUnavailable(f"{where}: cannot connect ({msg}); start the server or fix url=")
+    return KitError(f"{where}: server error [{code or 'client'}] {msg}; see the tritonserver log")
 
 
 def classify(exc: BaseException, where: str = "request", timeout_s: float | None = None) -> KitError:

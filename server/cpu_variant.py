@@ -2,6 +2,8 @@
 
 Each onnxruntime-backend model becomes a python-backend model of the same name, inputs, outputs,
 max_batch_size and dynamic_batching, running ONNX Runtime on CPU (or the calibrated cost model).
+The text endpoint keeps the shipped model.py; with a CPU encoder it gets the in-process ONNX Runtime
+backend (cpu_models/encoder_inprocess.py, copied beside model.py) through its `encoder` setting.
 Model files are symlinked, never copied.
 """
 from __future__ import annotations
@@ -13,12 +15,17 @@ from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from bge_triton.server.repository import Batching, apply_batching, iter_models, load_config, set_param, write_config
+from bge_triton.errors import ModelConfigError
+from bge_triton.server.repository import (Batching, apply_batching, iter_models, load_config, set_param,
+                                          set_text_settings, text_settings, write_config)
 
 CPU_MODELS = Path(__file__).resolve().parent / "cpu_models"
 ONNX_MODEL_PY = CPU_MODELS / "onnx_model.py"
+# encoder "X" of the text endpoint loads the module encoder_X.py beside its model.py.
+TEXT_BACKENDS = {"inprocess": CPU_MODELS / "encoder_inprocess.py"}
 
-# The text endpoint in front of a CPU encoder (executor onnxruntime). Each setting was measured with
+# The text endpoint in front of a CPU encoder (executor onnxruntime): overrides of its settings, whose
+# defaults live in model_repository/bge_large_zh/1/text_core.py. Each was measured with
 # `python -m bge_triton.loadtest.stack_bench` (reports/stack; docs/architecture.md, "Local CPU variant"):
 # - encoder "inprocess": the text endpoint runs the encoder's model.onnx itself. On the GPU the encoder is
 #   the C++ onnxruntime backend and BLS stays inside the server; here the stand-in encoder is a second
@@ -58,8 +65,8 @@ class CpuVariant:
     keep_warmup: bool = False
     models: tuple[str, ...] | None = None  # None = every model in the repository
     batching: dict[str, Batching] = field(default_factory=dict)
-    # Parameters set on python-backend models (the text endpoint). None: CPU_TEXT_PARAMS with the
-    # onnxruntime executor, the config's own with the cost model (an emulated GPU keeps the GPU settings).
+    # Text settings overridden on the text endpoint (keys of text_core.TextSettings). None: CPU_TEXT_PARAMS
+    # with the onnxruntime executor, the config's own with the cost model (an emulated GPU keeps the GPU's).
     text_params: dict[str, str] | None = None
     # None: CPU_TEXT_INSTANCES with onnxruntime (one with cpu_lock off), else the config's count.
     text_instances: int | None = None
@@ -109,14 +116,8 @@ def cpu_config(cfg: mc.ModelConfig, variant: CpuVariant) -> mc.ModelConfig:
             count = variant.encoder_instances
         elif variant.executor == "onnxruntime":
             count = 2 if variant.cpu_lock else 1
-    if cfg.backend == "python" and "onnx_model" in cfg.parameters:  # a text endpoint (it names its encoder)
-        params = variant.resolved_text_params()
-        if params.get("encoder") == "inprocess":  # same ORT threading as the encoder model would get
-            params.setdefault("intra_op_threads", str(variant.intra_op_threads))
-            params.setdefault("allow_spinning", "1" if variant.allow_spinning else "0")
-            params.setdefault("cpu_lock", "1" if variant.cpu_lock else "0")
-        for key, value in params.items():
-            set_param(out, key, value)
+    if is_text_endpoint(cfg):
+        _set_text_params(out, variant)
         count = variant.resolved_text_instances() or count
     del out.instance_group[:]
     group = out.instance_group.add()
@@ -125,6 +126,34 @@ def cpu_config(cfg: mc.ModelConfig, variant: CpuVariant) -> mc.ModelConfig:
     if cfg.name in variant.batching:
         out = apply_batching(out, variant.batching[cfg.name])
     return out
+
+
+def is_text_endpoint(cfg: mc.ModelConfig) -> bool:
+    """A python model that names its encoder (parameter onnx_model): the kit's text endpoint."""
+    return cfg.backend == "python" and "onnx_model" in cfg.parameters
+
+
+def _set_text_params(out: mc.ModelConfig, variant: CpuVariant) -> None:
+    """The variant's text settings, typed and checked through text_core.TextSettings."""
+    base = text_settings(out)
+    overrides = variant.resolved_text_params()
+    params = {**base.to_params(), **overrides}
+    unknown = set(overrides) - set(base.keys())
+    if unknown:
+        raise ModelConfigError(f"CpuVariant.text_params {sorted(unknown)} are not text endpoint settings; use "
+                               f"one of {list(base.keys())}")
+    try:
+        settings = type(base).from_params(params, out.name)
+    except ValueError as exc:
+        raise ModelConfigError(f"CpuVariant.text_params: {exc}") from exc
+    if settings.encoder != "bls" and settings.encoder not in TEXT_BACKENDS:
+        raise ModelConfigError(f"text endpoint encoder={settings.encoder!r}: use 'bls' or one of "
+                               f"{sorted(TEXT_BACKENDS)}")
+    set_text_settings(out, settings)
+    if settings.encoder == "inprocess":  # the backend's own knobs: the same ORT threading as the encoder model
+        set_param(out, "intra_op_threads", variant.intra_op_threads)
+        set_param(out, "allow_spinning", "1" if variant.allow_spinning else "0")
+        set_param(out, "cpu_lock", "1" if variant.cpu_lock else "0")
 
 
 def _link_tree(src: Path, dst: Path) -> None:
@@ -136,6 +165,28 @@ def _link_tree(src: Path, dst: Path) -> None:
             _link_tree(item, target)
         else:
             os.symlink(item.resolve(), target)
+
+
+def _install_text_backend(model_dir: Path, encoder: str) -> None:
+    """Beside each version's model.py: the modules of model.py's own folder, and the encoder backend module.
+
+    A model.py linked from elsewhere (e.g. this checkout's) brings its own text_core / text_stages.
+    """
+    for version in (p for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()):
+        model_py = version / "model.py"
+        if not model_py.exists():
+            continue
+        home = model_py.resolve().parent
+        for src in (p for p in home.glob("*.py") if p.name != "model.py"):
+            target = version / src.name
+            if target.is_symlink() or target.exists():
+                target.unlink()
+            os.symlink(src.resolve(), target)
+        if encoder in TEXT_BACKENDS:
+            target = version / TEXT_BACKENDS[encoder].name
+            if target.is_symlink() or target.exists():
+                target.unlink()
+            shutil.copyfile(TEXT_BACKENDS[encoder], target)
 
 
 def render_cpu_variant(repository: Path, out_dir: Path, variant: CpuVariant = CpuVariant()) -> Path:
@@ -159,5 +210,7 @@ def render_cpu_variant(repository: Path, out_dir: Path, variant: CpuVariant = Cp
                 if model_py.exists() or model_py.is_symlink():
                     model_py.unlink()
                 shutil.copyfile(ONNX_MODEL_PY, model_py)
+        if is_text_endpoint(cpu):
+            _install_text_backend(dst, text_settings(cpu).encoder)
         write_config(cpu, dst / "config.pbtxt", "python -m bge_triton.server up (CPU variant, rendered at start)")
     return out_dir

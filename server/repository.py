@@ -6,10 +6,15 @@ string edits.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
+import importlib.util
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from types import ModuleType
+from typing import Any, Iterable
 
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
@@ -20,7 +25,10 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CANONICAL = REPO_ROOT / "model_repository"
 CANONICAL_NAME = "bge_large_zh"
 ENCODER_SUFFIX = "_onnx"
-TEXT_MODEL_PY = DEFAULT_CANONICAL / CANONICAL_NAME / "1" / "model.py"
+TEXT_MODEL_DIR = DEFAULT_CANONICAL / CANONICAL_NAME / "1"
+TEXT_MODEL_PY = TEXT_MODEL_DIR / "model.py"
+# The text endpoint's code: model.py (the Triton adapter) and the pure modules it imports by name.
+TEXT_ENDPOINT_FILES = ("model.py", "text_core.py", "text_stages.py")
 
 ModelConfig = mc.ModelConfig
 
@@ -78,6 +86,55 @@ def set_param(cfg: mc.ModelConfig, key: str, value: object) -> None:
     cfg.parameters[key].string_value = str(value)
 
 
+@functools.lru_cache(maxsize=None)
+def text_core(model_dir: Path = TEXT_MODEL_DIR) -> ModuleType:
+    """The shipped text_core module (settings, error kinds), imported by path: it is no package."""
+    path = Path(model_dir) / "text_core.py"
+    name = f"_bge_triton_text_core_{abs(hash(str(path)))}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses resolve the module by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def text_settings(cfg: mc.ModelConfig) -> Any:
+    """The text endpoint's typed settings (text_core.TextSettings) from a config's parameters."""
+    params = {key: value.string_value for key, value in cfg.parameters.items()}
+    try:
+        return text_core().TextSettings.from_params(params, cfg.name)
+    except ValueError as exc:
+        raise ModelConfigError(f"{cfg.name}: {exc}") from exc
+
+
+def set_text_settings(cfg: mc.ModelConfig, settings: Any = None, **changes: Any) -> mc.ModelConfig:
+    """Write `settings` (default: the config's own) with `changes` into cfg's parameters, every key explicit."""
+    settings = text_settings(cfg) if settings is None else settings
+    unknown = set(changes) - set(settings.keys())
+    if unknown:
+        raise ModelConfigError(f"{cfg.name}: {sorted(unknown)} are not text endpoint settings; use one of "
+                               f"{list(settings.keys())}")
+    try:
+        settings = dataclasses.replace(settings, **changes)
+    except ValueError as exc:
+        raise ModelConfigError(f"{cfg.name}: {exc}") from exc
+    for key, value in settings.to_params().items():
+        set_param(cfg, key, value)
+    return cfg
+
+
+def install_text_endpoint(version_dir: Path, source: Path = TEXT_MODEL_DIR) -> None:
+    """Copy the text endpoint's code (TEXT_ENDPOINT_FILES) into a model version directory."""
+    version_dir = Path(version_dir)
+    version_dir.mkdir(parents=True, exist_ok=True)
+    for name in TEXT_ENDPOINT_FILES:
+        src, dst = Path(source) / name, version_dir / name
+        if dst.resolve() != src.resolve():
+            if dst.is_symlink():
+                dst.unlink()
+            shutil.copyfile(src, dst)
+
+
 def is_synthetic(cfg: mc.ModelConfig) -> bool:
     """True when the config says its weights are synthetic (random)."""
     return (get_param(cfg, "synthetic", "false") or "false").lower() == "true"
@@ -127,16 +184,15 @@ def derive_model_pair(name: str, dim: int, max_length: int, *, synthetic: bool, 
         set_param(cfg, "synthetic", synthetic)
         set_param(cfg, "pooling", pooling)
         set_param(cfg, "precision", precision)
-    set_param(txt, "onnx_model", enc.name)
-    set_param(txt, "max_length", max_length)
-    set_param(txt, "sub_batch_max", enc.max_batch_size)
+    sub_batch_max = min(text_settings(txt).sub_batch_max, enc.max_batch_size)
+    set_text_settings(txt, onnx_model=enc.name, max_length=max_length, sub_batch_max=sub_batch_max)
     return enc, txt
 
 
 def write_model_pair(repository: Path, name: str, dim: int, max_length: int, *, synthetic: bool,
                      pooling: str, precision: str, canonical: Path = DEFAULT_CANONICAL,
                      generated_by: str | None = "python -m bge_triton.export") -> tuple[Path, Path]:
-    """Write NAME_onnx/config.pbtxt and NAME/config.pbtxt (+ the text endpoint's model.py)."""
+    """Write NAME_onnx/config.pbtxt and NAME/config.pbtxt (+ the text endpoint's code)."""
     repository = Path(repository)
     enc, txt = derive_model_pair(name, dim, max_length, synthetic=synthetic, pooling=pooling,
                                  precision=precision, canonical=canonical)
@@ -145,11 +201,7 @@ def write_model_pair(repository: Path, name: str, dim: int, max_length: int, *, 
     enc_path = write_config(enc, repository / enc.name / "config.pbtxt", header)
     txt_path = write_config(txt, repository / txt.name / "config.pbtxt", header)
     (repository / enc.name / "1").mkdir(parents=True, exist_ok=True)
-    model_py = repository / txt.name / "1" / "model.py"
-    src_py = Path(canonical) / CANONICAL_NAME / "1" / "model.py"
-    if model_py.resolve() != src_py.resolve():
-        model_py.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(src_py, model_py)
+    install_text_endpoint(repository / txt.name / "1", Path(canonical) / CANONICAL_NAME / "1")
     return enc_path, txt_path
 
 

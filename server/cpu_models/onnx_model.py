@@ -6,7 +6,7 @@ dynamic_batching as the GPU config. Executor `costmodel` sleeps a + b*B*L micros
 share one emulated GPU: a file lock in the model's directory is held while a Triton batch "runs", so two
 instances overlap their hand-offs but not their compute, as two instances on one GPU do. With
 parameter cpu_lock "1", executor `onnxruntime` takes turns the same way through the repository's
-.cpu_compute.lock, shared with the text endpoint's in-process encoder (ORT uses every core per run).
+.cpu_compute.lock, shared with the text endpoint's in-process encoder, encoder_inprocess.py (ORT uses every core per run).
 """
 import fcntl
 import json
@@ -69,7 +69,7 @@ class TritonPythonModel:
             self.run_lock = open(os.path.join(args["model_repository"], ".emulated_gpu.lock"), "a+")
         elif _param(cfg, "cpu_lock", "0").strip().lower() in ("1", "true"):
             # ORT uses every core for one run: instances (and the text endpoint's in-process encoder) take
-            # turns through one file in the repository, the same one the text endpoint's model.py opens.
+            # turns through one file in the repository, the same one the text endpoint's encoder_inprocess.py opens.
             root = os.path.dirname(os.path.normpath(args["model_repository"]))
             self.run_lock = open(os.path.join(root, ".cpu_compute.lock"), "a+")
         self.session = None

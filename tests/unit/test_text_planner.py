@@ -1,24 +1,21 @@
-"""The text endpoint's length-aware sub-batch planner (pure function, loaded without Triton)."""
+"""The text endpoint's length-aware sub-batch planner (text_stages.plan_sub_batches, no Triton)."""
 from __future__ import annotations
 
-import importlib.util
 import random
 import sys
-import types
 from pathlib import Path
 
 import pytest
 
-MODEL_PY = Path(__file__).resolve().parents[2] / "model_repository" / "bge_large_zh" / "1" / "model.py"
+MODEL_DIR = Path(__file__).resolve().parents[2] / "model_repository" / "bge_large_zh" / "1"
 
 
 @pytest.fixture(scope="module")
 def planner():
-    sys.modules.setdefault("triton_python_backend_utils", types.ModuleType("triton_python_backend_utils"))
-    spec = importlib.util.spec_from_file_location("text_endpoint_model", MODEL_PY)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.plan_sub_batches
+    sys.path.insert(0, str(MODEL_DIR))  # as the python backend stub does for model.py
+    import text_stages
+
+    return text_stages.plan_sub_batches
 
 
 def _check(plans, lengths, budget, max_batch, multiple):

@@ -91,9 +91,6 @@ def test_image_installs_nothing_the_models_do_not_import() -> None:
     assert image_imports() - used == set()
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 13: model.py still imports onnxruntime (encoder=inprocess) and torch (GPU output); "
-                          "the text endpoint's rewrite moves them out. strict: remove this mark when it passes")
 def test_every_model_import_is_in_the_server_image() -> None:
     assert uncovered(MODELS, image_imports()) == {}
 

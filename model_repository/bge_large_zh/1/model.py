@@ -50,11 +50,10 @@ class BlsBackend(EncoderBackend):
             error = response.error()
             raise encoder_error(self.model, error.message(), error.code() == pb_utils.TritonError.UNAVAILABLE)
         tensor = pb_utils.get_output_tensor_by_name(response, "embedding")
-        if tensor.is_cpu():
-            return tensor.as_numpy()
-        from torch.utils.dlpack import from_dlpack  # GPU output: only when CPU memory was not honoured
-
-        return from_dlpack(tensor.to_dlpack()).cpu().numpy()
+        if not tensor.is_cpu():  # preferred_memory asks for CPU: the server image carries no GPU array library
+            raise encoder_error(self.model, "answered 'embedding' in GPU memory although the request asked for "
+                                "CPU memory (preferred_memory): check the encoder's output placement", False)
+        return tensor.as_numpy()
 
 
 def _triton_error(error: TextError):

@@ -22,6 +22,10 @@ from bge_triton.loadtest.stats import CpuMeter, fetch_stats, stats_delta, summar
 from bge_triton.server.cpu_variant import CpuVariant
 from bge_triton.server.repository import ENCODER_SUFFIX, SCENARIOS
 
+from bge_triton.extras import require  # noqa: E402  (after the imports: a clean ImportError)
+
+require("loadtest", "python -m bge_triton.loadtest.bench")
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCENARIO_ORDER = ("no_batching", "static_32", "dynamic_5ms", "delay_0", "text_endpoint")
 EXECUTORS = ("onnxruntime", "costmodel")

@@ -4,7 +4,9 @@
 (b) the full stack at saturation (tritonclient gRPC, many small requests in flight), measured back
 to back with (a) in alternating rounds; (c) one request in flight vs raw batch 1, interleaved text
 by text; and the padding ratio of (b) from the endpoint's Prometheus counters beside FIFO
-pad-to-longest on the same traffic. A report, not a test:
+pad-to-longest on the same traffic; (c) split by Triton's own statistics (queue, compute, the rest
+outside Triton). `--text-param encoder=bls` measures the GPU topology (text endpoint -> BLS -> encoder)
+instead of the CPU variant's in-process encoder. A report, not a test:
 
     python -m bge_triton.loadtest.stack_bench [--quick] [--out reports/stack]
 """
@@ -22,13 +24,17 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bge_triton.errors import KitError, ServerNotReady
+from bge_triton.errors import KitError
 from bge_triton.loadtest import stack_client, stack_raw
 from bge_triton.loadtest.stack_report import StackResults, write_report
+from bge_triton.loadtest.stats import fetch_stats, phase_means_ms
 from bge_triton.server.cpu_variant import CPU_TEXT_INSTANCES, CPU_TEXT_PARAMS, CpuVariant
-from bge_triton.server.launcher import LocalServer, ServerSettings
+from bge_triton.server.launcher import LocalServer, ServerSettings, free_ports
 from bge_triton.server.repository import TEXT_MODEL_PY, Batching, load_config
-from bge_triton.server.launcher import free_ports as launcher_free_ports
+
+from bge_triton.extras import require  # noqa: E402  (after the imports: a clean ImportError)
+
+require("loadtest", "python -m bge_triton.loadtest.stack_bench")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PORTS = range(18400, 18500)
@@ -105,13 +111,10 @@ def prepare_repository(s: StackSettings) -> Path:
     return onnx
 
 
-def free_ports(count: int) -> list[int]:
-    """`count` free loopback ports from 18400-18499."""
-    return launcher_free_ports(count, PORTS)
 
 def server_settings(s: StackSettings) -> ServerSettings:
     """The CPU variant under test: same threads as raw, encoder batcher work-conserving (no wait)."""
-    http, grpc, metrics = free_ports(3)
+    http, grpc, metrics = free_ports(3, PORTS)
     variant = CpuVariant(intra_op_threads=s.threads, text_params=dict(s.text_params), text_instances=s.text_instances,
                          allow_spinning=s.spin, batching={f"{s.name}_onnx": Batching(preferred_batch_sizes=(), max_queue_delay_us=0)})
     return ServerSettings(repository=s.repository, http_port=http, grpc_port=grpc, metrics_port=metrics,
@@ -209,6 +212,7 @@ def run(s: StackSettings) -> StackResults:
             for text, row in list(zip(texts, ids))[:5]:  # warm every path
                 for call in paths.values():
                     call(text, row)
+            stats_before = fetch_stats(srv.http_url, model)  # (c)'s requests only: the split below
             pairs = list(zip(texts[:s.latency_texts], ids[:s.latency_texts]))
             # One request in flight, back to back: each path runs a block of texts in a row (a closed loop
             # of one user), then the next path runs the same block; the path order rotates block by block
@@ -230,6 +234,7 @@ def run(s: StackSettings) -> StackResults:
                 print(f"  repeat {rep + 1}/{s.latency_repeats}: p50 raw spin off "
                       f"{statistics.median(repeat['raw_off']):.2f}, spin on {statistics.median(repeat['raw_on']):.2f}, "
                       f"stack {statistics.median(repeat['stack']):.2f} ms", flush=True)
+            split = phase_means_ms(stats_before, fetch_stats(srv.http_url, model))
         finally:
             seq.close()
             if ref is not None:
@@ -263,7 +268,7 @@ def run(s: StackSettings) -> StackResults:
         "server knobs": knobs,
     }
     return StackResults(header=header, sweep=[(c.label, c.batch, t) for c, t in sweep], rounds=rounds,
-                        latency=latency, latency_repeats=latency_repeats, padding=padding)
+                        latency=latency, latency_repeats=latency_repeats, padding=padding, split=split)
 
 
 CLIENTS = {"sdk-http": "the kit's client SDK (client.EmbeddingClient, sync, protocol http)",

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import struct
 
 import numpy as np
@@ -9,7 +10,8 @@ import pytest
 
 from bge_triton.errors import InputError
 from bge_triton.loadtest import corpus, loadgen
-from bge_triton.loadtest.window import histogram_delta, histogram_percentile
+from bge_triton.loadtest.stats import histogram_percentile
+from bge_triton.loadtest.window import histogram_delta
 
 
 def _split(body: bytes) -> tuple[dict, bytes]:
@@ -56,8 +58,9 @@ def test_window_histogram_percentiles():
     after = {10: 95, 20: 10, 500: 1}
     win = histogram_delta(before, after)
     assert win == {10: 90, 20: 5, 500: 1}
-    assert histogram_percentile(win, 50) == 10 and histogram_percentile(win, 99) == 500
-    assert histogram_percentile({}, 50) != histogram_percentile({}, 50)  # nan
+    assert histogram_percentile(win, 50) == 10 and histogram_percentile(win, 100) == 500
+    assert histogram_percentile(win, 99) == pytest.approx(20 + (500 - 20) * 0.05)  # rank 94.05 of 96, linear
+    assert math.isnan(histogram_percentile({}, 50))
 
 
 def test_load_result_merge_and_throughput():

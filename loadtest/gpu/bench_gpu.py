@@ -241,8 +241,11 @@ def main(argv: list[str] | None = None) -> int:
     settings["gpu utilisation source"] = sampler.source
     md = s.out / "gpu_bench.md"
     report.write_csv(md.with_suffix(".csv"), rows, command)
-    report.write_markdown(md, rows, machine, matmul, settings, command, s.device)
-    print(f"[bench] wrote {md} and {md.with_suffix('.csv')}", flush=True)
+    where = machine["gpu"] if s.device.startswith("cuda") else "CPU (dry run)"
+    png = report.write_png(md.with_suffix(".png"), rows, command, f"{dims.name} ({s.dtype}) on {where}",
+                           f"{where}, {machine['cpus']} CPUs")
+    report.write_markdown(md, rows, machine, matmul, settings, command, s.device, png)
+    print(f"[bench] wrote {md}, {md.with_suffix('.csv')}" + (f", {png}" if png else " (no matplotlib: no PNG)"), flush=True)
     return 0
 
 

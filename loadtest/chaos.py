@@ -21,8 +21,12 @@ from pathlib import Path
 from bge_triton.errors import KitError
 from bge_triton.loadtest.chaos_common import start_server
 from bge_triton.loadtest.chaos_faults import broken_start, kill9_under_load, kill_stub
-from bge_triton.loadtest.chaos_inputs import ALL_CASES, flood, run_catalogue
+from bge_triton.loadtest.chaos_inputs import flood, run_catalogue
 from bge_triton.loadtest.chaos_overload import OverloadSettings, run_overload
+
+from bge_triton.extras import require  # noqa: E402  (after the imports: a clean ImportError)
+
+require("loadtest", "python -m bge_triton.loadtest.chaos")
 
 COMMAND = "python -m bge_triton.loadtest.chaos"
 

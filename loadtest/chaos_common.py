@@ -14,22 +14,17 @@ from typing import Any, Sequence
 import numpy as np
 import psutil
 
-from bge_triton.errors import ServerNotReady
 from bge_triton.server.cpu_variant import CpuVariant
-from bge_triton.server.launcher import LocalServer, ServerSettings
-from bge_triton.server.launcher import free_ports as launcher_free_ports
+from bge_triton.server.launcher import LocalServer, ServerSettings, free_ports
 
 PORT_RANGE = range(18200, 18300)  # the chaos scenarios' own ports (bench: 18100-18199)
 
 
-def free_ports(count: int = 3, pool: range = PORT_RANGE, avoid: Sequence[int] = ()) -> list[int]:
-    """`count` free loopback ports from the chaos range."""
-    return launcher_free_ports(count, pool, tuple(avoid))
 
 def server_settings(repository: Path, state_dir: Path, variant: CpuVariant = CpuVariant(),
                     ports: Sequence[int] | None = None, **kwargs: Any) -> ServerSettings:
     """Settings for a chaos server on loopback ports from the chaos range."""
-    http, grpc, metrics = ports or free_ports(3)
+    http, grpc, metrics = ports or free_ports(3, PORT_RANGE)
     return ServerSettings(repository=Path(repository), http_port=http, grpc_port=grpc, metrics_port=metrics,
                           state_dir=Path(state_dir), variant=variant, **kwargs)
 

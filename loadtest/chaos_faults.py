@@ -24,10 +24,10 @@ import psutil
 
 from bge_triton.client import EmbeddingClient, KitError, RetryPolicy, ServerUnavailable
 from bge_triton.errors import ServerNotReady
-from bge_triton.loadtest.chaos_common import (free_ports, listening_addresses, process_tree, server_settings, stub_pids,
+from bge_triton.loadtest.chaos_common import (PORT_RANGE, listening_addresses, process_tree, server_settings, stub_pids,
                                    wait_until)
 from bge_triton.server.cpu_variant import CpuVariant
-from bge_triton.server.launcher import REPO_ROOT, LocalServer
+from bge_triton.server.launcher import REPO_ROOT, LocalServer, free_ports
 
 COST = CpuVariant(executor="costmodel", cost_a_us=5000.0, cost_b_us=10.0)  # light on the 2 CPUs
 
@@ -97,7 +97,7 @@ class Load:
 def kill9_under_load(repository: Path, state_dir: Path, model: str = "minilm", threads: int = 3,
                      protocol: str = "grpc") -> dict:
     """SIGKILL our tritonserver while callers are busy; restart it on the same ports; reuse the clients."""
-    http, grpc, metrics = free_ports(3)
+    http, grpc, metrics = free_ports(3, PORT_RANGE)
     settings = server_settings(repository, state_dir, COST, ports=(http, grpc, metrics))
     srv = LocalServer(settings).start()
     shm_before = _shm_regions()
@@ -239,7 +239,7 @@ def broken_start(repository: Path, work_dir: Path, case: str, model: str = "mini
     """`python -m bge_triton.server up` on a copy of the repository with one breakage; returns rc, time, message."""
     repo = _copy_repo(repository, work_dir / f"repo_{case}")
     BREAKAGES[case](repo, model)
-    http, grpc, metrics = free_ports(3)
+    http, grpc, metrics = free_ports(3, PORT_RANGE)
     state = work_dir / f"state_{case}"
     cmd = [sys.executable, "-m", "bge_triton.server", "up", "--repository", str(repo), "--http-port", str(http),
            "--grpc-port", str(grpc), "--metrics-port", str(metrics), "--state-dir", str(state),

@@ -16,10 +16,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from bge_triton.client import AsyncEmbeddingClient, InputError, KitError, Overloaded, RetryPolicy, ServerUnavailable
 from bge_triton.loadtest.chaos_common import start_server, tree_rss_mb
+from bge_triton.loadtest.stats import percentile
 from bge_triton.server.cpu_variant import CpuVariant
 from bge_triton.server.repository import Batching
 
@@ -188,8 +187,8 @@ async def _run(settings: OverloadSettings, url: str, pid: int) -> dict:
         rss_before = tree_rss_mb(pid)
         shots = await _open_loop(client, phases, settings.deadline_s, counter, rng)
     base = [s.latency for s in shots if s.phase == "baseline" and s.outcome == "ok"]
-    base_p50 = float(np.median(base)) if base else 0.05
-    normal_s = max(3 * base_p50, float(np.percentile(base, 99)) * 1.5 if base else 0.1, 0.1)
+    base_p50 = percentile(base, 50) if base else 0.05
+    normal_s = max(3 * base_p50, percentile(base, 99) * 1.5 if base else 0.1, 0.1)
     drop_at = settings.baseline_s + settings.overload_s
     over = [s for s in shots if s.phase == "overload"]
     accepted = [s.latency for s in over if s.outcome == "ok"]
@@ -208,9 +207,9 @@ async def _run(settings: OverloadSettings, url: str, pid: int) -> dict:
         "overload_outcomes": dict(Counter(s.outcome for s in over)),
         "hung": sum(s.outcome == "hung" for s in shots),
         "baseline_p50_s": base_p50, "normal_s": normal_s,
-        "accepted_p99_s": float(np.percentile(accepted, 99)) if accepted else 0.0,
+        "accepted_p99_s": percentile(accepted, 99) if accepted else 0.0,
         "accepted_max_s": max(accepted, default=0.0), "latency_bound_s": settings.latency_bound_s,
-        "rejected_p99_s": float(np.percentile(rejected, 99)) if rejected else 0.0,
+        "rejected_p99_s": percentile(rejected, 99) if rejected else 0.0,
         "rejected_max_s": max(rejected, default=0.0),
         "recovery_s": recovery_time(shots, drop_at, normal_s),
         "rss_growth_mb": tree_rss_mb(pid) - rss_before,

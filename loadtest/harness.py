@@ -17,8 +17,7 @@ from bge_triton.errors import ModelConfigError, ServerNotReady
 from bge_triton.loadtest import loadgen
 from bge_triton.loadtest.costmodel import CostModel
 from bge_triton.server.cpu_variant import CpuVariant, cpu_config
-from bge_triton.server.launcher import LocalServer, ServerSettings
-from bge_triton.server.launcher import free_ports as launcher_free_ports
+from bge_triton.server.launcher import LocalServer, ServerSettings, free_ports
 from bge_triton.server.repository import (CANONICAL_NAME, DEFAULT_CANONICAL, ENCODER_SUFFIX, Batching, apply_batching,
                                TEXT_MODEL_PY, load_config, set_param, write_config)
 
@@ -40,9 +39,6 @@ class TritonPythonModel:
 '''
 
 
-def free_ports(count: int = 3, pool: range = PORT_RANGE) -> list[int]:
-    """`count` free loopback ports from the kit's load-test range (18100-18199)."""
-    return launcher_free_ports(count, pool)
 
 def noop_config() -> mc.ModelConfig:
     """Same inputs as an encoder, 1-float output, work-conserving batching."""
@@ -105,7 +101,7 @@ class Harness:
     server: LocalServer | None = None
 
     def start(self) -> "Harness":
-        http, grpc, metrics = free_ports(3)
+        http, grpc, metrics = free_ports(3, PORT_RANGE)
         variant = self.variant_for("onnxruntime")
         settings = ServerSettings(repository=self.repository, http_port=http, grpc_port=grpc, metrics_port=metrics,
                                   state_dir=self.state_dir, model_control="explicit", variant=variant)

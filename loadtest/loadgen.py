@@ -1,4 +1,5 @@
-"""The bench's load generator: asyncio keep-alive HTTP with Triton's binary tensor extension.
+"""The kit's one HTTP load generator (bench, tuner, Locust bodies, GPU bench): asyncio keep-alive HTTP with
+Triton's binary tensor extension; the request bytes are the SDK's own (client.core.http_request).
 
 Closed loop (peak: C users, each sends when its last answer came) or open loop (Poisson arrivals
 at a fixed rate, latency counted from the SCHEDULED send time so coordinated omission cannot
@@ -8,41 +9,31 @@ hide overload). Requests are pre-encoded bytes; one process pushes thousands per
 from __future__ import annotations
 
 import asyncio
-import json
 import multiprocessing as mp
 import random
-import struct
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from bge_triton.client.core import InferCall, http_request, tensor_call, text_call
+
+
+def request_body(call: InferCall) -> bytes:
+    """The SDK's own HTTP body for `call` (client.core.http_request), its header length framed in front."""
+    body, header_len = http_request(call)
+    return header_len.to_bytes(8, "little") + body
+
 
 def tensor_request(seq_len: int, ids: np.ndarray) -> bytes:
-    """Body of one encoder request: input_ids and attention_mask INT64 [1, L], binary output."""
-    raw = ids.astype("<i8").tobytes()
-    mask = np.ones(seq_len, dtype="<i8").tobytes()
-    header = json.dumps({
-        "inputs": [{"name": "input_ids", "shape": [1, seq_len], "datatype": "INT64",
-                    "parameters": {"binary_data_size": len(raw)}},
-                   {"name": "attention_mask", "shape": [1, seq_len], "datatype": "INT64",
-                    "parameters": {"binary_data_size": len(mask)}}],
-        "outputs": [{"name": "embedding", "parameters": {"binary_data": True}}]}).encode()
-    return _frame(header, raw + mask)
+    """One encoder request as the SDK's tensor mode sends it: input_ids and attention_mask INT64 [1, L]."""
+    row = np.asarray(ids, dtype=np.int64).reshape(1, seq_len)
+    return request_body(tensor_call("", row, np.ones_like(row)))
 
 
-def text_request(text: str) -> bytes:
-    """Body of one text-endpoint request: text BYTES [1, 1] (4-byte length prefix + UTF-8)."""
-    data = text.encode("utf-8")
-    raw = struct.pack("<I", len(data)) + data
-    header = json.dumps({
-        "inputs": [{"name": "text", "shape": [1, 1], "datatype": "BYTES", "parameters": {"binary_data_size": len(raw)}}],
-        "outputs": [{"name": "embedding", "parameters": {"binary_data": True}}]}).encode()
-    return _frame(header, raw)
-
-
-def _frame(header: bytes, payload: bytes) -> bytes:
-    return len(header).to_bytes(8, "little") + header + payload  # header length travels in front
+def text_request(text: str, truncate: bool = True) -> bytes:
+    """One text-endpoint request as the SDK's text mode sends it: text BYTES [1, 1] plus `truncate`."""
+    return request_body(text_call("", [text], truncate))
 
 
 def tensor_bodies(seq_len: int, n: int = 128, vocab: int = 1000, seed: int = 0) -> list[bytes]:
@@ -80,6 +71,7 @@ class LoadResult:
     errors: int = 0
     late: int = 0  # open loop: scheduled in the window, no answer within the grace
     first_error: str = ""
+    window_start: float = 0.0  # wall clock (time.time()) of the window's start, for samplers of other probes
 
     @property
     def throughput(self) -> float:
@@ -205,13 +197,15 @@ def run(spec: LoadSpec) -> LoadResult:
     parts = [LoadSpec(**{**spec.__dict__, "concurrency": max(1, spec.concurrency // n), "rate": spec.rate / n,
                          "processes": 1, "seed": spec.seed + k, "t0": t0}) for k in range(n)]
     if n == 1:
-        return asyncio.run(_run_async(parts[0]))
+        res = asyncio.run(_run_async(parts[0]))
+        res.window_start = t0 + spec.warmup_s
+        return res
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     procs = [ctx.Process(target=_child, args=(p, queue), daemon=True) for p in parts]
     for p in procs:
         p.start()
-    total = LoadResult(window_s=spec.duration_s)
+    total = LoadResult(window_s=spec.duration_s, window_start=t0 + spec.warmup_s)
     for _ in procs:
         total.merge(queue.get(timeout=spec.warmup_s + spec.duration_s + spec.grace_s + 60))
     for p in procs:

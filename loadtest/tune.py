@@ -20,6 +20,10 @@ from bge_triton.loadtest.costmodel import CostModel
 from bge_triton.loadtest.stats import fetch_stats, stats_delta, summarize
 from bge_triton.server.repository import DEFAULT_CANONICAL, ENCODER_SUFFIX, Batching, update_batching_in_place
 
+from bge_triton.extras import require  # noqa: E402  (after the imports: a clean ImportError)
+
+require("loadtest", "python -m bge_triton.loadtest.tune")
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TUNE_FIELDS = ("delay_us", "preferred", "rate", "goodput", "p50_ms", "p99_ms", "n", "errors", "avg_batch",
                "queue_ms", "compute_ms", "meets_slo", "picked")

@@ -17,18 +17,6 @@ def histogram_delta(before: dict[int, int], after: dict[int, int]) -> dict[int, 
     return {k: n - before.get(k, 0) for k, n in after.items() if n - before.get(k, 0) > 0}
 
 
-def histogram_percentile(hist: dict[int, int], q: float) -> float:
-    """q-th percentile (0..100) of a {value: count} histogram: the smallest value covering q% of counts."""
-    total = sum(hist.values())
-    if not total:
-        return float("nan")
-    need, seen = q / 100.0 * total, 0
-    for value in sorted(hist):
-        seen += hist[value]
-        if seen >= need:
-            return float(value)
-    return float(max(hist))
-
 WINDOW_FIELDS = ("t_s", "model", "users", "client_rps", "client_p50_ms", "client_p99_ms", "fail_per_s",
                  "triton_requests", "avg_batch", "queue_ms", "compute_ms")
 

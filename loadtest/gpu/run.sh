@@ -2,8 +2,9 @@
 # GPU bench on a bare GPU host: real tritonserver from the nvidia-pytriton wheel + synthetic
 # BGE-Large-zh (24 layers, hidden 1024) in torch fp16, five batching scenarios, reports/gpu/.
 # Needs: NVIDIA GPU + driver, python3 (3.8-3.13, built with a shared libpython) with torch (CUDA),
-# transformers, numpy; and loadtest/gpu/wheels/nvidia_pytriton-0.7.0-*.whl (fetch_wheels.sh)
-# unless nvidia-pytriton is installed. No network, no Docker.
+# transformers, numpy; and loadtest/gpu/wheels/ from fetch_wheels.sh (nvidia-pytriton, unless it is
+# installed; tritonclient and its grpc imports, unless importable: installed into loadtest/gpu/.work/site).
+# No network, no Docker.
 # Usage: bash loadtest/gpu/run.sh [bench_gpu.py flags...]   e.g. --device cpu for a dry run
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -24,6 +25,16 @@ if ! "$py" -c "import importlib.util,sys; sys.exit(importlib.util.find_spec('pyt
    && ! ls "$here"/wheels/nvidia_pytriton-*.whl >/dev/null 2>&1; then
   echo "run.sh: no nvidia-pytriton: run 'bash loadtest/gpu/fetch_wheels.sh' where PyPI is reachable" >&2
   exit 2
+fi
+if ! "$py" -c "import google.protobuf, grpc, tritonclient.grpc.model_config_pb2" 2>/dev/null; then
+  site="$here/.work/site"
+  whls=$(ls "$here"/wheels/*.whl 2>/dev/null | grep -v nvidia_pytriton || true)
+  if [ -z "$whls" ]; then
+    echo "run.sh: no tritonclient (grpc): run 'bash loadtest/gpu/fetch_wheels.sh' where PyPI is reachable" >&2
+    exit 2
+  fi
+  "$py" -m pip install --quiet --no-index --no-deps --target "$site" $whls
+  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 if command -v nvidia-smi >/dev/null; then
   nvidia-smi --query-gpu=name,driver_version,memory.total,utilization.gpu --format=csv

@@ -1,13 +1,15 @@
-"""Real tritonserver from the nvidia-pytriton wheel: find or unpack it, start it, stop it by pid.
+"""Real tritonserver from the nvidia-pytriton wheel on a bare GPU host: find or unpack it, start it, stop it by pid.
 
-Stdlib only, so it runs on a bare GPU host: the wheel is a zip, unpacked as is (the binary finds
-its libraries at ../../../nvidia_pytriton.libs). The python backend is copied into a writable
-folder together with the stub built for the running Python.
+The kit's launcher (server.launcher.LocalServer) cannot run there: it imports `pytriton`, whose own
+imports (tritonclient.http with gevent, zmq, wrapt, ...) a bare host lacks, and `bge_triton.server`
+requires the `server` extra (onnxruntime, psutil). This starter needs only the wheel's files: the
+wheel is a zip, unpacked as is (the binary finds its libraries at ../../../nvidia_pytriton.libs); the
+python backend is copied into a writable folder with the stub built for the running Python, as the
+launcher's prepare_backends does.
 """
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import shutil
 import signal
@@ -134,21 +136,3 @@ def start_server(triton_root: Path, backends: Path, repository: Path, log_path: 
     server.stop()
     raise BenchError(f"tritonserver not ready after {ready_timeout:.0f} s (raise --ready-timeout); "
                      f"log {log_path}:\n{server.log_tail()}")
-
-
-def get_json(url: str, timeout: float = 10.0) -> dict:
-    with urllib.request.urlopen(url, timeout=timeout) as r:
-        return json.loads(r.read())
-
-
-def model_stats(http_url: str, model: str) -> dict[str, float]:
-    """Cumulative counters of /v2/models/<m>/stats: requests, executions, queue and compute ns."""
-    st = get_json(f"{http_url}/v2/models/{model}/stats")["model_stats"][0]
-    inf = st["inference_stats"]
-    return {
-        "inference_count": float(st.get("inference_count", 0)),
-        "execution_count": float(st.get("execution_count", 0)),
-        "queue_ns": float(inf["queue"]["ns"]), "queue_count": float(inf["queue"]["count"]),
-        "compute_ns": float(inf["compute_infer"]["ns"]),
-        "compute_count": float(inf["compute_infer"]["count"]),
-    }

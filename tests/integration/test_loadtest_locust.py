@@ -16,7 +16,7 @@ def _rows(path: Path) -> list[dict]:
         return list(csv.DictReader(line for line in fh if not line.startswith("#")))
 
 
-@pytest.mark.parametrize("mode,shape", [("closed", "step"), ("open", "spike")])
+@pytest.mark.parametrize("mode,shape", [("closed", "step"), ("paced", "spike")])
 def test_locust_headless(triton_server, tmp_path, mode, shape):
     cmd = [sys.executable, "-m", "locust", "-f", "loadtest/locustfile.py", "--headless", "--only-summary",
            "--host", f"http://{triton_server.http_url}", "-u", "4", "-r", "4", "-t", "5",

@@ -27,6 +27,11 @@ def test_quick_run_writes_every_row(tmp_path: Path) -> None:
     assert sum(1 for r in lines if r and r[0] == "summary") == len(ROWS)
     assert "the kit's client SDK (client.EmbeddingClient, sync, protocol http)" in md  # the (c) client, named
     assert any(r[0] == "round_1" and r[1] == "ratio" for r in lines if r)
+    split = [line for line in md.splitlines() if line.startswith("| stack")]  # (c) by Triton's statistics
+    assert [line.split("|")[1].strip() for line in split] == ["stack", "stack_tritonclient"]
+    for line in split:
+        client, in_triton, *phases, _outside = (float(c) for c in line.strip("|").split("|")[1:])
+        assert client > 0 and in_triton > 0 and min(phases) >= 0  # durations; no ordering (noisy machine)
 
 
 def test_summary_rows_verdicts() -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import struct
 
 import numpy as np
@@ -9,7 +10,8 @@ import pytest
 
 from bge_triton.errors import InputError
 from bge_triton.loadtest import corpus, loadgen
-from bge_triton.loadtest.window import histogram_delta, histogram_percentile
+from bge_triton.loadtest.stats import histogram_percentile
+from bge_triton.loadtest.window import histogram_delta
 
 
 def _split(body: bytes) -> tuple[dict, bytes]:
@@ -56,11 +58,41 @@ def test_window_histogram_percentiles():
     after = {10: 95, 20: 10, 500: 1}
     win = histogram_delta(before, after)
     assert win == {10: 90, 20: 5, 500: 1}
-    assert histogram_percentile(win, 50) == 10 and histogram_percentile(win, 99) == 500
-    assert histogram_percentile({}, 50) != histogram_percentile({}, 50)  # nan
+    assert histogram_percentile(win, 50) == 10 and histogram_percentile(win, 100) == 500
+    assert histogram_percentile(win, 99) == pytest.approx(20 + (500 - 20) * 0.05)  # rank 94.05 of 96, linear
+    assert math.isnan(histogram_percentile({}, 50))
 
 
 def test_load_result_merge_and_throughput():
     a = loadgen.LoadResult(window_s=2.0, ok=10, latencies_ms=[1.0], errors=1, first_error="x")
     a.merge(loadgen.LoadResult(window_s=2.0, ok=6, latencies_ms=[2.0], late=2))
     assert a.throughput == 8.0 and a.errors == 1 and a.late == 2 and a.latencies_ms == [1.0, 2.0]
+
+
+def test_tensor_mix_bodies_pad_to_buckets_or_own_length(tmp_path):
+    """The opt-in bench scenarios: the same reviews, padded to the SDK's buckets or to each text's length."""
+    from tokenizers import Regex, Tokenizer, pre_tokenizers
+    from tokenizers.models import WordLevel
+
+    from bge_triton.client.core import DEFAULT_BUCKETS
+    from bge_triton.loadtest.bench import BenchSettings, _bodies
+
+    chars = sorted({c for t in corpus.load("reviews")[:2000] for c in t})
+    tok = Tokenizer(WordLevel({c: i + 2 for i, c in enumerate(chars)} | {"[PAD]": 0, "[UNK]": 1}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")  # one token per character
+    (tmp_path / "m" / "1" / "tokenizer").mkdir(parents=True)
+    tok.save(str(tmp_path / "m" / "1" / "tokenizer" / "tokenizer.json"))
+    s = BenchSettings(real_repo=tmp_path, real_name="m", max_chars=256)
+    widths = {}
+    for scenario in ("tensor_buckets", "tensor_own_length"):
+        shapes = set()
+        for body in _bodies(s, scenario, 16):
+            header, payload = _split(body)
+            ids, mask = header["inputs"]
+            assert ids["name"] == "input_ids" and mask["name"] == "attention_mask" and ids["shape"] == mask["shape"]
+            rows, width = ids["shape"]
+            assert rows == 1 and len(payload) == 2 * 8 * width
+            shapes.add(width)
+        widths[scenario] = shapes
+    assert widths["tensor_buckets"] <= set(DEFAULT_BUCKETS)
+    assert len(widths["tensor_own_length"]) > 3 * len(widths["tensor_buckets"])  # many shapes: batches of ~1

@@ -51,3 +51,23 @@ def test_steady_rate_counts_whole_burst_cycles() -> None:
     finished = [(t + k * 0.001, 5) for t in (0.2, 1.2, 2.2, 3.2) for k in range(10)]
     assert abs(stack_client.steady_rate(finished, 4.0) - 50.0) < 1.0
     assert stack_client.steady_rate([(0.5, 4)], 2.0) == 2.0  # too few bursts: count / window
+
+
+def test_split_of_c_by_tritons_statistics() -> None:
+    from bge_triton.loadtest.stack_report import StackResults, split_table
+    from bge_triton.loadtest.stats import flatten_stats, phase_means_ms
+
+    def snap(n: int, ns: dict[str, int]) -> dict[str, float]:
+        phases = {p: {"count": n, "ns": ns.get(p, 0)} for p in
+                  ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")}
+        return flatten_stats({"model_stats": [{"inference_count": n, "execution_count": n, "inference_stats": phases}]})
+
+    before = snap(10, {"success": 10_000_000})
+    after = snap(30, {"success": 90_000_000, "queue": 4_000_000, "compute_infer": 60_000_000})
+    split = phase_means_ms(before, after)  # 20 requests: 80 ms in Triton, 4 ms queue, 60 ms infer
+    assert split["success"] == 4.0 and split["queue"] == 0.2 and split["compute_infer"] == 3.0
+    assert split["compute_input"] == 0.0 and "fail" not in split
+    res = StackResults(header={}, sweep=[], rounds=[], latency={"stack": [5.0, 7.0]}, split=split)
+    (row,) = [line for line in split_table(res) if line.startswith("| stack ")]
+    assert row == "| stack | 6.00 | 4.00 | 0.20 | 0.00 | 3.00 | 0.00 | 2.00 |"  # outside = 6 - 4
+    assert split_table(StackResults(header={}, sweep=[], rounds=[])) == []

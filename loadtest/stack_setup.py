@@ -4,7 +4,6 @@ from __future__ import annotations
 import os
 import platform
 import random
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -13,7 +12,7 @@ from pathlib import Path
 from bge_triton.errors import KitError
 from bge_triton.server.cpu_variant import CPU_TEXT_INSTANCES, CPU_TEXT_PARAMS, CpuVariant
 from bge_triton.server.launcher import ServerSettings, free_ports
-from bge_triton.server.repository import TEXT_MODEL_PY, Batching, load_config
+from bge_triton.server.repository import Batching, install_text_endpoint, load_config
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PORTS = range(18400, 18500)
@@ -86,7 +85,7 @@ def prepare_repository(s: StackSettings) -> Path:
         proc = subprocess.run(cmd, cwd=REPO_ROOT)
         if proc.returncode != 0 or not onnx.is_file():
             raise KitError(f"export failed (exit {proc.returncode}): run `{' '.join(cmd)}` and read its error")
-    shutil.copyfile(TEXT_MODEL_PY, s.repository / s.name / "1" / "model.py")  # as the exporter does
+    install_text_endpoint(s.repository / s.name / "1")  # this checkout's endpoint code, as the exporter writes it
     return onnx
 
 

@@ -1,0 +1,106 @@
+"""The gateway's one way to Triton: the kit's async SDK over gRPC (one channel, its retry budget),
+an in-flight limit, and the readiness canary behind GET /ready."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Protocol
+
+import numpy as np
+
+from bge_triton.client import AsyncEmbeddingClient, RetryPolicy
+from bge_triton.errors import KitError
+from bge_triton.gateway.errors import overloaded
+from bge_triton.gateway.settings import GatewaySettings
+
+__all__ = ["Backend", "TritonBackend"]
+
+log = logging.getLogger("bge_triton.gateway")
+CANARY_TEXT = "ready"
+
+
+class Backend(Protocol):
+    """What the HTTP layer needs from Triton (a fake one serves the unit tests)."""
+
+    dim: int
+    max_length: int
+    last_error: str
+
+    async def connect(self) -> None: ...
+    async def start(self) -> None: ...
+    async def close(self) -> None: ...
+    async def embed(self, texts: list[str], *, priority: int, truncate: bool) -> np.ndarray: ...
+    def ready(self) -> bool: ...
+
+
+class TritonBackend:
+    """AsyncEmbeddingClient to the text endpoint; admission by a counter of requests at Triton."""
+
+    def __init__(self, settings: GatewaySettings) -> None:
+        self.settings = settings
+        retry = RetryPolicy(max_attempts=settings.triton_attempts, total_s=settings.timeout_s)
+        self.client = AsyncEmbeddingClient(settings.triton, model=settings.model, timeout_s=settings.timeout_s,
+                                           retry=retry, query_instruction=None)
+        self.in_flight = 0
+        self.last_ok = float("-inf")
+        self.last_error = "no canary has run yet"
+        self._canary: asyncio.Task | None = None
+
+    @property
+    def dim(self) -> int:
+        return self.client.spec.dim
+
+    @property
+    def max_length(self) -> int:
+        return self.client.spec.max_length or 512
+
+    async def connect(self) -> None:
+        """Read the model's config once (dim, max_length); KitError while Triton is down."""
+        await self.client.connect()
+
+    async def start(self) -> None:
+        """Start the canary (it connects, and keeps trying while Triton is down: /ready says so)."""
+        if self._canary is None:
+            self._canary = asyncio.create_task(self._canary_loop())
+
+    async def close(self) -> None:
+        if self._canary is not None:
+            self._canary.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._canary
+            self._canary = None
+        await self.client.aclose()
+
+    async def embed(self, texts: list[str], *, priority: int, truncate: bool) -> np.ndarray:
+        """float32 [n, dim]; 503 at once (no queueing here) while --max-in-flight requests are at Triton."""
+        if self.in_flight >= self.settings.max_in_flight:
+            raise overloaded(f"the gateway has {self.in_flight} requests at Triton (--max-in-flight "
+                             f"{self.settings.max_in_flight}); retry after {self.settings.retry_after_s} s",
+                             self.settings.retry_after_s)
+        self.in_flight += 1
+        try:
+            out = await self.client.embed_documents(texts, truncate=truncate, priority=priority)
+        finally:
+            self.in_flight -= 1
+        self.last_ok = time.monotonic()
+        return out
+
+    def ready(self) -> bool:
+        """An embedding (canary or real) went through Triton within --ready-max-age seconds."""
+        return time.monotonic() - self.last_ok <= self.settings.ready_max_age_s
+
+    async def _canary_loop(self) -> None:
+        s = self.settings
+        while True:
+            started = time.monotonic()
+            try:
+                await self.client.embed_documents([CANARY_TEXT], priority=s.query_priority,
+                                                  timeout_s=min(s.ready_max_age_s, s.timeout_s))
+                self.last_ok = time.monotonic()
+            except KitError as exc:
+                if self.ready() or self.last_error != str(exc):
+                    log.warning("canary embedding failed: %s", exc)
+                self.last_error = str(exc)
+            await asyncio.sleep(max(0.0, s.canary_interval_s - (time.monotonic() - started)))

@@ -1,16 +1,17 @@
 """The gateway's one way to Triton: the kit's async SDK over gRPC (one channel, its retry budget),
-an in-flight limit, and the readiness canary behind GET /ready."""
+its MicroBatcher for one-text requests, an in-flight limit, and the readiness canary behind /ready."""
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from typing import Protocol
 
 import numpy as np
 
-from bge_triton.client import AsyncEmbeddingClient, RetryPolicy
+from bge_triton.client import AsyncEmbeddingClient, MicroBatcher, RetryPolicy
 from bge_triton.errors import KitError
 from bge_triton.gateway.errors import overloaded
 from bge_triton.gateway.settings import GatewaySettings
@@ -47,6 +48,7 @@ class TritonBackend:
         self.last_ok = float("-inf")
         self.last_error = "no canary has run yet"
         self._canary: asyncio.Task | None = None
+        self._batchers: dict[tuple[int, bool], MicroBatcher] = {}  # (priority, truncate) -> batcher
 
     @property
     def dim(self) -> int:
@@ -71,7 +73,21 @@ class TritonBackend:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._canary
             self._canary = None
+        for batcher in self._batchers.values():
+            await batcher.aclose(timeout_s=5.0)
+        self._batchers.clear()
         await self.client.aclose()
+
+    def _batcher(self, priority: int, truncate: bool) -> MicroBatcher:
+        """The MicroBatcher of one (priority, truncate): only texts that Triton treats alike share a call."""
+        key = (priority, truncate)
+        batcher = self._batchers.get(key)
+        if batcher is None:
+            embed = functools.partial(self.client.embed_documents, truncate=truncate, priority=priority)
+            batcher = self._batchers[key] = MicroBatcher(
+                embed, max_batch=min(32, self.client.spec.max_batch_size), max_wait_s=self.settings.micro_batch_wait_s,
+                max_queue=self.settings.max_in_flight, max_in_flight=4)
+        return batcher
 
     async def embed(self, texts: list[str], *, priority: int, truncate: bool) -> np.ndarray:
         """float32 [n, dim]; 503 at once (no queueing here) while --max-in-flight requests are at Triton."""
@@ -79,9 +95,13 @@ class TritonBackend:
             raise overloaded(f"the gateway has {self.in_flight} requests at Triton (--max-in-flight "
                              f"{self.settings.max_in_flight}); retry after {self.settings.retry_after_s} s",
                              self.settings.retry_after_s)
+        shared = len(texts) == 1 and self.settings.micro_batch and self.in_flight > 0  # alone: no batcher hop
         self.in_flight += 1
         try:
-            out = await self.client.embed_documents(texts, truncate=truncate, priority=priority)
+            if shared:
+                out = (await self._batcher(priority, truncate).embed(texts[0]))[None, :]
+            else:
+                out = await self.client.embed_documents(texts, truncate=truncate, priority=priority)
         finally:
             self.in_flight -= 1
         self.last_ok = time.monotonic()

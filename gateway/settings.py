@@ -51,6 +51,8 @@ class GatewaySettings:
     canary_interval_s: float = 1.0
     ready_max_age_s: float = 3.0
     retry_after_s: int = 1
+    micro_batch: bool = True  # one-text requests share Triton calls through the SDK's MicroBatcher
+    micro_batch_wait_s: float = 0.002
     log_level: str = "info"
 
     def __post_init__(self) -> None:
@@ -61,8 +63,8 @@ class GatewaySettings:
         for name in ("max_body_bytes", "max_inputs", "max_in_flight", "rate_burst", "triton_attempts"):
             if getattr(self, name) < 1:
                 raise InputError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be >= 1")
-        if self.rate_limit < 0 or self.timeout_s <= 0 or self.canary_interval_s <= 0:
-            raise InputError("--rate-limit must be >= 0, --timeout and --canary-interval > 0 seconds")
+        if self.rate_limit < 0 or self.timeout_s <= 0 or self.canary_interval_s <= 0 or self.micro_batch_wait_s < 0:
+            raise InputError("--rate-limit and --micro-batch-wait-ms must be >= 0, --timeout and --canary-interval > 0 s")
         if self.ready_max_age_s < self.canary_interval_s:
             raise InputError(f"--ready-max-age {self.ready_max_age_s} < --canary-interval {self.canary_interval_s}: "
                              "the gateway would flap between ready and not ready; raise --ready-max-age")
@@ -137,6 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--canary-interval", type=float, default=d.canary_interval_s, help="seconds between canaries")
     p.add_argument("--ready-max-age", type=float, default=d.ready_max_age_s,
                    help="/ready is 200 while an embedding succeeded within this many seconds")
+    p.add_argument("--no-micro-batch", action="store_true",
+                   help="send each one-text request on its own instead of through the SDK's MicroBatcher")
+    p.add_argument("--micro-batch-wait-ms", type=float, default=d.micro_batch_wait_s * 1e3,
+                   help="while a batch is in flight, let the next fill for up to this long (work-conserving)")
     p.add_argument("--log-level", default=d.log_level, choices=["debug", "info", "warning", "error"])
     return p
 
@@ -151,4 +157,5 @@ def settings_from_args(args: argparse.Namespace) -> GatewaySettings:
         max_inputs=args.max_inputs, max_in_flight=args.max_in_flight, timeout_s=args.timeout,
         triton_attempts=args.triton_attempts, query_priority=args.query_priority,
         passage_priority=args.passage_priority, query_instruction=args.query_instruction,
-        canary_interval_s=args.canary_interval, ready_max_age_s=args.ready_max_age, log_level=args.log_level)
+        canary_interval_s=args.canary_interval, ready_max_age_s=args.ready_max_age, log_level=args.log_level,
+        micro_batch=not args.no_micro_batch, micro_batch_wait_s=args.micro_batch_wait_ms / 1e3)

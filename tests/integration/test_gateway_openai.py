@@ -141,6 +141,23 @@ def test_list_of_100_default_base64_equals_sdk(oa, sdk, tokenizer) -> None:
     assert r.usage.prompt_tokens == sum(len(e.ids) for e in tokenizer.encode_batch(TEXTS_100))
 
 
+def test_concurrent_single_texts_each_get_their_own_vector(gw, sdk) -> None:
+    """60 one-text requests at once share Triton calls (the gateway's micro-batcher): each caller
+    still gets the vector of its own text."""
+    import asyncio
+
+    texts = TEXTS_100[:60]
+
+    async def main() -> list[Any]:
+        async with openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0, timeout=120) as c:
+            return await asyncio.gather(*(c.embeddings.create(model=NAME, input=t) for t in texts))
+
+    results = asyncio.run(main())
+    got = np.array([r.data[0].embedding for r in results], dtype=np.float32)
+    assert cosine(got, sdk.embed_documents(texts)).min() >= 0.9999
+    assert "gateway_triton_duration_seconds_count" in httpx.get(gw.url + "/metrics").text
+
+
 def test_explicit_base64_is_little_endian_float32(gw, sdk) -> None:
     r = httpx.post(gw.url + "/v1/embeddings", json={"model": NAME, "input": ["hello", "world"],
                                                     "encoding_format": "base64"}, timeout=60)

@@ -96,3 +96,11 @@ def test_settings_from_flags_and_keys_file(tmp_path: Path) -> None:
 
 def test_cli_lists_gateway() -> None:
     assert COMMANDS["gateway"][0] == "bge_triton.gateway.__main__"
+
+
+def test_micro_batch_flags() -> None:
+    s = settings_from_args(build_parser().parse_args(["--no-micro-batch", "--micro-batch-wait-ms", "5"]))
+    assert s.micro_batch is False and s.micro_batch_wait_s == pytest.approx(0.005)
+    assert settings_from_args(build_parser().parse_args([])).micro_batch is True
+    with pytest.raises(InputError, match="micro-batch-wait-ms"):
+        GatewaySettings(micro_batch_wait_s=-1.0)

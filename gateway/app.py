@@ -21,7 +21,7 @@ from bge_triton.errors import KitError
 from bge_triton.gateway.auth import KeyGuard
 from bge_triton.gateway.backend import Backend, TritonBackend
 from bge_triton.gateway.bodies import EmbeddingsRequest, parse_embeddings, parse_json, parse_tei
-from bge_triton.gateway.errors import GatewayError, from_kit_error, openai_body, tei_body, too_large
+from bge_triton.gateway.errors import GatewayError, from_kit_error, openai_body, tei_body, too_large, unknown_model
 from bge_triton.gateway.metrics import GatewayMetrics
 from bge_triton.gateway.settings import GatewaySettings
 from bge_triton.gateway.texts import TextPreparer
@@ -86,13 +86,13 @@ class Gateway:
     async def embed(self, req: EmbeddingsRequest, request: Request,
                     timing: dict[str, float]) -> tuple[np.ndarray, list[int]]:
         """Prepare (tokenizer), embed (Triton), and record the timings."""
+        priority = self.priority(req, request)
         t0 = time.perf_counter()
         if len(req.texts) > THREAD_ABOVE:
             prepared = await asyncio.to_thread(self.preparer.prepare, req.texts, req.query, req.truncate)
         else:
             prepared = self.preparer.prepare(req.texts, req.query, req.truncate)
         t1 = time.perf_counter()
-        priority = self.priority(req, request)
         vectors = await self.backend.embed(prepared.texts, priority=priority, truncate=prepared.server_truncate)
         t2 = time.perf_counter()
         self.metrics.triton_latency.labels(str(priority)).observe(t2 - t1)
@@ -159,8 +159,6 @@ def _routes(app: FastAPI, gw: Gateway) -> None:
         return _json({"object": "list", "data": [model_card(n) for n in gw.s.names]})
 
     async def model(request: Request, timing: dict[str, float]) -> Response:
-        from bge_triton.gateway.errors import unknown_model
-
         name = request.path_params["name"]
         if name not in gw.s.names:
             raise unknown_model(name, gw.s.names)
@@ -170,14 +168,13 @@ def _routes(app: FastAPI, gw: Gateway) -> None:
         return _json({"status": "ok"})
 
     async def ready(request: Request, timing: dict[str, float]) -> Response:
-        ok = gw.backend.ready()
-        gw.metrics.ready.set(1 if ok else 0)
-        if ok:
+        if gw.backend.ready():
             return _json({"status": "ready", "model": gw.s.model})
         return _json({"status": "not ready", "model": gw.s.model, "error": gw.backend.last_error},
                      503, {"retry-after": str(gw.s.retry_after_s)})
 
     async def metrics(request: Request, timing: dict[str, float]) -> Response:
+        gw.metrics.ready.set(1 if gw.backend.ready() else 0)
         return Response(gw.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     add = app.add_api_route

@@ -15,6 +15,7 @@ COMMANDS = {
     "tune": ("bge_triton.loadtest.tune", "the queue-delay tuner [loadtest, server]"),
     "chaos": ("bge_triton.loadtest.chaos", "bad input, overload and faults [loadtest, server]"),
     "stack": ("bge_triton.loadtest.stack_bench", "full stack against raw ONNX Runtime [loadtest, server]"),
+    "gateway": ("bge_triton.gateway.__main__", "OpenAI-compatible /v1/embeddings in front of Triton [gateway]"),
 }
 
 

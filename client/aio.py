@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from typing import Any, Sequence
 
@@ -75,14 +76,16 @@ class AsyncEmbeddingClient(BaseEmbeddingClient):
 
     # -- embeddings -------------------------------------------------------------------------
     async def embed_documents(self, texts: Sequence[str], *, timeout_s: float | None = None,
-                              truncate: bool | None = None) -> np.ndarray:
-        """Embed passages: float32 [n, dim], L2-normalised, in input order."""
-        return await self._embed(texts, False, timeout_s, truncate)
+                              truncate: bool | None = None, priority: int = 0) -> np.ndarray:
+        """Embed passages: float32 [n, dim], L2-normalised, in input order.
+
+        priority: Triton priority level of the requests (1 = highest; 0 = the model's default level)."""
+        return await self._embed(texts, False, timeout_s, truncate, priority)
 
     async def embed_queries(self, texts: Sequence[str], *, timeout_s: float | None = None,
-                            truncate: bool | None = None) -> np.ndarray:
+                            truncate: bool | None = None, priority: int = 0) -> np.ndarray:
         """Embed search queries (the query instruction prepended): float32 [n, dim]."""
-        return await self._embed(texts, True, timeout_s, truncate)
+        return await self._embed(texts, True, timeout_s, truncate, priority)
 
     async def _one(self, call: InferCall, timeout: float) -> np.ndarray:
         s = self.settings
@@ -92,10 +95,12 @@ class AsyncEmbeddingClient(BaseEmbeddingClient):
         return decode_embeddings(result, call.rows, self.spec.dim)
 
     async def _embed(self, texts: Sequence[str], query: bool, timeout_s: float | None,
-                     truncate: bool | None) -> np.ndarray:
+                     truncate: bool | None, priority: int = 0) -> np.ndarray:
         await self.connect()
         timeout = self.settings.timeout_s if timeout_s is None else timeout_s
         n, plan = self._plan(texts, query, truncate)
+        if priority:
+            plan = [(dataclasses.replace(call, priority=int(priority)), idx) for call, idx in plan]
         if len(plan) == 1:
             call, idx = plan[0]
             return self._assemble(n, [(idx, await self._one(call, timeout))])

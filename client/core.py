@@ -108,6 +108,7 @@ class InferCall:
     inputs: tuple[tuple[str, str, np.ndarray], ...]  # (name, Triton datatype, array)
     parameters: dict[str, Any]
     rows: int
+    priority: int = 0  # Triton priority level (1 = highest; 0 = the model's default); async transports send it
 
 
 def config_from_json(payload: dict[str, Any]) -> mc.ModelConfig:

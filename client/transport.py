@@ -192,7 +192,8 @@ class GrpcAsync:
 
     async def infer(self, call: InferCall, timeout_s: float) -> Any:
         return await self.client.infer(call.model, build_inputs(self.mod, call), outputs=build_outputs(self.mod),
-                                       parameters=call.parameters or None, client_timeout=timeout_s)
+                                       parameters=call.parameters or None, priority=call.priority,
+                                       client_timeout=timeout_s)
 
     async def ready(self, model: str | None, timeout_s: float) -> bool:
         if model is None:
@@ -226,7 +227,7 @@ class HttpAsync:
 
     async def infer(self, call: InferCall, timeout_s: float) -> Any:
         coro = self._client().infer(call.model, build_inputs(self.mod, call), outputs=build_outputs(self.mod),
-                                    parameters=call.parameters or None)
+                                    parameters=call.parameters or None, priority=call.priority)
         return await asyncio.wait_for(coro, timeout_s)
 
     async def ready(self, model: str | None, timeout_s: float) -> bool:

@@ -1,0 +1,43 @@
+"""`python -m bge_triton.gateway` / `bge-triton gateway`: run the gateway on uvicorn."""
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Sequence
+
+from bge_triton.errors import KitError
+
+__all__ = ["main"]
+
+log = logging.getLogger("bge_triton.gateway")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse flags into one GatewaySettings, build the app and serve it until SIGINT / SIGTERM."""
+    from bge_triton.gateway import build_parser, create_app, settings_from_args
+
+    args = build_parser().parse_args(argv)
+    try:
+        settings = settings_from_args(args)
+        app = create_app(settings)
+    except KitError as exc:
+        print(f"bge-triton gateway: {exc}", file=sys.stderr)
+        return 2
+    import uvicorn
+
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if settings.api_keys:
+        log.info("%d API key(s) configured: every /v1 and /embed request needs Authorization: Bearer",
+                 len(settings.api_keys))
+    else:
+        log.warning("no API key configured: serving %s:%d without authentication%s", settings.host, settings.port,
+                    "" if not settings.unsafe_no_auth else " (--unsafe-no-auth: publish this port on 127.0.0.1 only)")
+    log.info("gateway -> Triton %s model %s; OpenAI base_url http://%s:%d/v1", settings.triton, settings.model,
+             settings.host, settings.port)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False,
+                loop="asyncio", timeout_graceful_shutdown=5)  # grpc.aio runs on asyncio's own loop
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""The gateway's one way to Triton: the kit's async SDK over gRPC (one channel, its retry budget),
+its MicroBatcher for one-text requests, an in-flight limit, and the readiness canary behind /ready."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from typing import Protocol
+
+import numpy as np
+
+from bge_triton.client import AsyncEmbeddingClient, MicroBatcher, RetryPolicy
+from bge_triton.errors import KitError
+from bge_triton.gateway.errors import overloaded
+from bge_triton.gateway.settings import GatewaySettings
+
+__all__ = ["Backend", "TritonBackend"]
+
+log = logging.getLogger("bge_triton.gateway")
+CANARY_TEXT = "ready"
+
+
+class Backend(Protocol):
+    """What the HTTP layer needs from Triton (a fake one serves the unit tests)."""
+
+    dim: int
+    max_length: int
+    last_error: str
+
+    async def connect(self) -> None: ...
+    async def start(self) -> None: ...
+    async def close(self) -> None: ...
+    async def embed(self, texts: list[str], *, priority: int, truncate: bool) -> np.ndarray: ...
+    def ready(self) -> bool: ...
+
+
+class TritonBackend:
+    """AsyncEmbeddingClient to the text endpoint; admission by a counter of requests at Triton."""
+
+    def __init__(self, settings: GatewaySettings) -> None:
+        self.settings = settings
+        retry = RetryPolicy(max_attempts=settings.triton_attempts, total_s=settings.timeout_s)
+        self.client = AsyncEmbeddingClient(settings.triton, model=settings.model, timeout_s=settings.timeout_s,
+                                           retry=retry, query_instruction=None)
+        self.in_flight = 0
+        self.last_ok = float("-inf")
+        self.last_error = "no canary has run yet"
+        self._canary: asyncio.Task | None = None
+        self._batchers: dict[tuple[int, bool], MicroBatcher] = {}  # (priority, truncate) -> batcher
+
+    @property
+    def dim(self) -> int:
+        return self.client.spec.dim
+
+    @property
+    def max_length(self) -> int:
+        return self.client.spec.max_length or 512
+
+    async def connect(self) -> None:
+        """Read the model's config once (dim, max_length); KitError while Triton is down."""
+        await self.client.connect()
+
+    async def start(self) -> None:
+        """Start the canary (it connects, and keeps trying while Triton is down: /ready says so)."""
+        if self._canary is None:
+            self._canary = asyncio.create_task(self._canary_loop())
+
+    async def close(self) -> None:
+        if self._canary is not None:
+            self._canary.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._canary
+            self._canary = None
+        for batcher in self._batchers.values():
+            await batcher.aclose(timeout_s=5.0)
+        self._batchers.clear()
+        await self.client.aclose()
+
+    def _batcher(self, priority: int, truncate: bool) -> MicroBatcher:
+        """The MicroBatcher of one (priority, truncate): only texts that Triton treats alike share a call."""
+        key = (priority, truncate)
+        batcher = self._batchers.get(key)
+        if batcher is None:
+            embed = functools.partial(self.client.embed_documents, truncate=truncate, priority=priority)
+            batcher = self._batchers[key] = MicroBatcher(
+                embed, max_batch=min(32, self.client.spec.max_batch_size), max_wait_s=self.settings.micro_batch_wait_s,
+                max_queue=self.settings.max_in_flight, max_in_flight=4)
+        return batcher
+
+    async def embed(self, texts: list[str], *, priority: int, truncate: bool) -> np.ndarray:
+        """float32 [n, dim]; 503 at once (no queueing here) while --max-in-flight requests are at Triton."""
+        if self.in_flight >= self.settings.max_in_flight:
+            raise overloaded(f"the gateway has {self.in_flight} requests at Triton (--max-in-flight "
+                             f"{self.settings.max_in_flight}); retry after {self.settings.retry_after_s} s",
+                             self.settings.retry_after_s)
+        shared = len(texts) == 1 and self.settings.micro_batch and self.in_flight > 0  # alone: no batcher hop
+        self.in_flight += 1
+        try:
+            if shared:
+                out = (await self._batcher(priority, truncate).embed(texts[0]))[None, :]
+            else:
+                out = await self.client.embed_documents(texts, truncate=truncate, priority=priority)
+        finally:
+            self.in_flight -= 1
+        self.last_ok = time.monotonic()
+        return out
+
+    def ready(self) -> bool:
+        """An embedding (canary or real) went through Triton within --ready-max-age seconds."""
+        return time.monotonic() - self.last_ok <= self.settings.ready_max_age_s
+
+    async def _canary_loop(self) -> None:
+        s = self.settings
+        while True:
+            started = time.monotonic()
+            try:
+                await self.client.embed_documents([CANARY_TEXT], priority=s.query_priority,
+                                                  timeout_s=min(s.ready_max_age_s, s.timeout_s))
+                self.last_ok = time.monotonic()
+            except KitError as exc:
+                if self.ready() or self.last_error != str(exc):
+                    log.warning("canary embedding failed: %s", exc)
+                self.last_error = str(exc)
+            await asyncio.sleep(max(0.0, s.canary_interval_s - (time.monotonic() - started)))

@@ -1,0 +1,39 @@
+"""Prometheus metrics of one gateway (its own registry, so several apps in one test process don't clash)."""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+__all__ = ["GatewayMetrics"]
+
+LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+TOKEN_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384, 65536, 262144)
+
+
+class GatewayMetrics:
+    """Requests by route and status, latency, inputs and tokens per request, requests in flight."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("gateway_requests", "HTTP requests answered, by route and status",
+                                ["route", "status"], registry=r)
+        self.latency = Histogram("gateway_request_duration_seconds", "Time from request to answer, by route",
+                                 ["route"], buckets=LATENCY_BUCKETS, registry=r)
+        self.triton_latency = Histogram("gateway_triton_duration_seconds", "Time of the embedding call to "
+                                        "Triton, by priority level", ["priority"], buckets=LATENCY_BUCKETS,
+                                        registry=r)
+        self.inputs = Histogram("gateway_inputs_per_request", "Texts per embeddings request",
+                                buckets=COUNT_BUCKETS, registry=r)
+        self.tokens = Histogram("gateway_tokens_per_request", "Tokens per embeddings request (server tokenizer)",
+                                buckets=TOKEN_BUCKETS, registry=r)
+        self.in_flight = Gauge("gateway_in_flight_requests", "Requests being answered now", registry=r)
+        self.ready = Gauge("gateway_ready", "1 while /ready answers 200", registry=r)
+
+    def observe(self, route: str, status: int, seconds: float) -> None:
+        self.requests.labels(route, str(status)).inc()
+        self.latency.labels(route).observe(seconds)
+
+    def render(self) -> bytes:
+        """The text exposition format."""
+        return generate_latest(self.registry)

@@ -1,0 +1,161 @@
+"""GatewaySettings: everything the gateway needs, built once from flags (`bge-triton gateway --help`)."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import ipaddress
+from pathlib import Path
+from typing import Sequence
+
+from bge_triton.client.core import BGE_QUERY_INSTRUCTION
+from bge_triton.errors import InputError
+
+__all__ = ["GatewaySettings", "build_parser", "settings_from_args", "load_keys"]
+
+LOOPBACK_NAMES = ("localhost",)
+
+
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and localhost: addresses no other machine can reach."""
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclasses.dataclass(frozen=True)
+class GatewaySettings:
+    """One gateway process: where Triton is, what it serves, its limits and its keys."""
+
+    triton: str = "127.0.0.1:8001"
+    model: str = "bge_large_zh"
+    served_names: tuple[str, ...] = ()
+    host: str = "127.0.0.1"
+    port: int = 8080
+    tokenizer: str | None = None
+    model_repository: str | None = None
+    api_keys: frozenset[str] = frozenset()
+    unsafe_no_auth: bool = False
+    rate_limit: float = 0.0  # requests per second per key (0 = no limit)
+    rate_burst: int = 20
+    max_body_bytes: int = 8 * 1024 * 1024
+    max_inputs: int = 2048
+    max_in_flight: int = 512
+    timeout_s: float = 30.0
+    triton_attempts: int = 2
+    query_priority: int = 1
+    passage_priority: int = 2
+    query_instruction: str = BGE_QUERY_INSTRUCTION
+    canary_interval_s: float = 1.0
+    ready_max_age_s: float = 3.0
+    retry_after_s: int = 1
+    micro_batch: bool = True  # one-text requests share Triton calls through the SDK's MicroBatcher
+    micro_batch_wait_s: float = 0.002
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if not self.api_keys and not self.unsafe_no_auth and not is_loopback(self.host):
+            raise InputError(f"--host {self.host} without an API key would serve embeddings to anyone who can "
+                             "reach this machine: give --api-key / --api-keys-file, or bind 127.0.0.1 "
+                             "(--unsafe-no-auth only inside a container whose port is published on 127.0.0.1)")
+        for name in ("max_body_bytes", "max_inputs", "max_in_flight", "rate_burst", "triton_attempts"):
+            if getattr(self, name) < 1:
+                raise InputError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be >= 1")
+        if self.rate_limit < 0 or self.timeout_s <= 0 or self.canary_interval_s <= 0 or self.micro_batch_wait_s < 0:
+            raise InputError("--rate-limit and --micro-batch-wait-ms must be >= 0, --timeout and --canary-interval > 0 s")
+        if self.ready_max_age_s < self.canary_interval_s:
+            raise InputError(f"--ready-max-age {self.ready_max_age_s} < --canary-interval {self.canary_interval_s}: "
+                             "the gateway would flap between ready and not ready; raise --ready-max-age")
+        if self.query_priority < 0 or self.passage_priority < 0:
+            raise InputError("--query-priority / --passage-priority are Triton priority levels: 1 = highest, "
+                             "0 = the model's default level")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The model names `model` may carry: the Triton model's name first, then the aliases."""
+        return (self.model, *[n for n in self.served_names if n != self.model])
+
+    @property
+    def tokenizer_dir(self) -> str:
+        """The text endpoint's own tokenizer: --tokenizer, or MODEL_REPOSITORY/<model>/1/tokenizer."""
+        if self.tokenizer:
+            return self.tokenizer
+        if self.model_repository:
+            return str(Path(self.model_repository) / self.model / "1" / "tokenizer")
+        raise InputError("the gateway counts usage and truncates with the server's tokenizer: give "
+                         "--model-repository DIR (reads DIR/<model>/1/tokenizer) or --tokenizer DIR")
+
+
+def load_keys(keys: Sequence[str], keys_file: str | None) -> frozenset[str]:
+    """API keys from --api-key flags and a keys file (one key per line, '#' comments)."""
+    out = {k.strip() for k in keys if k.strip()}
+    if keys_file:
+        path = Path(keys_file)
+        if not path.is_file():
+            raise InputError(f"--api-keys-file {keys_file}: no such file; write one key per line")
+        for line in path.read_text(encoding="utf-8").splitlines():
+            line = line.split("#", 1)[0].strip()
+            if line:
+                out.add(line)
+    short = [k for k in out if len(k) < 16]
+    if short:
+        raise InputError(f"{len(short)} API key(s) shorter than 16 characters: use long random keys, "
+                         "e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`")
+    return frozenset(out)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The gateway's flags; one GatewaySettings is built from them."""
+    d = GatewaySettings
+    p = argparse.ArgumentParser(prog="bge-triton gateway", description="OpenAI-compatible /v1/embeddings in "
+                                "front of the Triton text endpoint (also `python -m bge_triton.gateway`).")
+    p.add_argument("--triton", default=d.triton, help="host:port of Triton's gRPC endpoint")
+    p.add_argument("--model", default=d.model, help="the Triton text endpoint (also the served model name)")
+    p.add_argument("--served-model-name", action="append", default=[], metavar="NAME",
+                   help="another name clients may send as `model`, e.g. BAAI/bge-large-zh-v1.5 (repeatable)")
+    p.add_argument("--host", default=d.host, help="bind address (non-loopback needs an API key)")
+    p.add_argument("--port", type=int, default=d.port)
+    p.add_argument("--model-repository", default=None, help="the model repository: the tokenizer is read from "
+                   "DIR/<model>/1/tokenizer (the text endpoint's own)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer dir (tokenizer.json) instead of --model-repository")
+    p.add_argument("--api-key", action="append", default=[], help="accepted bearer key (repeatable)")
+    p.add_argument("--api-keys-file", default=None, help="file of accepted keys, one per line")
+    p.add_argument("--unsafe-no-auth", action="store_true",
+                   help="allow a non-loopback --host without keys (only behind a 127.0.0.1-published port)")
+    p.add_argument("--rate-limit", type=float, default=d.rate_limit, help="requests/s per key (0 = unlimited)")
+    p.add_argument("--rate-burst", type=int, default=d.rate_burst, help="requests a key may send at once")
+    p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes, help="413 above this body size")
+    p.add_argument("--max-inputs", type=int, default=d.max_inputs, help="413 above this many inputs per request")
+    p.add_argument("--max-in-flight", type=int, default=d.max_in_flight,
+                   help="requests at Triton at once; more get 503 + Retry-After")
+    p.add_argument("--timeout", type=float, default=d.timeout_s, help="per-request Triton timeout, seconds")
+    p.add_argument("--triton-attempts", type=int, default=d.triton_attempts,
+                   help="attempts per Triton call on overload / connection errors (SDK retry budget)")
+    p.add_argument("--query-priority", type=int, default=d.query_priority, help="Triton priority of queries")
+    p.add_argument("--passage-priority", type=int, default=d.passage_priority, help="Triton priority of passages")
+    p.add_argument("--query-instruction", default=d.query_instruction, help="prepended for input_type=query")
+    p.add_argument("--canary-interval", type=float, default=d.canary_interval_s, help="seconds between canaries")
+    p.add_argument("--ready-max-age", type=float, default=d.ready_max_age_s,
+                   help="/ready is 200 while an embedding succeeded within this many seconds")
+    p.add_argument("--no-micro-batch", action="store_true",
+                   help="send each one-text request on its own instead of through the SDK's MicroBatcher")
+    p.add_argument("--micro-batch-wait-ms", type=float, default=d.micro_batch_wait_s * 1e3,
+                   help="while a batch is in flight, let the next fill for up to this long (work-conserving)")
+    p.add_argument("--log-level", default=d.log_level, choices=["debug", "info", "warning", "error"])
+    return p
+
+
+def settings_from_args(args: argparse.Namespace) -> GatewaySettings:
+    """The one settings object of this command."""
+    return GatewaySettings(
+        triton=args.triton, model=args.model, served_names=tuple(args.served_model_name), host=args.host,
+        port=args.port, tokenizer=args.tokenizer, model_repository=args.model_repository,
+        api_keys=load_keys(args.api_key, args.api_keys_file), unsafe_no_auth=args.unsafe_no_auth,
+        rate_limit=args.rate_limit, rate_burst=args.rate_burst, max_body_bytes=args.max_body_bytes,
+        max_inputs=args.max_inputs, max_in_flight=args.max_in_flight, timeout_s=args.timeout,
+        triton_attempts=args.triton_attempts, query_priority=args.query_priority,
+        passage_priority=args.passage_priority, query_instruction=args.query_instruction,
+        canary_interval_s=args.canary_interval, ready_max_age_s=args.ready_max_age, log_level=args.log_level,
+        micro_batch=not args.no_micro_batch, micro_batch_wait_s=args.micro_batch_wait_ms / 1e3)

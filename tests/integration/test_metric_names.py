@@ -60,8 +60,11 @@ def scraped(minilm_repo: Path, server_factory) -> tuple[dict[str, list], dict]:
     for family in text_string_to_metric_families(body):
         samples.setdefault(family.name, [])
         for s in family.samples:
-            samples.setdefault(s.name, []).append(s)
-            samples[family.name].append(s)
+            # the parser names counter samples the OpenMetrics way (+ _total); Prometheus stores Triton's as exposed
+            name = family.name if family.type == "counter" else s.name
+            samples.setdefault(name, []).append(s)
+            if name != family.name:  # a summary's _count/_sum also count as the family's
+                samples[family.name].append(s)
     return samples, {"text": text, "encoder": get_param(configs[text], "onnx_model")}
 
 

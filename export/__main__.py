@@ -23,6 +23,7 @@ def results_table(result: ExportResult) -> str:
         ("model", r["label"]), ("precision", r["precision"]), ("pooling", f"{r['pooling']} ({r['pooling_origin']})"),
         ("dim / max_length / opset", f"{r['dim']} / {r['max_length']} / {r['opset']}"),
         ("min cosine vs PyTorch", f"{f.min_cosine:.6f}"), ("mean cosine vs PyTorch", f"{f.mean_cosine:.6f}"),
+        ("cosine of the two most alike texts (PyTorch)", f"{f.closest_texts_cosine:.6f}"),
         ("max abs diff", f"{f.max_abs_diff:.2e}"), ("batch vs single max abs", f"{f.batch_vs_single_max_abs:.2e}"),
         (f"top-{f.topk or 10} agreement vs fp32", topk), ("validation", "PASSED" if f.passed else "FAILED"),
         ("model.onnx", f"{r['files']['onnx']} ({r['onnx_bytes'] / 1e6:.1f} MB)"),

@@ -47,8 +47,9 @@ DEFAULT_RECIPE = "nbits8"
 def fuse(src: Path, dst: Path, source: ModelSource, use_gpu: bool, external_data: bool = False) -> dict[str, int]:
     """Fuse attention / LayerNorm / GELU with onnxruntime.transformers for this model's heads and hidden size.
 
-    Symbolic shape inference is off: on BERT-large it held several copies of the weights (10.7 GB peak against
-    3 GB without) and the same fusions happen (statistics in the report); validation checks the result.
+    Symbolic shape inference is off: it copies the graph with its weights several times and set the export's peak
+    memory on BGE-Large-zh (docs/export.md); the same fusions happen (statistics in the report) and validation
+    checks the result against PyTorch.
     """
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model

@@ -126,6 +126,9 @@ class Fidelity:
     batch_vs_single_max_abs: float  # same graph: batch of N (padded) vs N singles
     texts: int
     max_tokens: int
+    # PyTorch cosine of the two most alike fixed texts: a min_cosine bar at or below it cannot tell a graph that
+    # mixes texts up from a right one (random weights: 0.94-0.997), reported so the bars can be read against it
+    closest_texts_cosine: float | None = None
     topk_agreement: float | None = None
     topk: int | None = None
     retrieval: dict = field(default_factory=dict)
@@ -148,9 +151,12 @@ def compare_fixed(ref: Reference, onnx: OnnxEmbedder) -> Fidelity:
     got_batch = onnx(ref.batch)
     cos = np.concatenate([(ref.vectors * got_single).sum(1), (ref.vectors * got_batch).sum(1)])
     diff = max(np.abs(ref.vectors - got_single).max(), np.abs(ref.vectors - got_batch).max())
+    between = ref.vectors @ ref.vectors.T
+    np.fill_diagonal(between, -1.0)
     return Fidelity(min_cosine=float(cos.min()), mean_cosine=float(cos.mean()), max_abs_diff=float(diff),
                     batch_vs_single_max_abs=float(np.abs(got_batch - got_single).max()), texts=len(ref.texts),
-                    max_tokens=int(ref.batch["attention_mask"].sum(1).max()))
+                    max_tokens=int(ref.batch["attention_mask"].sum(1).max()),
+                    closest_texts_cosine=float(between.max()))
 
 
 def topk_agreement(reference: np.ndarray, candidate: np.ndarray, queries: int, k: int) -> tuple[float, float]:

@@ -137,6 +137,14 @@ def batch_stats(url: str, model: str) -> str:
     return line + (f", (batch size, executions) {sizes}" if sizes else "")
 
 
+def encoder_mode(url: str, model: str) -> str:
+    """The served text endpoint's `encoder` parameter (bls or inprocess), read from its model config."""
+    import tritonclient.grpc as grpcclient
+
+    params = grpcclient.InferenceServerClient(url).get_model_config(model).config.parameters
+    return params["encoder"].string_value if "encoder" in params else "bls"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Export (or reuse), serve, embed, show, stop; 0 on success, 2 with the error on stderr."""
     s = _parse(argv)
@@ -159,8 +167,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"embedded {len(SENTENCES)} sentences in {1000 * (time.perf_counter() - t0):.0f} ms "
                       f"({model}, {report.get('precision')}, pooling {report.get('pooling')})")
             show(vectors, synthetic)
-            for m in (s.name, f"{s.name}_onnx"):
-                print(f"\nTriton statistics {m}: {batch_stats(srv.grpc_url, m)}")
+            print(f"\nTriton statistics {s.name}: {batch_stats(srv.grpc_url, s.name)}")
+            if encoder_mode(srv.grpc_url, s.name) == "inprocess":
+                print(f"{s.name}_onnx: not called; the CPU stand-in's text endpoint runs model.onnx in-process "
+                      f"(on the GPU it calls {s.name}_onnx through BLS)")
+            else:
+                print(f"Triton statistics {s.name}_onnx: {batch_stats(srv.grpc_url, f'{s.name}_onnx')}")
         print("\nserver stopped." + ("  (SYNTHETIC weights were served)" if synthetic else ""))
         return 0
     except KitError as exc:

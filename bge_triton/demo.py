@@ -120,16 +120,31 @@ def show(vectors: np.ndarray, synthetic: bool) -> None:
         print(f"  {i:>3d} " + "".join(f"{v:7.3f}" for v in row))
 
 
-def batch_stats(url: str, model: str) -> list[tuple[int, int]]:
-    """(batch size, executions) pairs from Triton's statistics extension."""
+def batch_stats(url: str, model: str) -> str:
+    """How Triton batched the demo's requests, from its statistics extension (inference and execution counts).
+
+    The python-backend models of the CPU stand-in report no per-size batch_stats, so the counts are the measure.
+    """
     import tritonclient.grpc as grpcclient
 
     stats = grpcclient.InferenceServerClient(url).get_inference_statistics(model, as_json=True)
-    rows = stats["model_stats"][0].get("batch_stats", [])
-    return sorted((int(r["batch_size"]), int(r["compute_infer"]["count"])) for r in rows)
+    entry = stats["model_stats"][0]
+    inferences, executions = int(entry.get("inference_count", 0)), int(entry.get("execution_count", 0))
+    line = f"{inferences} inferences in {executions} executions"
+    sizes = sorted((int(r["batch_size"]), int(r["compute_infer"]["count"])) for r in entry.get("batch_stats", []))
+    return line + (f", (batch size, executions) {sizes}" if sizes else "")
+
+
+def encoder_mode(url: str, model: str) -> str:
+    """The served text endpoint's `encoder` parameter (bls or inprocess), read from its model config."""
+    import tritonclient.grpc as grpcclient
+
+    params = grpcclient.InferenceServerClient(url).get_model_config(model).config.parameters
+    return params["encoder"].string_value if "encoder" in params else "bls"
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Export (or reuse), serve, embed, show, stop; 0 on success, 2 with the error on stderr."""
     s = _parse(argv)
     try:
         model = choose_model(s.model)
@@ -150,8 +165,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"embedded {len(SENTENCES)} sentences in {1000 * (time.perf_counter() - t0):.0f} ms "
                       f"({model}, {report.get('precision')}, pooling {report.get('pooling')})")
             show(vectors, synthetic)
-            for m in (s.name, f"{s.name}_onnx"):
-                print(f"\nTriton batch stats {m} (batch size, executions): {batch_stats(srv.grpc_url, m)}")
+            print(f"\nTriton statistics {s.name}: {batch_stats(srv.grpc_url, s.name)}")
+            if encoder_mode(srv.grpc_url, s.name) == "inprocess":
+                print(f"{s.name}_onnx: not called; the CPU stand-in's text endpoint runs model.onnx in-process "
+                      f"(on the GPU it calls {s.name}_onnx through BLS)")
+            else:
+                print(f"Triton statistics {s.name}_onnx: {batch_stats(srv.grpc_url, f'{s.name}_onnx')}")
         print("\nserver stopped." + ("  (SYNTHETIC weights were served)" if synthetic else ""))
         return 0
     except KitError as exc:

@@ -13,16 +13,22 @@ from .settings import parse_settings
 def results_table(result: ExportResult) -> str:
     """A markdown table of what was exported and how close it is to PyTorch; synthetic exports say SYNTHETIC."""
     r, f = result.report, result.fidelity
-    topk = "-" if f.topk_agreement is None else f"{f.topk_agreement:.3f}" + (" (not enforced: synthetic)"
-                                                                              if r["synthetic"] else "")
+    skipped = f.not_run.get(f"top{f.topk or 10}_agreement")
+    if f.topk_agreement is not None:
+        topk = f"{f.topk_agreement:.3f} ({f.retrieval['queries']} queries / {f.retrieval['corpus']} texts" + (
+            ", not enforced: synthetic)" if r["synthetic"] else ")")
+    else:
+        topk = skipped.split(";")[0] if skipped else "-"
     rows = [
         ("model", r["label"]), ("precision", r["precision"]), ("pooling", f"{r['pooling']} ({r['pooling_origin']})"),
         ("dim / max_length / opset", f"{r['dim']} / {r['max_length']} / {r['opset']}"),
         ("min cosine vs PyTorch", f"{f.min_cosine:.6f}"), ("mean cosine vs PyTorch", f"{f.mean_cosine:.6f}"),
+        ("cosine of the two most alike texts (PyTorch)", f"{f.closest_texts_cosine:.6f}"),
         ("max abs diff", f"{f.max_abs_diff:.2e}"), ("batch vs single max abs", f"{f.batch_vs_single_max_abs:.2e}"),
         (f"top-{f.topk or 10} agreement vs fp32", topk), ("validation", "PASSED" if f.passed else "FAILED"),
         ("model.onnx", f"{r['files']['onnx']} ({r['onnx_bytes'] / 1e6:.1f} MB)"),
         ("time (s)", ", ".join(f"{k} {v}" for k, v in r["timings_s"].items())),
+        ("peak RSS (MB) after", ", ".join(f"{k} {v}" for k, v in r["peak_rss_mb_after"].items())),
     ]
     head = "SYNTHETIC MODEL: random weights, for speed work only\n" if r["synthetic"] else ""
     return head + "| | |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)

@@ -21,7 +21,7 @@ from .bench import time_round_robin
 from .optimize import RECIPES
 from .settings import ExportSettings
 from .source import load_tokenizer
-from .validate import OnnxEmbedder, compare_fixed, judge, retrieval_check
+from .validate import OnnxEmbedder, compare_fixed, judge, retrieval_check, torch_reference
 from .variants import VariantBuilder, machine_line
 
 COLUMNS = ["variant", "min_cos", "mean_cos", "max_abs", "batch_drift", "top10", "b1_ms", "b8_ms", "speedup_b1",
@@ -33,15 +33,17 @@ def measure(model: str, variants: list[str], cache: Path, reps: int, threads: in
     vb = VariantBuilder(model, cache)
     tok = load_tokenizer(vb.source)
     settings = ExportSettings(model=model, repository=cache / "unused", name="fidelity", cache_dir=cache).check()
-    fp32 = OnnxEmbedder(vb.variant("fp32"), threads)
+    reference = torch_reference(vb.torch_model, tok, vb.source)
+    fp32_graph = vb.variant("fp32")
+    check = settings.neighbour_check(vb.source.synthetic)
     rows, sessions = [], {}
     for v in tqdm(variants, desc="fidelity", unit="variant"):
         precision, _, recipe = v.partition("-")
         path = vb.variant(precision, recipe or "nbits8")
         emb = sessions[v] = OnnxEmbedder(path, threads)
-        fid = compare_fixed(vb.torch_model, tok, emb, vb.source)
-        if precision == "int8":
-            fid.retrieval = retrieval_check(fp32, emb, tok, settings)
+        fid = compare_fixed(reference, emb)
+        if precision == "int8" and check is not None:
+            fid.retrieval = retrieval_check(fp32_graph, emb, tok, settings, *check)
             fid.topk_agreement, fid.topk = fid.retrieval["agreement"], fid.retrieval["k"]
         judge(fid, precision, settings, vb.source.synthetic)
         rows.append({"variant": v, "min_cos": fid.min_cosine, "mean_cos": fid.mean_cosine, "max_abs": fid.max_abs_diff,

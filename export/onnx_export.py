@@ -45,8 +45,9 @@ def export_encoder(model, out: Path, opset: int) -> Path:
 
     out.parent.mkdir(parents=True, exist_ok=True)
     cfg = _encoder_onnx_config(model.config)
-    try:
-        export(model=model, config=cfg, output=out, opset=opset, device="cpu")
+    try:  # no dynamic-axes fix: it opens an ONNX Runtime session on the whole graph (a second copy of the weights)
+        # to rename output axes, and add_pooling replaces the outputs with its own [batch_size, hidden] anyway
+        export(model=model, config=cfg, output=out, opset=opset, device="cpu", disable_dynamic_axes_fix=True)
     except (RuntimeError, ValueError, TypeError) as err:
         raise ExportError(f"optimum could not export the encoder at opset {opset}: {err}. Try --opset 17.") from err
     return out
@@ -103,17 +104,27 @@ def add_pooling(encoder: onnx.ModelProto, pooling: str, hidden: int) -> onnx.Mod
     del g.output[:]
     g.output.append(helper.make_tensor_value_info(OUTPUT, TensorProto.FLOAT, ["batch_size", hidden]))
     encoder.ir_version = min(encoder.ir_version, MAX_IR_VERSION)
-    onnx.checker.check_model(encoder)
     return encoder
 
 
+def save_external(model: onnx.ModelProto, path: Path) -> Path:
+    """Save with the weights in PATH.data: no serialised copy of the weights in memory, and later loads can skip them."""
+    for old in (path, path.with_name(path.name + ".data")):
+        old.unlink(missing_ok=True)  # external data is appended to an existing file
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=path.name + ".data", size_threshold=1024)
+    return path
+
+
 def export_embedding_model(model, source: ModelSource, work: Path, opset: int) -> Path:
-    """Full fp32 graph with pooling in it, written to work/embedding_fp32.onnx."""
+    """Full fp32 graph with pooling in it, written to work/embedding_fp32.onnx (+ .data) and checked from the file."""
     encoder_path = export_encoder(model, work / "encoder.onnx", opset)
     full = add_pooling(onnx.load(str(encoder_path)), source.pooling, source.hidden)
-    out = work / "embedding_fp32.onnx"
-    onnx.save(full, str(out))
-    encoder_path.unlink()
+    out = save_external(full, work / "embedding_fp32.onnx")
+    del full
+    for f in work.glob("encoder.onnx*"):
+        f.unlink()
+    onnx.checker.check_model(str(out))  # by path: the checker reads the graph, not a second copy of the weights
     return out
 
 

@@ -9,7 +9,7 @@ import onnx
 
 from bge_triton.errors import ExportError
 
-from .onnx_export import MAX_IR_VERSION
+from .onnx_export import MAX_IR_VERSION, save_external
 from .source import ModelSource
 
 
@@ -44,19 +44,31 @@ RECIPES: dict[str, Int8Recipe] = {
 DEFAULT_RECIPE = "nbits8"
 
 
-def fuse(src: Path, dst: Path, source: ModelSource, use_gpu: bool) -> dict[str, int]:
-    """Fuse attention / LayerNorm / GELU with onnxruntime.transformers for this model's heads and hidden size."""
+def fuse(src: Path, dst: Path, source: ModelSource, use_gpu: bool, external_data: bool = False) -> dict[str, int]:
+    """Fuse attention / LayerNorm / GELU with onnxruntime.transformers for this model's heads and hidden size.
+
+    Symbolic shape inference is off: it copies the graph with its weights several times and set the export's peak
+    memory on BGE-Large-zh (docs/export.md); the same fusions happen (statistics in the report) and validation
+    checks the result against PyTorch.
+    """
+    from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
-    logging.getLogger("onnxruntime.transformers").setLevel(logging.ERROR)
+    for name in ("onnxruntime.transformers", "fusion_skiplayernorm"):  # the latter warns that shape inference is off
+        logging.getLogger(name).setLevel(logging.ERROR)
+    options = FusionOptions("bert")
+    options.enable_shape_inference = False
     try:
         opt = optimize_model(str(src), model_type="bert", num_heads=source.heads, hidden_size=source.hidden,
-                             opt_level=0, use_gpu=use_gpu)
+                             opt_level=0, use_gpu=use_gpu, optimization_options=options)
     except (RuntimeError, ValueError, AssertionError) as err:
         raise ExportError(f"ONNX Runtime fusion failed for {src} (heads {source.heads}, hidden {source.hidden}): {err}") from err
     stats = {k: int(v) for k, v in opt.get_fused_operator_statistics().items() if v}
     opt.model.ir_version = min(opt.model.ir_version, MAX_IR_VERSION)
-    opt.save_model_to_file(str(dst))
+    if external_data:
+        save_external(opt.model, dst)
+    else:
+        opt.save_model_to_file(str(dst))
     return stats
 
 
@@ -126,10 +138,13 @@ def to_int8(src: Path, dst: Path, recipe: Int8Recipe) -> dict:
 
 def convert(fp32: Path, work: Path, source: ModelSource, precision: str, recipe: str = DEFAULT_RECIPE
             ) -> tuple[Path, Path, dict]:
-    """fp32 graph -> fused graph in the target precision; returns its path, the fused fp32 graph, and what was done."""
+    """fp32 graph -> fused graph in the target precision; returns its path, the fused fp32 graph, and what was done.
+
+    The returned graph is one self-contained file; the fused fp32 graph of fp16/int8 keeps its weights in .data.
+    """
     use_gpu = precision == "fp16"
     fused = work / f"fused_{'gpu' if use_gpu else 'cpu'}.onnx"
-    info: dict = {"fusion": fuse(fp32, fused, source, use_gpu=use_gpu)}
+    info: dict = {"fusion": fuse(fp32, fused, source, use_gpu=use_gpu, external_data=precision != "fp32")}
     if precision == "fp32":
         return fused, fused, info
     if precision == "fp16":

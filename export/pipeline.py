@@ -1,7 +1,10 @@
 """The export as a sequence of stages (resolve, load, ONNX, fuse/convert, validate, write) under one progress bar."""
 from __future__ import annotations
 
+import ctypes
+import gc
 import platform
+import resource
 import shutil
 import time
 from dataclasses import asdict, dataclass
@@ -15,10 +18,11 @@ from .onnx_export import describe_io, export_embedding_model
 from .optimize import convert
 from .settings import ExportSettings
 from .source import ModelSource, inspect_model, load_tokenizer, load_torch_model
-from .validate import Fidelity, validate
+from .validate import Fidelity, torch_reference, validate
 from .writer import write_all, write_report
 
-STAGES = ("resolve model", "load PyTorch", "export ONNX + pooling", "fuse + convert", "validate", "write repository")
+STAGES = ("resolve model", "load PyTorch", "PyTorch reference", "export ONNX + pooling", "fuse + convert", "validate",
+          "write repository")
 
 
 @dataclass
@@ -42,6 +46,10 @@ def command_line(s: ExportSettings) -> str:
         parts.append(f"--int8-recipe {s.int8_recipe}")
     if s.seed:
         parts.append(f"--seed {s.seed}")
+    if s.retrieval_queries is not None:
+        parts.append(f"--retrieval-queries {s.retrieval_queries}")
+    if s.retrieval_corpus is not None:
+        parts.append(f"--retrieval-corpus {s.retrieval_corpus}")
     return " ".join(parts)
 
 
@@ -57,8 +65,22 @@ def _versions() -> dict[str, str]:
             "optimum": optimum.version.__version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__}
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident memory so far (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def release_memory() -> None:
+    """Collect garbage and hand freed heap pages back to the OS (glibc keeps them otherwise), between stages."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (macOS, musl): the pages stay with the process
+        pass
+
+
 def build_report(s: ExportSettings, source: ModelSource, graph: Path, info: dict, fid: Fidelity,
-                 timings: dict[str, float]) -> dict:
+                 timings: dict[str, float], memory: dict[str, float]) -> dict:
     """The export_report.json content; synthetic exports say so in the first fields."""
     io = describe_io(graph)
     return {
@@ -74,14 +96,20 @@ def build_report(s: ExportSettings, source: ModelSource, graph: Path, info: dict
         "op_types": io["op_types"], "conversion": info,
         "fidelity": {**asdict(fid), "passed": fid.passed,
                      "reference": "PyTorch fp32 (transformers, eager attention) with the same pooling + L2 norm"},
-        "timings_s": {k: round(v, 2) for k, v in timings.items()}, "versions": _versions(),
+        "timings_s": {k: round(v, 2) for k, v in timings.items()},
+        "peak_rss_mb_after": {k: round(v) for k, v in memory.items()}, "versions": _versions(),
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
     }
 
 
 def run_export(s: ExportSettings) -> ExportResult:
-    """Run every stage; raise ExportError (nothing written to the repository) when validation fails."""
+    """Run every stage; raise ExportError (nothing written to the repository) when validation fails.
+
+    The PyTorch model is used for the reference vectors and the ONNX export only, then freed, so ONNX Runtime's
+    stages (fusion, quantisation, validation) never share the process with a second copy of the weights.
+    """
     timings: dict[str, float] = {}
+    memory: dict[str, float] = {}
     tag = "SYNTHETIC " if s.synthetic else ""
     bar = tqdm(total=len(STAGES), desc=f"export {tag}{s.model} {s.precision}", disable=s.quiet, unit="stage")
 
@@ -91,6 +119,7 @@ def run_export(s: ExportSettings) -> ExportResult:
 
     def done(i: int, t0: float) -> None:
         timings[STAGES[i]] = time.perf_counter() - t0
+        memory[STAGES[i]] = peak_rss_mb()
         bar.update(1)
 
     try:
@@ -100,28 +129,35 @@ def run_export(s: ExportSettings) -> ExportResult:
         t = stage(1)
         model, tokenizer = load_torch_model(source), load_tokenizer(source)
         done(1, t)
+        t = stage(2)
+        reference = torch_reference(model, tokenizer, source)
+        done(2, t)
         work = s.cache_dir / "work" / f"{s.name}-{s.precision}"
         shutil.rmtree(work, ignore_errors=True)
-        t = stage(2)
-        fp32 = export_embedding_model(model, source, work, s.opset)
-        done(2, t)
         t = stage(3)
-        graph, fused_fp32, info = convert(fp32, work, source, s.precision, s.int8_recipe)
+        fp32 = export_embedding_model(model, source, work, s.opset)
+        del model
+        release_memory()
         done(3, t)
         t = stage(4)
-        fid = validate(model, tokenizer, graph, fused_fp32, source, s, s.precision)
+        graph, fused_fp32, info = convert(fp32, work, source, s.precision, s.int8_recipe)
+        release_memory()
         done(4, t)
-        report = build_report(s, source, graph, info, fid, timings)
+        t = stage(5)
+        fid = validate(reference, tokenizer, graph, fused_fp32, source, s, s.precision)
+        done(5, t)
+        report = build_report(s, source, graph, info, fid, timings, memory)
         if not fid.passed:
             failed = work / "export_report.failed.json"
             write_report(report, failed)
             raise ExportError(f"{tag}{s.model} {s.precision} failed validation: {'; '.join(fid.failures)}. Nothing "
                               f"was written to {s.repository}; the report is at {failed}. For int8 try another "
                               f"--int8-recipe, or export fp32/fp16.")
-        t = stage(5)
+        t = stage(6)
         paths = write_all(s.repository, s.name, graph, tokenizer, source, s.precision, report, command_line(s))
-        done(5, t)
+        done(6, t)
         report["timings_s"] = {k: round(v, 2) for k, v in timings.items()}
+        report["peak_rss_mb_after"] = {k: round(v) for k, v in memory.items()}
         write_report(report, paths["report"])
     finally:
         bar.close()

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from bge_triton.export.__main__ import main
-from bge_triton.export.settings import ExportSettings, parse_settings
+from bge_triton.export.settings import ExportSettings, build_parser, parse_settings
 from bge_triton.export.source import inspect_model
 from bge_triton.errors import ExportError
 
@@ -81,9 +81,21 @@ def test_cli_exit_code_and_message(tmp_path, capsys):
     assert rc == 1 and "no such directory" in capsys.readouterr().err
 
 
-def test_help_lists_flags(capsys):
-    with pytest.raises(SystemExit):
+def test_every_flag_reaches_the_settings(tmp_path):
+    """Each flag lands in its ExportSettings field; a flag that is parsed and then dropped fails here."""
+    values = {"--model": "synthetic:bge-small-zh", "--repository": str(tmp_path / "r"), "--name": "m2",
+              "--precision": "int8", "--max-length": "64", "--pooling": "mean", "--opset": "18",
+              "--int8-recipe": "plain", "--seed": "3", "--cache-dir": str(tmp_path / "c"),
+              "--hf-cache": str(tmp_path / "hf"), "--threads": "1", "--retrieval-queries": "7",
+              "--retrieval-corpus": "70"}
+    flags = {a.option_strings[-1] for a in build_parser()._actions if a.option_strings} - {"--help", "--quiet"}
+    assert flags == set(values), "a new flag needs a value in this test"
+    s = parse_settings([x for kv in values.items() for x in kv] + ["--quiet"])
+    assert {f: str(getattr(s, f[2:].replace("-", "_"))) for f in values} == values and s.quiet is True
+    assert not parse_settings(list(values.items())[0] + ("--repository", "r", "--name", "m")).quiet
+
+
+def test_help_exits_zero(capsys):
+    with pytest.raises(SystemExit) as exc:
         parse_settings(["--help"])
-    out = capsys.readouterr().out
-    for flag in ("--model", "--repository", "--name", "--precision", "--max-length", "--pooling", "--opset"):
-        assert flag in out
+    assert exc.value.code == 0 and "--retrieval-queries" in capsys.readouterr().out

@@ -1,4 +1,4 @@
-"""Synthetic BGE: the generated vocab, the architecture, and a synthetic-small export end to end."""
+"""Synthetic BGE: the generated vocab, the tokenizer and the architecture (the export itself: tests/integration)."""
 from __future__ import annotations
 
 import json
@@ -7,8 +7,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bge_triton.export.pipeline import run_export
-from bge_triton.export.settings import ExportSettings
 from bge_triton.export.synthetic import ARCHS, SPECIAL_IDS, VOCAB_SIZE, build_vocab, synthetic_model_dir
 
 
@@ -69,30 +67,3 @@ def test_seeded_weights_are_reproducible(small_dir, tmp_path):
     a, b = load_file(str(small_dir / "model.safetensors")), load_file(str(again / "model.safetensors"))
     key = "encoder.layer.0.attention.self.query.weight"
     assert np.array_equal(a[key], b[key])
-
-
-@pytest.fixture(scope="module")
-def small_export(cache, tmp_path_factory):
-    repo = tmp_path_factory.mktemp("repo")
-    s = ExportSettings(model="synthetic:bge-small-zh", repository=repo, name="bge_small_zh", precision="fp32",
-                       max_length=128, cache_dir=cache, quiet=True).check()
-    return run_export(s)
-
-
-def test_synthetic_small_end_to_end(small_export):
-    r = small_export.report
-    assert r["synthetic"] is True and "SYNTHETIC" in r["label"] and "SYNTHETIC" in r["note"]
-    assert r["pooling"] == "cls" and r["dim"] == 512 and r["fidelity"]["passed"]
-    assert r["fidelity"]["min_cosine"] >= 0.999
-    repo = Path(small_export.paths["onnx"]).parents[2]
-    for model in ("bge_small_zh", "bge_small_zh_onnx"):
-        text = (repo / model / "config.pbtxt").read_text()
-        assert 'key: "synthetic"' in text and 'string_value: "true"' in text
-    assert (repo / "bge_small_zh" / "1" / "tokenizer" / "SYNTHETIC").is_file()
-
-
-def test_results_table_says_synthetic(small_export):
-    from bge_triton.export.__main__ import results_table
-
-    table = results_table(small_export)
-    assert table.startswith("SYNTHETIC") and "PASSED" in table

@@ -67,7 +67,7 @@ def resolved(no_env_file: Path) -> dict:
 
 @needs_compose
 def test_config_validates_with_no_env_and_no_variables(resolved: dict, no_env_file: Path) -> None:
-    assert set(resolved["services"]) == {"triton", "exporter", "prometheus", "grafana",
+    assert set(resolved["services"]) == {"triton", "exporter", "gateway", "prometheus", "grafana",
                                          "locust-master", "locust-worker"}
     proc = _config(env_file=no_env_file, quiet=True)  # plain `up`: no profile
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
@@ -79,6 +79,9 @@ def test_up_alone_exports_then_serves(resolved: dict) -> None:
     svcs = resolved["services"]
     assert "profiles" not in svcs["triton"] and "profiles" not in svcs["exporter"]
     assert svcs["triton"]["depends_on"] == {"exporter": {"condition": "service_completed_successfully"}}
+    assert "profiles" not in svcs["gateway"]  # up serves the OpenAI API too, once Triton is healthy
+    assert svcs["gateway"]["depends_on"] == {"triton": {"condition": "service_healthy"}}
+    assert "--triton=triton:8001" in svcs["gateway"]["command"]
     cmd = svcs["exporter"]["command"]
     assert cmd[:2] == ["python3", "/kit/deploy/prepare_model.py"]
     assert cmd[cmd.index("--precision") + 1] == "fp16" and cmd[cmd.index("--repository") + 1] == "/kit/model_repository"
@@ -88,7 +91,7 @@ def test_up_alone_exports_then_serves(resolved: dict) -> None:
 @needs_compose
 def test_ports_bind_to_loopback_unless_configured(resolved: dict, no_env_file: Path) -> None:
     published = [(name, port) for name, svc in resolved["services"].items() for port in svc.get("ports", [])]
-    assert len(published) == 6  # triton http/grpc/metrics, prometheus, grafana, locust-master
+    assert len(published) == 7  # triton http/grpc/metrics, gateway, prometheus, grafana, locust-master
     for name, port in published:
         spec = port if isinstance(port, str) else f"{port.get('host_ip')}:{port.get('published')}"
         assert spec.startswith("127.0.0.1:"), f"{name} publishes {spec} beyond loopback"

@@ -107,7 +107,9 @@ def test_triton_pod_matches_the_compose_deployment(gpu: list[dict]) -> None:
     assert volumes[shm["name"]]["emptyDir"]["medium"] == "Memory"
     # the exporter: compose's command with its default model, writing the volume Triton reads
     want = [re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", str(a)) for a in compose["exporter"]["command"]]
-    assert export["command"][1:] == want[1:] and export["command"][0].startswith("python")
+    assert export["command"][:2] == want[:2] == ["python3", "/kit/deploy/prepare_model.py"]
+    flags = lambda cmd: dict(zip(cmd[2::2], cmd[3::2]))  # noqa: E731 - flag -> value
+    assert flags(export["command"]) == {**flags(want), "--repository": "/models"}  # same model, name, precision
     (out,) = [m for m in export["volumeMounts"] if m["mountPath"] == "/models"]
     (inp,) = [m for m in server["volumeMounts"] if m["mountPath"] == "/models"]
     assert out["name"] == inp["name"] and inp["readOnly"] is True and not out.get("readOnly")

@@ -6,10 +6,13 @@ import sys
 from typing import Sequence
 
 # command -> (module with main(argv), what it does). Each module also runs as `python -m <module>`.
+# The SDK's CLI has sub-commands of its own: `bge-triton embed X` is `python -m bge_triton.client embed X`.
+SUBCOMMAND = {"embed": "embed", "health": "health"}
 COMMANDS = {
     "export": ("bge_triton.export.__main__", "HF model -> validated ONNX in the model repository [export]"),
     "serve": ("bge_triton.server.__main__", "the local tritonserver: up | status | down [server]"),
-    "embed": ("bge_triton.client.cli", "embed texts through a running server (the SDK)"),
+    "embed": ("bge_triton.client.cli", "embed TEXT... through a running server (the SDK)"),
+    "health": ("bge_triton.client.cli", "server and model readiness plus a canary embedding (the SDK)"),
     "demo": ("bge_triton.demo", "export, serve, embed, stop: the whole kit once [all]"),
     "bench": ("bge_triton.loadtest.bench", "the seed-table benchmark [loadtest, server]"),
     "tune": ("bge_triton.loadtest.tune", "the queue-delay tuner [loadtest, server]"),
@@ -40,6 +43,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImportError as exc:
         print(f"bge-triton {name}: {exc}", file=sys.stderr)
         return 1
+    if name in SUBCOMMAND:
+        rest = [SUBCOMMAND[name], *rest]
     return int(module.main(rest) or 0)
 
 

@@ -25,7 +25,7 @@ def sdk(triton_server: Any):
 
 
 def test_langchain_embeddings_equal_sdk(triton_server, sdk) -> None:
-    pytest.importorskip("langchain_core", reason="extra langchain not installed")
+    import langchain_core  # noqa: F401 - the extra this test needs
     from langchain_core.vectorstores import InMemoryVectorStore
 
     from bge_triton.integrations.langchain import BgeTritonEmbeddings
@@ -48,7 +48,7 @@ def test_langchain_embeddings_equal_sdk(triton_server, sdk) -> None:
 
 
 def test_llama_index_embedding_equals_sdk(triton_server, sdk) -> None:
-    pytest.importorskip("llama_index.core", reason="extra llamaindex not installed")
+    import llama_index.core  # noqa: F401 - the extra this test needs
     from llama_index.core import Document, VectorStoreIndex
 
     from bge_triton.integrations.llama_index import BgeTritonEmbedding

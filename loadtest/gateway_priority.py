@@ -1,4 +1,4 @@
-"""`python -m bge_triton.gateway.bench_priority --repository DIR --model NAME --out reports/gateway`:
+"""`python -m bge_triton.loadtest.gateway_priority --repository DIR --model NAME --out reports/gateway`:
 do online queries keep their latency while a bulk indexing job floods the same Triton?
 
 One local tritonserver on the emulated GPU (the cost-model encoder: a fixed time per batch plus a
@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from bge_triton.gateway.bench import free_ports, start_gateway, texts, write_csv
+from bge_triton.loadtest.gateway_bench import start_gateway, texts, write_csv
+from bge_triton.server.launcher import free_ports
 from bge_triton.loadtest.stack_bench import machine
 from bge_triton.loadtest.stats import percentile
 
@@ -28,7 +29,7 @@ __all__ = ["build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bge_triton.gateway.bench_priority", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m bge_triton.loadtest.gateway_priority", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repository", type=Path, required=True, help="an exported model repository")
     p.add_argument("--model", default="bge_large_zh", help="text endpoint NAME in it")
@@ -133,7 +134,7 @@ def write_report(args: argparse.Namespace, rows: list[dict[str, Any]], command: 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.repository = args.repository.resolve()
-    command = "python -m bge_triton.gateway.bench_priority " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python -m bge_triton.loadtest.gateway_priority " + " ".join(sys.argv[1:] if argv is None else argv)
     load = f"{os.getloadavg()[0]:.1f}"
     with tempfile.TemporaryDirectory(prefix="gateway-priority-") as tmp:
         rows = _run(args, Path(tmp))

@@ -1,4 +1,4 @@
-"""`python -m bge_triton.gateway.bench --repository DIR --model NAME --out reports/gateway`: the
+"""`python -m bge_triton.loadtest.gateway_bench --repository DIR --model NAME --out reports/gateway`: the
 gateway against the SDK straight to Triton, side by side in one run (markdown + CSV).
 
 One local tritonserver (the shipped text endpoint; encoder = the trivial cost model unless
@@ -14,7 +14,6 @@ import asyncio
 import csv
 import datetime
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,7 @@ import psutil
 from bge_triton.client import AsyncEmbeddingClient
 from bge_triton.loadtest.stack_bench import machine
 from bge_triton.loadtest.stats import percentile
+from bge_triton.server.launcher import free_ports
 
 __all__ = ["build_parser", "main"]
 
@@ -35,7 +35,7 @@ Call = Callable[[str], Awaitable[Any]]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bge_triton.gateway.bench", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m bge_triton.loadtest.gateway_bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repository", type=Path, required=True, help="an exported model repository")
     p.add_argument("--model", default="bge_large_zh", help="text endpoint NAME in it")
@@ -135,18 +135,6 @@ async def measure(args: argparse.Namespace, grpc_url: str, gateway_url: str, gat
         return rows
 
 
-def free_ports(count: int) -> list[int]:
-    """`count` distinct free loopback ports chosen by the OS (bound together, then released)."""
-    socks = [socket.socket() for _ in range(count)]
-    try:
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in socks]
-    finally:
-        for sock in socks:
-            sock.close()
-
-
 def start_gateway(args: argparse.Namespace, grpc_url: str, port: int, log: Path) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "bge_triton.gateway", "--triton", grpc_url, "--model", args.model,
            "--model-repository", str(args.repository), "--port", str(port), "--log-level", "warning",
@@ -209,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     args.repository = args.repository.resolve()
-    command = "python -m bge_triton.gateway.bench " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python -m bge_triton.loadtest.gateway_bench " + " ".join(sys.argv[1:] if argv is None else argv)
     load = f"{os.getloadavg()[0]:.1f}"
     variant = (CpuVariant(executor="costmodel", cost_a_us=0.0, cost_b_us=0.0) if args.encoder == "costmodel"
                else CpuVariant())

@@ -51,7 +51,7 @@ def build_vocab() -> list[str]:
     return vocab
 
 
-def _write_tokenizer(out: Path, max_length: int) -> None:
+def write_tokenizer(out: Path, max_length: int) -> None:
     """Save a fast BERT tokenizer (tokenizer.json + vocab.txt) that splits every CJK character into its own token."""
     from transformers import BertTokenizerFast
 
@@ -92,7 +92,7 @@ def synthetic_model_dir(kind: str, cache_dir: Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     model = BertModel(config, add_pooling_layer=False).eval()
     model.save_pretrained(str(out), safe_serialization=True)
-    _write_tokenizer(out, a.positions)
+    write_tokenizer(out, a.positions)
     pool = out / "1_Pooling"
     pool.mkdir(exist_ok=True)
     (pool / "config.json").write_text(json.dumps({

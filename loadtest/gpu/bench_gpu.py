@@ -1,4 +1,4 @@
-"""GPU bench: real Triton (pytriton wheel) + synthetic BGE-Large-zh in torch, five batching scenarios.
+"""GPU bench: real Triton (pytriton wheel) + synthetic BGE-Large-zh in torch: five batching scenarios and the text endpoint.
 
     bash loadtest/gpu/run.sh                       # on a GPU host (H200): full size, fp16
     python loadtest/gpu/bench_gpu.py --device cpu  # anywhere: tiny model, seconds per scenario
@@ -6,6 +6,8 @@
 Runs each scenario at peak (closed loop) and at low load (open loop, a fraction of batch-1
 capacity), reads average batch sizes from Triton's statistics and GPU utilisation from
 nvidia-smi, measures the card's matmul rate itself, and writes reports/gpu/gpu_bench.{md,csv}.
+The text_endpoint row serves the committed model.py (BLS) over an encoder of the committed
+contract and batching (text_endpoint.py) with review texts from --wheel-dir (assets.py).
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ import numpy as np  # noqa: E402
 
 from bge_triton.client.core import InferCall  # noqa: E402  (numpy, tritonclient.grpc, protobuf: fetch_wheels.sh)
 from bge_triton.loadtest import loadgen  # noqa: E402
-from bge_triton.loadtest.gpu import report, scenarios, tritonproc  # noqa: E402
+from bge_triton.loadtest.gpu import assets, report, scenarios, text_endpoint, tritonproc  # noqa: E402
 from bge_triton.loadtest.stats import fetch_stats, stats_delta, summarize  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -89,14 +91,16 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     p.add_argument("--low-seconds", type=float, help="low-load window (15 cuda, 3 cpu)")
     p.add_argument("--low-fraction", type=float, default=0.2, help="low load = this x batch-1 peak QPS")
     p.add_argument("--matmul-size", type=int, help="matmul side for the compute yardstick (8192 cuda, 512 cpu)")
-    p.add_argument("--only", default="", help="comma-separated scenario keys (s1_batch1 always runs)")
+    p.add_argument("--only", default="", help="comma-separated scenario keys, text_endpoint among them "
+                   "(s1_batch1 always runs)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--http-port", type=int, default=18310)
     p.add_argument("--metrics-port", type=int, default=18312)
     p.add_argument("--ready-timeout", type=float, default=600.0)
     p.add_argument("--out", type=Path, default=Path("reports/gpu"))
     p.add_argument("--work-dir", type=Path, default=HERE / ".work")
-    p.add_argument("--wheel-dir", type=Path, default=HERE / "wheels")
+    p.add_argument("--wheel-dir", type=Path, default=HERE / "wheels",
+                   help="fetch_wheels.sh's folder: pytriton wheel, tokenizer/tokenizer.json, reviews.txt")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
     gpu = a.device.startswith("cuda")
@@ -134,18 +138,22 @@ def request_bodies(s: Settings, sc: scenarios.Scenario, seed: int, n: int = 256)
     return tuple(bodies), float(lengths.mean()), float((lengths.astype(float) ** 2).mean())
 
 
-def run_phase(s: Settings, sc: scenarios.Scenario, server_url: str, sampler, mode: str, rate: float,
-              seconds: float) -> dict:
-    """One window of the kit's load generator: latency percentiles, QPS, batch and queue stats, GPU util."""
-    bodies, tokens, tokens_sq = request_bodies(s, sc, s.seed)
+def run_phase(s: Settings, sc: scenarios.Scenario, load: tuple[tuple[bytes, ...], float, float], server_url: str,
+              sampler, mode: str, rate: float, seconds: float, users: int = 0) -> dict:
+    """One window of the kit's load generator: latency percentiles, QPS, batch and queue stats, GPU util.
+
+    load: (request bodies, mean tokens, mean tokens^2); batch, queue and compute are the encoder's.
+    """
+    bodies, tokens, tokens_sq = load
     host, port = server_url.removeprefix("http://").split(":")
+    users = users or s.concurrency
     spec = loadgen.LoadSpec(host, int(port), sc.model_name, bodies, mode,
-                            concurrency=s.concurrency if mode == "closed" else 512, rate=rate,
+                            concurrency=users if mode == "closed" else 512, rate=rate,
                             warmup_s=s.warmup_s, duration_s=seconds, grace_s=5.0,
-                            processes=s.procs if mode == "closed" else 1, seed=s.seed)
-    before = fetch_stats(server_url, sc.model_name)
+                            processes=min(s.procs, users) if mode == "closed" else 1, seed=s.seed)
+    before = fetch_stats(server_url, sc.encoder_name)
     res = loadgen.run(spec)
-    d = stats_delta(before, fetch_stats(server_url, sc.model_name))
+    d = stats_delta(before, fetch_stats(server_url, sc.encoder_name))
     lat = summarize(res.latencies_ms)
     flops = scenarios.MODEL_SIZES[s.size].flops_per_sequence(res.ok * tokens, res.ok * tokens_sq)
     return {
@@ -183,6 +191,10 @@ def main(argv: list[str] | None = None) -> int:
         raise tritonproc.BenchError("--device cuda but torch sees no GPU; use --device cpu for a dry run")
     all_sc = scenarios.build_scenarios(s.max_batch, s.static_delay_us, s.dynamic_delay_us)
     chosen = [sc for sc in all_sc if not s.only or sc.key in s.only or sc.key == "s1_batch1"]
+    with_text = not s.only or text_endpoint.KEY in s.only
+    if with_text:  # before any work: the assets make gpu-wheels writes
+        tokenizer = assets.tokenizer_path(s.wheel_dir)
+        texts = assets.load_reviews(s.wheel_dir, 512, s.seed)
     command = "python loadtest/gpu/bench_gpu.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     s.out.mkdir(parents=True, exist_ok=True)
     s.work_dir.mkdir(parents=True, exist_ok=True)
@@ -201,9 +213,14 @@ def main(argv: list[str] | None = None) -> int:
         s.work_dir / "model_repository", chosen, {"fixed": s.seq_len, "mixed": s.mixed_max_len},
         dims=dims, device=s.device, dtype=s.dtype, seed=s.seed, token_budget=s.token_budget,
         instances=s.instances)
+    loads = {sc.key: request_bodies(s, sc, s.seed) for sc in chosen}
+    if with_text:
+        chosen.append(text_endpoint.write_models(repo, dims, s.device, s.dtype, s.seed, tokenizer))
+        loads[text_endpoint.KEY] = (tuple(loadgen.text_request(t) for t in texts),
+                                    *text_endpoint.token_moments(tokenizer, texts))
     root = tritonproc.find_triton_root(s.wheel_dir, s.work_dir)
     backends = tritonproc.prepare_backends(root, s.work_dir)
-    print(f"[bench] starting tritonserver ({len(chosen)} models) ...", flush=True)
+    print(f"[bench] starting tritonserver ({len(list(repo.iterdir()))} models) ...", flush=True)
     server = tritonproc.start_server(root, backends, repo, s.work_dir / "tritonserver.log", s.host,
                                      s.http_port, s.metrics_port, s.ready_timeout)
     gpu_index = (torch.device(s.device).index or 0) if s.device.startswith("cuda") else -1
@@ -211,17 +228,26 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[report.Row] = []
     try:
         for sc in chosen:
-            sanity_check(server.http_url, sc, s.seq_len if sc.workload == "fixed" else s.mixed_max_len, dims.hidden)
+            if sc.key == text_endpoint.KEY:
+                cosine = text_endpoint.check(server.http_url, sc, tokenizer, dims.hidden)
+                print(f"[bench] text endpoint: a text embeds through model.py, cosine {cosine:.5f} to the "
+                      "encoder called with its tokens", flush=True)
+            else:
+                sanity_check(server.http_url, sc, s.seq_len if sc.workload == "fixed" else s.mixed_max_len,
+                             dims.hidden)
         low_rate = math.nan
         for n, sc in enumerate(chosen, 1):
             print(f"[bench] {n}/{len(chosen)} {sc.key}: peak ({s.concurrency} clients, {s.peak_s:g} s)",
                   flush=True)
-            peak = run_phase(s, sc, server.http_url, sampler, "closed", 0.0, s.peak_s)
+            peak = run_phase(s, sc, loads[sc.key], server.http_url, sampler, "closed", 0.0, s.peak_s)
             if sc.key == "s1_batch1":
                 low_rate = max(1.0, s.low_fraction * peak["qps"])
+            if sc.key == text_endpoint.KEY:  # other texts than s1's rows: its own one-user capacity
+                one = run_phase(s, sc, loads[sc.key], server.http_url, sampler, "closed", 0.0, s.peak_s / 2, 1)
+                low_rate = max(1.0, s.low_fraction * one["qps"])
             print(f"[bench]   peak {peak['qps']:.1f} QPS, batch {peak['avg_batch']:.2f}; low load "
                   f"{low_rate:.1f} QPS ({s.low_s:g} s)", flush=True)
-            low = run_phase(s, sc, server.http_url, sampler, "open", low_rate, s.low_s)
+            low = run_phase(s, sc, loads[sc.key], server.http_url, sampler, "open", low_rate, s.low_s)
             for phase, res in (("peak", peak), ("low", low)):
                 if res["errors"]:
                     print(f"[bench]   {phase}: {res['errors']} errors, first: {res['first_error']}", flush=True)
@@ -239,6 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     settings["model"] = f"{dims.name}: {dims.layers} layers, hidden {dims.hidden}, {dims.heads} heads, " \
                         f"intermediate {dims.intermediate}, vocab {dims.vocab}"
     settings["gpu utilisation source"] = sampler.source
+    if with_text:
+        settings["text endpoint check"] = f"a text embeds through the committed model.py: cosine {cosine:.5f} " \
+                                          "to the encoder called with its tokens"
     md = s.out / "gpu_bench.md"
     report.write_csv(md.with_suffix(".csv"), rows, command)
     where = machine["gpu"] if s.device.startswith("cuda") else "CPU (dry run)"

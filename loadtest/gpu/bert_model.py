@@ -1,10 +1,13 @@
 """Triton python-backend model of the GPU bench: a random-weight BERT encoder, CLS pool, L2 norm.
 
-Copied as <model>/1/model.py by loadtest/gpu/scenarios.py. Every knob comes from the config's
-`parameters`. Requests carry input_ids INT32 [n, L] where 0 is padding; each row is one text.
+Copied as <model>/1/model.py by loadtest/gpu/scenarios.py and text_endpoint.py. Every knob comes
+from the config's `parameters`. Requests carry input_ids [n, L] (INT32 or INT64) and, under the
+encoder's contract (bge_large_zh_onnx: what the text endpoint's BLS sends), attention_mask [n, L];
+without a mask, 0 is padding. Each row is one text.
 padding=longest: the whole batch is cut to its longest row (what a plain ONNX encoder gets).
 padding=length_aware: rows are sorted by length and cut into sub-batches of at most
 `token_budget` padded tokens, each padded to a multiple of `pad_to_multiple` (the kit's text model).
+padding=as_given: the batch runs at the width it came with (the text endpoint already planned it).
 """
 import json
 
@@ -22,6 +25,8 @@ def plan_sub_batches(lengths: np.ndarray, padding: str, multiple: int, budget: i
     """[(row indices, padded length)] covering every row once; pure, so it is unit-tested."""
     if len(lengths) == 0:
         return []
+    if padding == "as_given":
+        return [(np.arange(len(lengths)), None)]
     if padding != "length_aware":
         return [(np.arange(len(lengths)), max(int(lengths.max()), 1))]
     order = np.argsort(lengths, kind="stable")
@@ -69,19 +74,28 @@ class TritonPythonModel:
             self._encode(warm)
 
     @torch.inference_mode()
-    def _encode(self, ids: np.ndarray) -> np.ndarray:
-        lengths = (ids != 0).sum(axis=1)
+    def _encode(self, ids: np.ndarray, mask: np.ndarray = None) -> np.ndarray:
+        mask = (ids != 0) if mask is None else mask
+        lengths = mask.sum(axis=1)
         out = np.zeros((ids.shape[0], self.hidden), dtype=np.float32)
         for idx, width in plan_sub_batches(lengths, self.padding, self.multiple, self.budget):
             x = torch.from_numpy(np.ascontiguousarray(ids[idx, :width])).to(self.device).long()
-            hidden = self.model(input_ids=x, attention_mask=(x != 0).long()).last_hidden_state
+            m = torch.from_numpy(np.ascontiguousarray(mask[idx, :width])).to(self.device).long()
+            hidden = self.model(input_ids=x, attention_mask=m).last_hidden_state
             cls = torch.nn.functional.normalize(hidden[:, 0].float(), dim=-1)
             out[idx] = cls.cpu().numpy()
         return out
 
     def execute(self, requests):
         arrays = [pb_utils.get_input_tensor_by_name(r, "input_ids").as_numpy() for r in requests]
-        emb = self._encode(np.concatenate(arrays, axis=0))
+        masks = [pb_utils.get_input_tensor_by_name(r, "attention_mask") for r in requests]
+        width = max(a.shape[1] for a in arrays)  # the batcher joins equal shapes; pad anyway, never fail
+        ids = np.concatenate([np.pad(a, ((0, 0), (0, width - a.shape[1]))) for a in arrays], axis=0)
+        mask = None
+        if all(m is not None for m in masks):
+            mask = np.concatenate([np.pad(m.as_numpy(), ((0, 0), (0, width - a.shape[1])))
+                                   for m, a in zip(masks, arrays)], axis=0)
+        emb = self._encode(ids, mask)
         responses, start = [], 0
         for arr in arrays:
             part = emb[start:start + arr.shape[0]]

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # GPU bench on a bare GPU host: real tritonserver from the nvidia-pytriton wheel + synthetic
-# BGE-Large-zh (24 layers, hidden 1024) in torch fp16, five batching scenarios, reports/gpu/.
+# BGE-Large-zh (24 layers, hidden 1024) in torch fp16: five batching scenarios and the shipped text
+# endpoint (model_repository/bge_large_zh/1, BLS to an encoder of the committed contract), reports/gpu/.
 # Needs: NVIDIA GPU + driver, python3 (3.8-3.13, built with a shared libpython) with torch (CUDA),
 # transformers, numpy; and loadtest/gpu/wheels/ from fetch_wheels.sh (nvidia-pytriton, unless it is
-# installed; tritonclient and its grpc imports, unless importable: installed into loadtest/gpu/.work/site).
+# installed; tritonclient and its grpc imports, and tokenizers, unless importable: installed into
+# loadtest/gpu/.work/site; the synthetic tokenizer.json and a review sample for the text endpoint).
 # No network, no Docker.
 # Usage: bash loadtest/gpu/run.sh [bench_gpu.py flags...]   e.g. --device cpu for a dry run
 set -euo pipefail
@@ -26,14 +28,25 @@ if ! "$py" -c "import importlib.util,sys; sys.exit(importlib.util.find_spec('pyt
   echo "run.sh: no nvidia-pytriton: run 'bash loadtest/gpu/fetch_wheels.sh' where PyPI is reachable" >&2
   exit 2
 fi
-if ! "$py" -c "import google.protobuf, grpc, tritonclient.grpc.model_config_pb2" 2>/dev/null; then
-  site="$here/.work/site"
-  whls=$(ls "$here"/wheels/*.whl 2>/dev/null | grep -v nvidia_pytriton || true)
+# wheels only for what the host lacks: the grpc stack for the bench code, tokenizers for the text
+# endpoint (transformers usually brought one; a second copy in front could break transformers' pin)
+site="$here/.work/site"
+groups=()
+"$py" -c "import google.protobuf, grpc, tritonclient.grpc.model_config_pb2" 2>/dev/null || groups+=(grpc)
+"$py" -c "import tokenizers" 2>/dev/null || groups+=(tokenizers)
+for group in ${groups[@]+"${groups[@]}"}; do
+  if [ "$group" = tokenizers ]; then
+    whls=$(ls "$here"/wheels/tokenizers-*.whl 2>/dev/null || true)
+  else
+    whls=$(ls "$here"/wheels/*.whl 2>/dev/null | grep -v -e nvidia_pytriton -e /tokenizers- || true)
+  fi
   if [ -z "$whls" ]; then
-    echo "run.sh: no tritonclient (grpc): run 'bash loadtest/gpu/fetch_wheels.sh' where PyPI is reachable" >&2
+    echo "run.sh: no $group wheels: run 'bash loadtest/gpu/fetch_wheels.sh' where PyPI is reachable" >&2
     exit 2
   fi
   "$py" -m pip install --quiet --no-index --no-deps --target "$site" $whls
+done
+if [ ${#groups[@]} -gt 0 ]; then
   export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 if command -v nvidia-smi >/dev/null; then

@@ -50,12 +50,18 @@ class Scenario:
     max_batch: int
     preferred: tuple[int, ...] = ()
     delay_us: int | None = None  # None: no dynamic_batching block at all
-    workload: str = "fixed"  # fixed | mixed
+    workload: str = "fixed"  # fixed | mixed | reviews (texts)
     padding: str = "longest"  # longest | length_aware
+    model: str = ""  # the model the load calls; default bench_<key>
+    encoder: str = ""  # the model whose statistics give batch and compute; default the called model
 
     @property
     def model_name(self) -> str:
-        return f"bench_{self.key}"
+        return self.model or f"bench_{self.key}"
+
+    @property
+    def encoder_name(self) -> str:
+        return self.encoder or self.model_name
 
 
 def build_scenarios(max_batch: int, static_delay_us: int, dynamic_delay_us: int) -> list[Scenario]:
@@ -84,17 +90,23 @@ def build_config(sc: Scenario, dims: ModelDims, seq_len: int, device: str, dtype
     if sc.delay_us is not None:
         cfg.dynamic_batching.preferred_batch_size.extend(sc.preferred)
         cfg.dynamic_batching.max_queue_delay_microseconds = sc.delay_us
+    set_encoder_params(cfg, dims, device, dtype, seed, sc.padding, token_budget, sc.max_batch, seq_len)
+    return cfg
+
+
+def set_encoder_params(cfg: mc.ModelConfig, dims: ModelDims, device: str, dtype: str, seed: int, padding: str,
+                       token_budget: int, warmup_batch: int, warmup_len: int) -> None:
+    """bert_model.py's knobs as config `parameters` (string values, as Triton passes them)."""
     params = {
         "synthetic": "true", "model_id": dims.name, "pooling": "cls", "layers": dims.layers,
         "hidden": dims.hidden, "heads": dims.heads, "intermediate": dims.intermediate,
         "vocab": dims.vocab, "max_positions": dims.max_positions, "device": device,
-        "dtype": dtype, "seed": seed, "padding": sc.padding, "pad_to_multiple": 8,
+        "dtype": dtype, "seed": seed, "padding": padding, "pad_to_multiple": 8,
         "token_budget": token_budget, "intra_op_threads": 0 if device.startswith("cuda") else 1,
-        "warmup_batch": sc.max_batch, "warmup_len": seq_len,
+        "warmup_batch": warmup_batch, "warmup_len": warmup_len,
     }
     for key, value in params.items():
         cfg.parameters[key].string_value = str(value)
-    return cfg
 
 
 def write_repository(root: Path, scenarios: list[Scenario], seq_lens: dict[str, int],

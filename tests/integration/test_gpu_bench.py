@@ -1,19 +1,23 @@
-"""The GPU bench script end to end on CPU: real tritonserver, tiny model, every scenario reported."""
+"""The GPU bench script end to end on CPU: real tritonserver, tiny model, every scenario and the shipped text endpoint."""
 from __future__ import annotations
 
 import csv
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
 
 from bge_triton.errors import ServerNotReady
+from bge_triton.server import repository
 from bge_triton.server.launcher import free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIOS = ["s1_batch1", "s2_static", "s3_dynamic", "s4_delay0", "s5a_mixed_padded",
-             "s5b_mixed_length_aware"]
+             "s5b_mixed_length_aware", "text_endpoint"]
 
 
 def _free_ports(n: int, lo: int = 18300, hi: int = 18400) -> list[int]:
@@ -28,11 +32,16 @@ pytestmark = pytest.mark.integration
 @pytest.mark.timeout(300)
 def test_bench_runs_on_cpu_and_reports_every_scenario(tmp_path: Path) -> None:
     http_port, metrics_port = _free_ports(2)
-    out = tmp_path / "reports"
+    out, assets = tmp_path / "reports", tmp_path / "wheels"
+    # what `make gpu-wheels` writes beside the wheels: the synthetic tokenizer and the review sample
+    made = subprocess.run([sys.executable, "-m", "bge_triton.loadtest.gpu.assets", "--dest", str(assets),
+                           "--reviews", "500"], capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stdout + made.stderr
     cmd = [sys.executable, str(REPO / "loadtest" / "gpu" / "bench_gpu.py"), "--device", "cpu",
            "--peak-seconds", "1.5", "--low-seconds", "1.5", "--warmup", "0.5", "--concurrency", "16",
            "--http-port", str(http_port), "--metrics-port", str(metrics_port),
-           "--out", str(out), "--work-dir", str(tmp_path / "work"), "--ready-timeout", "180"]
+           "--out", str(out), "--work-dir", str(tmp_path / "work"), "--wheel-dir", str(assets),
+           "--ready-timeout", "180"]
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     md = (out / "gpu_bench.md").read_text()
@@ -52,3 +61,16 @@ def test_bench_runs_on_cpu_and_reports_every_scenario(tmp_path: Path) -> None:
     # no dynamic batching: batch 1, as Triton's statistics count it
     assert float(by["s1_batch1"]["peak_avg_batch"]) == pytest.approx(1.0, abs=0.01)
     assert float(by["s2_static"]["peak_avg_batch"]) > 1.0  # batches form under load
+    # the shipped text endpoint: its committed files unchanged, BLS to an encoder with the committed batching,
+    # a text embedded through model.py equal to the encoder's answer on its tokens
+    text = by["text_endpoint"]
+    check = re.search(r"text endpoint check: a text embeds through the committed model.py: cosine ([0-9.]+)", md)
+    assert check and float(check.group(1)) > 0.999, md
+    assert text["workload"] == "reviews"
+    served = tmp_path / "work" / "model_repository"
+    for name in repository.TEXT_ENDPOINT_FILES:
+        assert (served / "bge_large_zh" / "1" / name).read_bytes() == (repository.TEXT_MODEL_DIR / name).read_bytes()
+    enc = text_format.Parse((served / "bge_large_zh_onnx" / "config.pbtxt").read_text(), mc.ModelConfig())
+    committed = repository.load_config(repository.DEFAULT_CANONICAL / "bge_large_zh_onnx")
+    assert enc.dynamic_batching == committed.dynamic_batching and enc.max_batch_size == committed.max_batch_size
+    assert text["delay_us"] == str(committed.dynamic_batching.max_queue_delay_microseconds)

@@ -43,8 +43,8 @@ compose-check: setup  ## validate docker-compose.yml and the GPU configs (Triton
 	docker-compose --env-file deploy/.env.example config -q
 	$(PY) deploy/check_configs.py model_repository
 
-gpu-wheels:  ## download what a bare GPU host lacks into loadtest/gpu/wheels (needs PyPI)
-	bash loadtest/gpu/fetch_wheels.sh
+gpu-wheels: $(STAMP)  ## what a bare GPU host lacks (wheels, tokenizer, review sample) -> loadtest/gpu/wheels (needs PyPI)
+	KIT_PYTHON=$(PY) bash loadtest/gpu/fetch_wheels.sh
 
 gpu-bench:  ## on a bare GPU host: the bench with synthetic:bge-large-zh in torch FP16 -> reports/gpu
 	bash loadtest/gpu/run.sh

@@ -63,7 +63,8 @@ def prepare_backends(triton_root: Path, work_dir: Path) -> Path:
     stub = server / "python_backend_stubs" / version / "triton_python_backend_stub"
     if not stub.exists():
         raise BenchError(f"the pytriton wheel has no python backend stub for Python {version} "
-                         f"({stub}); run the bench with Python 3.8-3.13")
+                         f"({stub}); run the bench with Python 3.8-3.13, and make the wheels for it: "
+                         f"GPU_PYTHON_VERSION={version} make gpu-wheels (the slim wheel keeps one stub)")
     backends = work_dir / "backends"
     shutil.rmtree(backends, ignore_errors=True)
     shutil.copytree(server / "backends", backends)

@@ -53,13 +53,13 @@ def _ceiling(run, s) -> list[str]:
     """What the length mix allows at fixed text-batch sizes, and each candidate against its own batch size."""
     from bge_triton.loadtest.shipped import ideal
 
-    out = ["| texts per text-endpoint batch | split_overhead_tokens | planner ceiling texts/s | x ideal at max batch |",
+    out = ["| texts per text-endpoint batch | split_overhead_tokens | planner estimate texts/s | x ideal at max batch |",
            "|---|---|---|---|"]
     for n in (16, 32, 64, 128):
         for so in (64, 628):
             rate = _planned(run, s, n, so)
             out.append(f"| {n} | {so} | {rate:.0f} | {rate / ideal(s, run):.2f} |")
-    out += ["", "| candidate | measured texts per batch | peak texts/s | planner ceiling at that batch | measured / ceiling |",
+    out += ["", "| candidate | mean texts per batch (measured) | peak texts/s | planner estimate at that batch | measured / estimate |",
             "|---|---|---|---|---|"]
     for c in run.candidates:
         pk = _row(run, c.name, "text", "peak")
@@ -111,7 +111,8 @@ def write(run, s) -> list[Path]:
               "The ideal at max batch assumes 64 texts of the mean length, unpadded. The text endpoint pads each "
               "sub-batch to its longest text (rounded to 8) and pays the cost model's fixed cost a per call; its planner (text_stages."
               "plan_sub_batches) picks the cheapest split. Priced by the same cost model, on the same lengths "
-              "(`loadtest.targets.planned_rate`, 50 seeded batches each; no server):", ""] + _ceiling(run, s)
+              "(`loadtest.targets.planned_rate`, 50 seeded batches each; no server). The estimate at a candidate's mean "
+              "batch is a guide, not a bound: its batches vary in size and in their length draw.", ""] + _ceiling(run, s)
     lines += ["", "## CPU cost of the text endpoint at peak", ""] + _sizing(run, s)
     lines += ["", "![quiet-hour p50 and peak texts/s per candidate](shipped.png)", ""]
     md = out / "shipped.md"

@@ -2,9 +2,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bge_triton.loadtest import report, targets
 from bge_triton.loadtest.report import _f
+
+if TYPE_CHECKING:  # shipped imports this module lazily; no cycle at run time
+    from bge_triton.loadtest.bench import BenchSettings
+    from bge_triton.loadtest.shipped import ShippedRun
 
 
 def _row(run, cand: str, path: str, phase: str) -> dict:
@@ -76,7 +81,7 @@ def _committed_split() -> int:
     return text_settings(load_config(TEXT_MODEL_DIR.parent)).split_overhead_tokens
 
 
-def write(run, s) -> list[Path]:
+def write(run: "ShippedRun", s: "BenchSettings") -> list[Path]:
     """Write the three files into s.out."""
     from bge_triton.loadtest.shipped import FIELDS, ideal, t1_ms
 

@@ -4,6 +4,8 @@ Each candidate is loaded with a config override (explicit model control, no rest
 open-loop Poisson load at R req/s, and measured (goodput, p50/p99 from the scheduled send time, batch
 size, queue/compute split). The pick: the highest goodput among candidates that meet the SLO (p99 <= X,
 errors <= 1%); within 2% of that goodput, the lowest p99. --write puts the pick into model_repository/.
+`--pair` tunes the encoder's batching and the text endpoint's settings together (loadtest.shipped, issue 14's
+targets) and `--pair --write` writes both configs.
 """
 from __future__ import annotations
 
@@ -228,7 +230,52 @@ def parse_args(argv: list[str] | None = None) -> TuneSettings:
         state_dir=a.state_dir, command="python -m bge_triton.loadtest.tune " + " ".join(argv if argv is not None else sys.argv[1:]))
 
 
+def pair_candidates(delays_us: str, preferred: str, split: str, max_in_flight: str, instances: str = "") -> list[str]:
+    """The grid of `--pair` as loadtest.shipped --candidate strings ('committed' first: it wins ties)."""
+    grid = ["committed"]
+    for d in delays_us.split(","):
+        for pref in _preferred(preferred):
+            for so in split.split(","):
+                for mif in max_in_flight.split(","):
+                    for ti in (instances.split(",") if instances else [""]):
+                        grid.append(f"delay={int(d)},preferred={'/'.join(map(str, pref)) or 'none'},split={int(so)},"
+                                    f"mif={int(mif)}" + (f",ti={int(ti)}" if ti else ""))
+    return grid
+
+
+def pair_main(argv: list[str]) -> int:
+    """`--pair`: tune the encoder's batching AND the text endpoint's settings against issue 14's targets."""
+    p = argparse.ArgumentParser(prog="python -m bge_triton.loadtest.tune --pair", description=pair_main.__doc__)
+    p.add_argument("--pair", action="store_true", required=True)
+    p.add_argument("--delays-us", default="0,5000", help="encoder max_queue_delay candidates")
+    p.add_argument("--preferred", default="none;16,32", help="encoder preferred-size sets, ';'-separated")
+    p.add_argument("--split-overhead", default="64,628", help="text endpoint split_overhead_tokens candidates")
+    p.add_argument("--max-in-flight", default="1,2", help="text endpoint max_in_flight candidates")
+    p.add_argument("--instances", default="", help="text endpoint instance counts (default: the config's)")
+    p.add_argument("--write", action="store_true", help="write the pick into both configs of --target-repo")
+    p.add_argument("--target-repo", type=Path, default=DEFAULT_CANONICAL, help="repository --write updates")
+    p.add_argument("--state-dir", type=Path, default=REPO_ROOT / ".kit" / "loadtest" / "tune_pair_state")
+    p.add_argument("--duration", type=float, help="seconds per peak window (default 8, quick 3)")
+    p.add_argument("--real-repo", type=Path, default=TuneSettings.real_repo, help="export lending the tokenizer")
+    p.add_argument("--real-name", default=TuneSettings.real_name, help="model name in --real-repo")
+    p.add_argument("--out", type=Path, default=REPO_ROOT / "reports" / "tune" / "pair", help="report directory")
+    p.add_argument("--quick", action="store_true", help="short windows")
+    p.add_argument("--concurrency", type=int, default=128, help="closed-loop users at peak")
+    a = p.parse_args(argv)
+    from bge_triton.loadtest import shipped
+
+    args = ["--out", str(a.out), "--concurrency", str(a.concurrency), "--target-repo", str(a.target_repo),
+            "--state-dir", str(a.state_dir), "--real-repo", str(a.real_repo), "--real-name", a.real_name] + (["--quick"] if a.quick else []) + (["--write"] if a.write else []) + \
+        (["--duration", str(a.duration)] if a.duration else [])
+    for cand in pair_candidates(a.delays_us, a.preferred, a.split_overhead, a.max_in_flight, a.instances):
+        args += ["--candidate", cand]
+    return shipped.main(args)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--pair" in argv:
+        return pair_main(argv)
     s = parse_args(argv)
     run = run_tune(s)
     if s.write and run.picked:

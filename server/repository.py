@@ -279,3 +279,17 @@ def update_batching_in_place(model_dir: Path, knobs: Batching) -> Path:
     cfg = apply_batching(parse_config(original, str(path)), knobs)
     path.write_text(header + dump_config(cfg), encoding="utf-8")
     return path
+
+
+def update_text_settings_in_place(model_dir: Path, instances: int | None = None, **changes: Any) -> Path:
+    """Rewrite a committed text endpoint's settings (and instance count) through the schema, comments kept."""
+    path = Path(model_dir) / "config.pbtxt"
+    original = path.read_text(encoding="utf-8")
+    header = "".join(line + "\n" for line in original.splitlines() if line.startswith("#"))
+    cfg = set_text_settings(parse_config(original, str(path)), **changes)
+    if instances is not None:
+        if instances < 1 or not cfg.instance_group:
+            raise ModelConfigError(f"{path}: instance count {instances} needs >= 1 and an instance_group block")
+        cfg.instance_group[0].count = int(instances)
+    path.write_text(header + dump_config(cfg), encoding="utf-8")
+    return path

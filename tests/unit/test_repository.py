@@ -60,6 +60,16 @@ def test_committed_pair_keeps_its_contract() -> None:
         assert set(warmup.inputs) == {i.name for i in enc.input} and warmup.batch_size <= enc.max_batch_size
 
 
+def test_committed_encoder_holds_no_window_for_the_text_endpoint() -> None:
+    """Issue 14: the text endpoint forms its own sub-batches, so a queue delay at the encoder holds every lone
+    one at quiet hours (reports/bench/shipped/shipped.md); the gateway's two query priorities stay."""
+    configs = load_repository(DEFAULT_CANONICAL)
+    enc, txt = configs["bge_large_zh_onnx"], configs["bge_large_zh"]
+    assert text_settings(txt).onnx_model == enc.name
+    assert enc.dynamic_batching.max_queue_delay_microseconds == 0
+    assert (txt.dynamic_batching.priority_levels, txt.dynamic_batching.default_priority_level) == (2, 2)
+
+
 def test_unknown_key_is_a_clear_error() -> None:
     with pytest.raises(ModelConfigError, match="not a valid Triton model config"):
         parse_config('name: "x"\nmax_batch_sizes: 4\n')

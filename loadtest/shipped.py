@@ -1,0 +1,214 @@
+"""`python -m bge_triton.loadtest.shipped`: the committed config pair measured as shipped, against issue 14's targets.
+
+On the emulated GPU (the encoder = cost model, loadtest/costmodel.py) with the real review length mix, side by
+side in one run: (a) the text endpoint, (b) tensor mode to the encoder with the client's length buckets, (c) the
+encoder called directly with the text endpoint's own tokens at delay 0 (the quiet-hour reference); quiet hours
+(open loop, 20% of batch-1 capacity) and peak (closed loop). Candidate pairs (`--candidate`) vary the encoder's
+batching and the text endpoint's settings; "committed" loads both configs unchanged. `--write` commits the pick.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from bge_triton.client.core import DEFAULT_BUCKETS, tensor_call
+from bge_triton.client.tokens import BucketTokenizer
+from bge_triton.loadtest import bench, corpus, harness, loadgen, report, targets
+from bge_triton.loadtest.costmodel import DEFAULT as DEFAULT_COST
+from bge_triton.server.cpu_variant import CpuVariant
+from bge_triton.server.repository import (DEFAULT_CANONICAL, ENCODER_SUFFIX, SCENARIOS, Batching, load_config,
+                                          update_batching_in_place, update_text_settings_in_place)
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+ENC, TXT = harness.EMULATED + ENCODER_SUFFIX, harness.EMULATED
+FIELDS = ("candidate", "path", "phase", "load", "throughput", "avg_ms", "p50_ms", "p99_ms", "n", "errors", "avg_batch",
+          "front_batch", "queue_ms", "compute_ms", "server_cores", "text_cores", "first_error")
+KEYS = {"delay": "delay_us", "preferred": "preferred", "split": "split_overhead_tokens", "mif": "max_in_flight",
+        "ti": "text_instances"}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A config pair: None fields keep the committed value."""
+
+    name: str = "committed"
+    delay_us: int | None = None
+    preferred: tuple[int, ...] | None = None
+    split_overhead_tokens: int | None = None
+    max_in_flight: int | None = None
+    text_instances: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> "Candidate":
+        """'committed' or e.g. 'delay=0,preferred=none,split=628,mif=1,ti=2' (preferred sizes joined by '/')."""
+        if text.strip() == "committed":
+            return cls()
+        values: dict = {}
+        for item in text.split(","):
+            key, _, raw = item.partition("=")
+            if key.strip() not in KEYS:
+                raise SystemExit(f"--candidate {text!r}: unknown key {key!r}; use {sorted(KEYS)}")
+            if key.strip() == "preferred":
+                values["preferred"] = () if raw in ("none", "") else tuple(int(v) for v in raw.split("/"))
+            else:
+                values[KEYS[key.strip()]] = int(raw)
+        return cls(name=text.strip(), **values)
+
+    def text_params(self) -> dict[str, str]:
+        return {k: str(v) for k, v in (("split_overhead_tokens", self.split_overhead_tokens),
+                                       ("max_in_flight", self.max_in_flight)) if v is not None}
+
+    def batching(self) -> Batching | None:
+        if self.delay_us is None and self.preferred is None:
+            return None
+        return Batching(preferred_batch_sizes=self.preferred, max_queue_delay_us=self.delay_us)
+
+
+@dataclass
+class ShippedRun:
+    command: str
+    candidates: tuple[Candidate, ...]
+    rows: list[dict] = field(default_factory=list)
+    lengths: dict = field(default_factory=dict)
+    verdicts: dict = field(default_factory=dict)
+    picked: str | None = None
+    machine: dict = field(default_factory=dict)
+    loadavg_end: str = ""
+
+
+def _text_stub_cpu(h: harness.Harness) -> dict[int, float]:
+    """CPU-seconds so far per pid of the text endpoint's python stubs (their command line names its model.py)."""
+    import psutil
+
+    out = {}
+    for p in psutil.Process(h.server.proc.pid).children(recursive=True):
+        try:
+            if f"/{TXT}/1/model.py" in " ".join(p.cmdline()):
+                t = p.cpu_times()
+                out[p.pid] = t.user + t.system
+        except psutil.NoSuchProcess:
+            continue
+    return out
+
+
+def _measure(h, s, model, watch, bodies, mode, rate=0.0, users=64) -> dict:
+    """bench.measure plus the text-endpoint stubs' cores busy over the window (text_cores)."""
+    c0, t0 = _text_stub_cpu(h), time.monotonic()
+    row = bench.measure(h, s, model, watch, bodies, mode, rate=rate, users=users)
+    c1 = _text_stub_cpu(h)
+    row["text_cores"] = sum(v - c0.get(pid, 0.0) for pid, v in c1.items()) / (time.monotonic() - t0)
+    return row
+
+
+def _bodies(tokenizer: Path, texts: list[str]) -> tuple[dict, dict]:
+    """Request bodies per path, and the token-length profile of the texts."""
+    buckets = BucketTokenizer(str(tokenizer), DEFAULT_BUCKETS, max_length=512)
+    own8 = BucketTokenizer(str(tokenizer), tuple(range(8, 513, 8)), max_length=512)  # the endpoint's padding
+    lens = [len(ids) for ids in own8.token_ids(texts)]
+    bodies = {"text": tuple(loadgen.text_request(t) for t in texts),
+              "tensor_buckets": tuple(loadgen.request_body(tensor_call("", *buckets.encode([t]))) for t in texts),
+              "direct_delay0": tuple(loadgen.request_body(tensor_call("", *own8.encode([t]))) for t in texts)}
+    return bodies, {"median": statistics.median(lens), "mean": statistics.fmean(lens), "max": max(lens), "all": lens}
+
+
+def run_shipped(s: bench.BenchSettings, candidates: tuple[Candidate, ...]) -> ShippedRun:
+    """Reference rows once, then each candidate's text and tensor rows, on one server."""
+    bench.ensure_real_repo(s)
+    repo_dir = s.state_dir.parent / "shipped_repo"
+    harness.build_repository(repo_dir, s.real_repo, s.real_name, s.command)
+    run = ShippedRun(s.command, candidates, machine=report.machine_info())
+    texts = corpus.sample("reviews", 512, seed=1, max_chars=s.max_chars)
+    bodies, run.lengths = _bodies(s.real_repo / s.real_name / "1" / "tokenizer", texts)
+    cost = {"cost_a_us": s.cost.a_us, "cost_b_us": s.cost.b_us}
+    rate = s.low_fraction * s.cost.capacity_qps(1, run.lengths["median"])
+    h = harness.Harness(repo_dir, s.state_dir, s.cost).start()
+    enc_variant = h.variant_for("costmodel")
+
+    def both(cand: str, path: str, model: str, watch: list[str], body: tuple[bytes, ...]) -> list[dict]:
+        rows = [_measure(h, s, model, watch, body, "open", rate=rate), _measure(h, s, model, watch, body, "closed",
+                                                                              users=s.concurrency)]
+        for r in rows:
+            r.update(candidate=cand, path=path, executor="costmodel", scenario=path)
+            print(f"{cand:40s} {report.row_line(r)}", flush=True)
+        return rows
+
+    try:
+        h.load(ENC, SCENARIOS["delay_0"], executor="costmodel", params=cost, variant=enc_variant)
+        ref = both("reference (encoder at delay 0)", "direct_delay0", ENC, [ENC], bodies["direct_delay0"])
+        run.rows += ref
+        for cand in candidates:
+            h.load(ENC, cand.batching(), executor="costmodel", params=cost, variant=enc_variant)
+            h.load(TXT, params=cand.text_params(), variant=CpuVariant(executor="costmodel", text_instances=cand.text_instances))
+            rows = both(cand.name, "text", TXT, [TXT, ENC], bodies["text"])
+            h.unload(TXT)
+            rows += both(cand.name, "tensor_buckets", ENC, [ENC], bodies["tensor_buckets"])
+            run.rows += rows
+            run.verdicts[cand.name] = targets.verdicts(rows[0], rows[1], ref[0], rows[3], t1_ms(s, run), ideal(s, run))
+    finally:
+        h.stop()
+    run.picked = targets.pick(list(run.verdicts.items()))
+    run.loadavg_end = report.machine_info()["loadavg_at_start"]
+    return run
+
+
+def t1_ms(s: bench.BenchSettings, run: ShippedRun) -> float:
+    return s.cost.batch_ms(1, run.lengths["median"])
+
+
+def ideal(s: bench.BenchSettings, run: ShippedRun) -> float:
+    return targets.ideal_rate(s.cost, load_config(DEFAULT_CANONICAL / ENC).max_batch_size, run.lengths["mean"])
+
+
+def write_pick(cand: Candidate, canonical: Path = DEFAULT_CANONICAL) -> list[Path]:
+    """Commit a candidate's values into both configs through the schema (comments kept)."""
+    paths = []
+    if cand.batching() is not None:
+        paths.append(update_batching_in_place(canonical / ENC, cand.batching()))
+    paths.append(update_text_settings_in_place(canonical / TXT, cand.text_instances, **{
+        k: int(v) for k, v in cand.text_params().items()}))
+    return paths
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[bench.BenchSettings, tuple[Candidate, ...], Path | None]:
+    p = argparse.ArgumentParser(prog="python -m bge_triton.loadtest.shipped", description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="short windows (a few minutes in all)")
+    p.add_argument("--out", type=Path, default=REPO_ROOT / "reports" / "bench" / "shipped", help="report directory")
+    p.add_argument("--candidate", action="append", default=[], help="'committed' (default) or key=value,... "
+                   f"with keys {sorted(KEYS)}; repeatable; the first listed wins ties")
+    p.add_argument("--write", action="store_true", help="commit the pick into --target-repo (both configs)")
+    p.add_argument("--target-repo", type=Path, default=DEFAULT_CANONICAL, help="repository --write updates")
+    # 128 = 2 x the encoder's max batch: with only 64 texts in the system the GPU idles while a full batch returns
+    p.add_argument("--concurrency", type=int, default=128, help="closed-loop users at peak (default 2 x max batch)")
+    p.add_argument("--duration", type=float, help="seconds per peak window (default 8, quick 3)")
+    p.add_argument("--state-dir", type=Path, default=REPO_ROOT / ".kit" / "loadtest" / "shipped_state")
+    p.add_argument("--real-repo", type=Path, default=bench.BenchSettings.real_repo, help="export lending the tokenizer")
+    p.add_argument("--real-name", default=bench.BenchSettings.real_name, help="model name in --real-repo")
+    a = p.parse_args(argv)
+    dur = a.duration or (3.0 if a.quick else 8.0)
+    cmd = "python -m bge_triton.loadtest.shipped " + " ".join(argv if argv is not None else sys.argv[1:])
+    s = replace(bench.BenchSettings(), concurrency=a.concurrency, warmup_s=0.5 if a.quick else 2.0, duration_s=dur,
+                low_duration_s=2 * dur, state_dir=a.state_dir, real_repo=a.real_repo, real_name=a.real_name,
+                command=cmd, out=a.out, cost=DEFAULT_COST)
+    return s, tuple(Candidate.parse(c) for c in (a.candidate or ["committed"])), a.target_repo if a.write else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    from bge_triton.loadtest import shipped_report
+
+    s, cands, target = parse_args(argv)
+    run = run_shipped(s, cands)
+    paths = shipped_report.write(run, s)
+    if target is not None and run.picked:
+        cand = next(c for c in cands if c.name == run.picked)
+        paths += write_pick(cand, target)
+        print(f"wrote the pick {cand.name!r} into", ", ".join(map(str, paths[-2:])))
+    print("pick:", run.picked, "|", ", ".join(map(str, paths)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

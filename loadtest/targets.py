@@ -1,0 +1,86 @@
+"""Issue 14's targets for the shipped config pair, as pure functions: verdicts, the ideal rate, host sizing.
+
+`python -m bge_triton.loadtest.shipped` measures the rows; this module turns them into pass/fail and
+picks the candidate pair, so the rules are unit-tested without a server.
+"""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Callable
+
+from bge_triton.loadtest.costmodel import CostModel
+
+
+@dataclass(frozen=True)
+class Targets:
+    """The thresholds (issue 14, "The committed configs, measured as shipped")."""
+
+    p50_vs_direct_ms: float = 1.5  # quiet hours: text p50 - direct-encoder p50 (delay 0, same tokens)
+    p50_vs_model_ms: float = 4.5  # quiet hours: text p50 - t(1, median L)
+    p99_vs_direct_ms: float = 3.0  # quiet hours: text p99 - direct-encoder p99
+    vs_tensor: float = 0.90  # peak: text texts/s over the tensor path's texts/s (same traffic)
+    vs_ideal: float = 0.85  # peak: text texts/s over the cost model's ideal at max batch
+
+
+def ideal_rate(cost: CostModel, max_batch: int, mean_tokens: float) -> float:
+    """Texts/s of one emulated GPU running only full batches of the traffic's mean length (no padding)."""
+    return max_batch * 1000.0 / cost.batch_ms(max_batch, mean_tokens)
+
+
+def verdicts(text_low: dict, text_peak: dict, direct_low: dict, tensor_peak: dict, t1_ms: float,
+             ideal: float, t: Targets = Targets()) -> list[dict]:
+    """One row per target: what, the limit, the measured value, pass (rows: p50_ms, p99_ms, throughput)."""
+    def row(name: str, measured: float, limit: float, higher_is_better: bool) -> dict:
+        ok = not math.isnan(measured) and (measured >= limit if higher_is_better else measured <= limit)
+        return {"target": name, "limit": limit, "measured": measured, "pass": ok,
+                "sense": ">=" if higher_is_better else "<="}
+
+    ratio = lambda a, b: a / b if b else math.nan  # noqa: E731
+    return [
+        row("quiet p50 - direct encoder p50 (ms)", text_low["p50_ms"] - direct_low["p50_ms"], t.p50_vs_direct_ms, False),
+        row("quiet p50 - t(1, median L) (ms)", text_low["p50_ms"] - t1_ms, t.p50_vs_model_ms, False),
+        row("quiet p99 - direct encoder p99 (ms)", text_low["p99_ms"] - direct_low["p99_ms"], t.p99_vs_direct_ms, False),
+        row("peak texts/s / tensor path texts/s", ratio(text_peak["throughput"], tensor_peak["throughput"]), t.vs_tensor, True),
+        row("peak texts/s / ideal at max batch", ratio(text_peak["throughput"], ideal), t.vs_ideal, True),
+    ]
+
+
+def pick(candidates: list[tuple[str, list[dict]]]) -> str | None:
+    """The candidate passing the most targets; ties go to the earlier one (list the preferred first)."""
+    if not candidates:
+        return None
+    return max(enumerate(candidates), key=lambda ic: (sum(v["pass"] for v in ic[1][1]), -ic[0]))[1][0]
+
+
+def cpu_s_per_1000(cores_busy: float, texts_per_s: float) -> float:
+    """CPU-seconds per 1000 texts from cores busy over a window and the window's texts/s."""
+    return 1000.0 * cores_busy / texts_per_s if texts_per_s > 0 else math.nan
+
+
+def instances_for_host(gpu_texts_per_s: float, texts_per_s_per_instance: float, host_cores: int = 16,
+                       reserved_cores: int = 4, floor: int = 2) -> int:
+    """Text-endpoint instances that feed `gpu_texts_per_s` (ceil), at most the cores left to them, at least `floor`.
+
+    reserved_cores: Triton's HTTP/gRPC front ends, the batcher threads and the encoder's own host work.
+    floor 2: one instance tokenizes and answers while the other's sub-batches run on the encoder.
+    """
+    if texts_per_s_per_instance <= 0:
+        raise ValueError(f"texts_per_s_per_instance={texts_per_s_per_instance}: must be > 0 (measure it first)")
+    need = math.ceil(gpu_texts_per_s / texts_per_s_per_instance)
+    return max(floor, min(need, host_cores - reserved_cores))
+
+
+def planned_rate(lengths: list[int], batch: int, cost: CostModel, plan: Callable, budget: int = 8192,
+                 max_batch: int = 64, multiple: int = 8, overhead_tokens: int = 628, samples: int = 50) -> float:
+    """Texts/s of the emulated GPU when text batches of `batch` texts (drawn from `lengths`, seeded) are split by
+    `plan` (text_stages.plan_sub_batches): the ceiling the traffic's padding and per-call cost leave."""
+    rng = random.Random(0)
+    ms = texts = 0.0
+    for _ in range(samples):
+        drawn = [rng.choice(lengths) for _ in range(batch)]
+        for rows, pad_len in plan(drawn, budget, max_batch, multiple, overhead_tokens):
+            ms += cost.batch_ms(len(rows), pad_len)
+        texts += batch
+    return 1000.0 * texts / ms

@@ -199,7 +199,8 @@ def _preferred(text: str) -> tuple[tuple[int, ...], ...]:
 
 
 def parse_args(argv: list[str] | None = None) -> TuneSettings:
-    p = argparse.ArgumentParser(prog="python -m bge_triton.loadtest.tune", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bge_triton.loadtest.tune", description=__doc__.split("\n\n")[0],
+                                epilog="--pair [--write]: tune the encoder AND the text endpoint together (`tune --pair --help`)")
     p.add_argument("--slo-p99-ms", type=float, required=True, help="p99 latency objective (ms)")
     p.add_argument("--rate", type=float, required=True, help="offered load, requests per second (open loop)")
     p.add_argument("--out", type=Path, default=TuneSettings.out, help="report directory (default reports/tune)")

@@ -24,8 +24,9 @@ import psutil
 from bge_triton.client import AsyncEmbeddingClient, KitError, Overloaded, RetryPolicy, ServerUnavailable
 from bge_triton.errors import InputError
 from bge_triton.loadtest import corpus
-from bge_triton.loadtest.soak_analysis import (PlannedEvent, Shot, baseline_p99, first_ok_after, normal_threshold,
-                                                  p99_back_after, parse_duration, plan_events, window_width)
+from bge_triton.loadtest.soak_analysis import (PlannedEvent, Shot, ShotLog, baseline_p99, first_ok_after,
+                                                  normal_threshold, p99_back_after, parse_duration, plan_events,
+                                                  window_width)
 from bge_triton.loadtest.soak_watch import MODEL, Watcher, shipped_repository
 
 COMMAND = "python -m bge_triton.loadtest.chaos"
@@ -49,6 +50,7 @@ class SoakSettings:
     timeout_s: float = 10.0  # per attempt (the SDK's default)
     retry: RetryPolicy = field(default_factory=RetryPolicy)  # the SDK's default policy
     recover_timeout_s: float = 180.0
+    stub_kill: str = "one"  # or "all": the stubs of every encoder instance
     seed: int = 0
     argv: tuple[str, ...] = ()
 
@@ -78,7 +80,7 @@ class Soak:
     def __init__(self, s: SoakSettings, watcher: Watcher):
         self.s, self.w = s, watcher
         self.texts = corpus.sample("reviews", 2000, seed=s.seed, max_chars=s.max_chars)
-        self.shots: list[Shot] = []
+        self.shots = ShotLog()
         self.samples: list[dict] = []
         self.events: list[dict] = []
         self.mult = 1.0
@@ -109,7 +111,7 @@ class Soak:
         else:
             vec = task.result()
             outcome = "ok" if vec.shape == (1, 1024) else f"wrong_shape:{vec.shape}"
-        self.shots.append(Shot(sched, self.now(), outcome))
+        self.shots.append(sched, self.now(), outcome)
 
     async def probe(self, client: AsyncEmbeddingClient) -> float:
         """Texts per second sustained closed-loop by probe_users users (same client, texts and server)."""
@@ -140,7 +142,7 @@ class Soak:
     def _p99_back(self, fault_t: float, index: int) -> float | None:
         """p99_back_after on what is known now: requests still in flight count as failures, and only windows
         that ended at least one threshold ago are judged (an answer still missing by then is too slow anyway)."""
-        view = [x for x in self.shots[index:] if x.sched >= fault_t]
+        view = self.shots.view(index, fault_t)
         view += [Shot(t, math.inf, "pending") for t in list(self.pending.values()) if t >= fault_t]
         return p99_back_after(view, fault_t, self.threshold, self.width, self.now() - min(self.threshold, 30.0))
 
@@ -150,7 +152,7 @@ class Soak:
         deadline = fault_t + self.s.recover_timeout_s
         while self.now() < deadline:
             restarted = not restart or any(t - self.t0 > fault_t for t in self.w.ready_again())
-            if restarted and first_ok_after(self.shots[index:], fault_t) is not None \
+            if restarted and first_ok_after(self.shots.view(index, fault_t), fault_t) is not None \
                     and self._p99_back(fault_t, index) is not None:
                 return
             await asyncio.sleep(1.0)
@@ -161,12 +163,12 @@ class Soak:
             await asyncio.sleep(max(0.0, max(ev.at, ready_at) - self.now()))
             t, index = self.now(), len(self.shots)
             if math.isinf(self.threshold):
-                self.threshold = normal_threshold(baseline_p99(self.shots, 0.0, t))
+                self.threshold = normal_threshold(baseline_p99(self.shots.view(), 0.0, t))
             row = {"kind": ev.kind, "planned_s": ev.at, "at_s": t, "length_s": ev.length, "pid": 0}
             if ev.kind == "kill9_server":
                 row["pid"] = await asyncio.to_thread(self.w.kill_server)
             elif ev.kind == "kill9_stub":
-                row["pid"] = await asyncio.to_thread(self.w.kill_stub)
+                row["pid"] = await asyncio.to_thread(self.w.kill_stub, every_instance=self.s.stub_kill == "all")
             else:
                 self.mult = self.s.spike_factor
                 await asyncio.sleep(ev.length)
@@ -212,7 +214,8 @@ class Soak:
         sampler.cancel()
         await client.close()
         return {"capacity_rps": capacity, "rate_rps": rate, "end_s": end, "created": sent,
-                "unfinished": sent - len(self.shots), "events": self.events, "messages": self.messages}
+                "unfinished": sent - len(self.shots), "events": self.events, "messages": self.messages,
+                "records_mb": self.shots.nbytes() / 2**20}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -225,6 +228,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--probe-s", type=float, default=None, help="closed-loop capacity probe (default 20 s; 3 s "
                    "for a soak under 2 min)")
     p.add_argument("--bucket-s", type=float, default=60.0, help="report row width (default a minute)")
+    p.add_argument("--stub-kill", choices=["one", "all"], default="one",
+                   help="the dead stub: one of the encoder's two instances (default; the canary finds it only when "
+                        "Triton routes the canary there) or every instance (found at the next canary)")
     p.add_argument("--seed", type=int, default=0)
     return p
 
@@ -237,7 +243,8 @@ def parse_args(argv: list[str]) -> SoakSettings:
     short = duration < 120
     return SoakSettings(duration_s=duration, out=a.out, load_fraction=a.load, spike_factor=a.spike_factor,
                         spike_s=a.spike_s, probe_s=a.probe_s or (3.0 if short else 20.0),
-                        sample_s=1.0 if short else 5.0, bucket_s=a.bucket_s, seed=a.seed, argv=tuple(argv))
+                        sample_s=1.0 if short else 5.0, bucket_s=a.bucket_s, seed=a.seed, stub_kill=a.stub_kill,
+                        argv=tuple(argv))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -263,8 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     res.update(cleanup=cleanup, restarts=[(t - soak.t0, why) for t, why in watcher.restarts()],
                ready_again=[t - soak.t0 for t in watcher.ready_again()], watch_command=watcher.command,
                machine=machine_line(load_start), loadavg_end=os.getloadavg(), wall_s=time.time() - started)
-    summary = summarize(res, soak.shots, soak.samples, s)
-    path = write_report(res, summary, soak.shots, soak.samples, s)
+    shots = soak.shots.view()
+    summary = summarize(res, shots, soak.samples, s)
+    path = write_report(res, summary, shots, soak.samples, s)
     t = summary["tally"]
     print(f"wrote {path}: sent {t['sent']}, ok {t['ok']}, failed {t['failed']}, lost {t['lost']}")
     return 0 if t["lost"] == 0 and summary["all_recovered"] else 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+from array import array
 from dataclasses import dataclass
 
 from bge_triton.errors import InputError
@@ -42,6 +43,34 @@ class Shot:
     @property
     def latency(self) -> float:
         return self.done - self.sched
+
+
+class ShotLog:
+    """Every request's (sched, done, outcome) in flat arrays: 17 bytes a request, so the clients' process RSS
+    measures the SDK rather than the harness's bookkeeping (a list of objects would grow by ~200 bytes a request)."""
+
+    def __init__(self) -> None:
+        self.sched, self.done, self.code = array("d"), array("d"), array("B")
+        self.kinds: list[str] = ["ok"]
+
+    def append(self, sched: float, done: float, outcome: str) -> None:
+        if outcome not in self.kinds:
+            self.kinds.append(outcome)
+        self.sched.append(sched)
+        self.done.append(done)
+        self.code.append(self.kinds.index(outcome))
+
+    def __len__(self) -> int:
+        return len(self.code)
+
+    def nbytes(self) -> int:
+        return sum(a.itemsize * len(a) for a in (self.sched, self.done, self.code))
+
+    def view(self, index: int = 0, since: float = -math.inf) -> list[Shot]:
+        """Shots recorded from `index` on that were scheduled at or after `since`."""
+        k = self.kinds
+        return [Shot(a, b, k[c]) for a, b, c in zip(self.sched[index:], self.done[index:], self.code[index:])
+                if a >= since]
 
 
 @dataclass(frozen=True)
@@ -135,22 +164,35 @@ def bucket_rows(shots: list[Shot], samples: list[dict], bucket_s: float, end: fl
     return rows
 
 
+def rss_segments(samples: list[dict], key: str = "server_rss_mb", warmup_s: float = 60.0) -> list[dict]:
+    """One row per server process (pid) of an RSS series: its minutes, first and last MiB, and the drift per
+    minute after its first `warmup_s` (a fresh server grows while its caches fill; only a long-lived one drifts)."""
+    rows: list[dict] = []
+    for x in samples:
+        if math.isnan(x.get(key, math.nan)):
+            continue
+        if not rows or rows[-1]["pid"] != x.get("server_pid", 0):
+            rows.append({"pid": x.get("server_pid", 0), "pts": []})
+        rows[-1]["pts"].append((x["t"], x[key]))
+    out = []
+    for r in rows:
+        pts = r["pts"]
+        warm = [p for p in pts if p[0] >= pts[0][0] + warmup_s]
+        base = warm[0] if len(warm) >= 2 else pts[0]
+        minutes = (pts[-1][0] - base[0]) / 60.0
+        out.append({"pid": r["pid"], "from_s": pts[0][0], "to_s": pts[-1][0], "start_mb": pts[0][1],
+                    "end_mb": pts[-1][1], "drift_from_s": base[0],
+                    "per_min_mb": (pts[-1][1] - base[1]) / minutes if minutes > 0 else math.nan})
+    return out
+
+
 def rss_drift(samples: list[dict], key: str) -> dict:
-    """Start vs end of one RSS series (MiB) and the drift per minute; also over the last stretch of one server
-    pid (a restarted server starts from scratch, so the whole-run figure mixes processes)."""
-    pts = [(x["t"], x[key], x.get("server_pid", 0)) for x in samples if not math.isnan(x.get(key, math.nan))]
+    """Start vs end of one RSS series (MiB) and the drift per minute over the whole run (across restarts)."""
+    pts = [(x["t"], x[key]) for x in samples if not math.isnan(x.get(key, math.nan))]
     if len(pts) < 2:
-        return {"start_mb": math.nan, "end_mb": math.nan, "per_min_mb": math.nan, "segment_per_min_mb": math.nan,
-                "segment_minutes": 0.0}
-    (t0, v0, _), (t1, v1, pid) = pts[0], pts[-1]
-    k = len(pts) - 1
-    while k > 0 and pts[k - 1][2] == pid:
-        k -= 1
-    seg = pts[k:]
-    seg_min = (seg[-1][0] - seg[0][0]) / 60.0
-    return {"start_mb": v0, "end_mb": v1, "per_min_mb": (v1 - v0) / max((t1 - t0) / 60.0, 1e-9),
-            "segment_per_min_mb": (seg[-1][1] - seg[0][1]) / seg_min if seg_min > 0 else math.nan,
-            "segment_minutes": seg_min}
+        return {"start_mb": math.nan, "end_mb": math.nan, "per_min_mb": math.nan}
+    (t0, v0), (t1, v1) = pts[0], pts[-1]
+    return {"start_mb": v0, "end_mb": v1, "per_min_mb": (v1 - v0) / max((t1 - t0) / 60.0, 1e-9)}
 
 
 def tally(shots: list[Shot]) -> dict:

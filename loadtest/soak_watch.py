@@ -114,13 +114,15 @@ class Watcher:
         os.kill(pid, signal.SIGKILL)
         return pid
 
-    def kill_stub(self, model: str = ENCODER) -> int:
-        """SIGKILL the python stub of `model`, a child of the watcher's tritonserver; returns its pid."""
+    def kill_stub(self, model: str = ENCODER, every_instance: bool = False) -> int:
+        """SIGKILL the python stub of one instance of `model` (or of each), children of the watcher's
+        tritonserver; returns the first pid killed."""
         pid = self.server_pid()
-        stubs = [p for p, cmd in stub_pids(pid).items() if f"/{model}/" in cmd] if pid else []
+        stubs = sorted(p for p, cmd in stub_pids(pid).items() if f"/{model}/" in cmd) if pid else []
         if not stubs:
             raise ServerNotReady(f"no python stub of {model} under tritonserver pid {pid}")
-        os.kill(stubs[0], signal.SIGKILL)
+        for stub in stubs if every_instance else stubs[:1]:
+            os.kill(stub, signal.SIGKILL)
         return stubs[0]
 
     def restarts(self) -> list[tuple[float, str]]:

@@ -77,13 +77,27 @@ def test_bucket_rows_and_tally() -> None:
     assert sa.tally(shots) == {"sent": 900, "ok": 898, "failed": 1, "lost": 1, "errors_by_kind": {"Overloaded": 1}}
 
 
-def test_rss_drift_whole_run_and_last_server() -> None:
+def test_rss_drift_whole_run_and_per_server() -> None:
     samples = [{"t": 0.0, "server_rss_mb": 300.0, "server_pid": 1}, {"t": 60.0, "server_rss_mb": 330.0, "server_pid": 1},
-               {"t": 120.0, "server_rss_mb": 250.0, "server_pid": 2}, {"t": 240.0, "server_rss_mb": 254.0,
+               {"t": 120.0, "server_rss_mb": 250.0, "server_pid": 2}, {"t": 180.0, "server_rss_mb": 270.0,
                                                                        "server_pid": 2},
-               {"t": 250.0, "server_rss_mb": math.nan, "server_pid": 0}]  # a sample taken while it restarted
+               {"t": 240.0, "server_rss_mb": 271.0, "server_pid": 2}, {"t": 300.0, "server_rss_mb": 272.0,
+                                                                       "server_pid": 2},
+               {"t": 305.0, "server_rss_mb": math.nan, "server_pid": 0}]  # a sample taken while it restarted
     d = sa.rss_drift(samples, "server_rss_mb")
-    assert (d["start_mb"], d["end_mb"]) == (300.0, 254.0)
-    assert d["per_min_mb"] == pytest.approx(-46.0 / 4.0)
-    assert d["segment_per_min_mb"] == pytest.approx(2.0) and d["segment_minutes"] == pytest.approx(2.0)
+    assert (d["start_mb"], d["end_mb"]) == (300.0, 272.0) and d["per_min_mb"] == pytest.approx(-28.0 / 5.0)
+    first, second = sa.rss_segments(samples, "server_rss_mb", warmup_s=60.0)
+    assert (first["pid"], first["start_mb"], first["end_mb"]) == (1, 300.0, 330.0)
+    assert first["per_min_mb"] == pytest.approx(30.0)  # too short to leave out a warm-up: from its first sample
+    assert (second["pid"], second["drift_from_s"]) == (2, 180.0)  # its first minute is warm-up
+    assert second["per_min_mb"] == pytest.approx(1.0)
     assert math.isnan(sa.rss_drift(samples[:1], "server_rss_mb")["per_min_mb"])
+
+
+def test_shot_log_keeps_outcomes_in_flat_arrays() -> None:
+    log = sa.ShotLog()
+    for k, outcome in enumerate(["ok", "Overloaded", "ok", "lost"]):
+        log.append(float(k), k + 0.5, outcome)
+    assert len(log) == 4 and log.nbytes() == 4 * 17
+    assert [s.outcome for s in log.view()] == ["ok", "Overloaded", "ok", "lost"]
+    assert log.view(1, since=2.0) == [sa.Shot(2.0, 2.5, "ok"), sa.Shot(3.0, 3.5, "lost")]

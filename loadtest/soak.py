@@ -269,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
             cleanup = watcher.stop()
     res.update(cleanup=cleanup, restarts=[(t - soak.t0, why) for t, why in watcher.restarts()],
                ready_again=[t - soak.t0 for t in watcher.ready_again()], watch_command=watcher.command,
+               old_logs=watcher.old_logs,
                machine=machine_line(load_start), loadavg_end=os.getloadavg(), wall_s=time.time() - started)
     shots = soak.shots.view()
     summary = summarize(res, shots, soak.samples, s)

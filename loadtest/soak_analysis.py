@@ -123,6 +123,16 @@ def first_ok_after(shots: list[Shot], t: float) -> float | None:
     return min(done) - t if done else None
 
 
+def bin_shots(shots: list[Shot], t: float, width: float) -> dict[int, list[Shot]]:
+    """Shots scheduled at or after t, by window index k = (sched - t) // width, in one pass (a soak holds
+    hundreds of thousands of them)."""
+    bins: dict[int, list[Shot]] = {}
+    for s in shots:
+        if s.sched >= t:
+            bins.setdefault(int((s.sched - t) // width), []).append(s)
+    return bins
+
+
 def p99_back_after(shots: list[Shot], t: float, threshold_s: float, width: float, until: float,
                    hold: int = 3, min_n: int = 5) -> float | None:
     """Seconds from t to the start of the first window whose p99 <= threshold and stays so `hold` windows running.
@@ -130,10 +140,7 @@ def p99_back_after(shots: list[Shot], t: float, threshold_s: float, width: float
     Windows are consecutive, `width` s wide, starting at t, t + width, ... and ending by `until`; one with fewer
     than min_n requests does not count as normal. None when that never happens.
     """
-    bins: dict[int, list[Shot]] = {}
-    for s in shots:  # one pass: a soak holds hundreds of thousands of shots
-        if t <= s.sched < until:
-            bins.setdefault(int((s.sched - t) // width), []).append(s)
+    bins = bin_shots([s for s in shots if s.sched < until], t, width)
     normal = []
     for k in range(max(0, int((until - t) / width + 1e-9))):
         p99, n = window_p99(bins.get(k, []), t + k * width, width)
@@ -148,9 +155,10 @@ def bucket_rows(shots: list[Shot], samples: list[dict], bucket_s: float, end: fl
     """Per bucket (a minute by default) of scheduled time: sent / ok / errors / lost, p50 and p99 of the
     successes (ms), and the last resource sample in it (server and client RSS, load average)."""
     rows = []
+    bins = bin_shots(shots, 0.0, bucket_s)
     for k in range(max(1, math.ceil(end / bucket_s - 1e-9))):
         lo, hi = k * bucket_s, (k + 1) * bucket_s
-        mine = [s for s in shots if lo <= s.sched < hi]
+        mine = bins.get(k, [])
         ok = [s.latency * 1e3 for s in mine if s.outcome == "ok"]
         inside = [x for x in samples if lo <= x["t"] < hi]
         last = inside[-1] if inside else {}

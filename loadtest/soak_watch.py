@@ -19,7 +19,7 @@ import psutil
 
 from bge_triton.errors import ServerNotReady
 from bge_triton.loadtest.chaos_common import PORT_RANGE, stub_pids, tree_rss_mb
-from bge_triton.server.launcher import REPO_ROOT, free_ports
+from bge_triton.server.launcher import REPO_ROOT, free_ports, log_tail
 
 MODEL = "bge_large_zh"
 ENCODER = f"{MODEL}_onnx"
@@ -67,6 +67,7 @@ class Watcher:
         self.lines: list[tuple[float, str]] = []
         self.proc: subprocess.Popen | None = None
         self.stubs_seen: dict[int, str] = {}  # every stub pid of our servers -> its command line
+        self.old_logs: list[str] = []  # the tail of each replaced server's log
 
     @property
     def command(self) -> str:
@@ -88,6 +89,8 @@ class Watcher:
     def _read(self) -> None:
         for line in self.proc.stdout:
             self.lines.append((time.monotonic(), line))
+            if "watch: restarting" in line:  # the old server's log, before the restart reopens the file
+                self.old_logs.append(log_tail(self.state / "tritonserver.log", 30))
 
     def server_pid(self) -> int | None:
         """The tritonserver pid the watcher runs now, checked to be its child (None while it restarts)."""

@@ -101,3 +101,9 @@ def test_shot_log_keeps_outcomes_in_flat_arrays() -> None:
     assert len(log) == 4 and log.nbytes() == 4 * 17
     assert [s.outcome for s in log.view()] == ["ok", "Overloaded", "ok", "lost"]
     assert log.view(1, since=2.0) == [sa.Shot(2.0, 2.5, "ok"), sa.Shot(3.0, 3.5, "lost")]
+
+
+def test_bin_shots_by_window() -> None:
+    shots = steady(0, 10, 0.01, rate=1.0)
+    bins = sa.bin_shots(shots, 2.0, 3.0)
+    assert {k: [s.sched for s in v] for k, v in bins.items()} == {0: [2.0, 3.0, 4.0], 1: [5.0, 6.0, 7.0], 2: [8.0, 9.0]}

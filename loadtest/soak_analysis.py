@@ -172,6 +172,13 @@ def bucket_rows(shots: list[Shot], samples: list[dict], bucket_s: float, end: fl
     return rows
 
 
+def serving_samples(samples: list[dict], restarts: list[float], ready_again: list[float]) -> list[dict]:
+    """The samples taken while a server was serving: none from a restart's announcement to its ready-again
+    (a server that is being stopped has unloaded its models: its RSS says nothing about drift)."""
+    spans = [(r, min((t for t in ready_again if t >= r), default=math.inf)) for r in restarts]
+    return [x for x in samples if not any(a <= x["t"] <= b for a, b in spans)]
+
+
 def rss_segments(samples: list[dict], key: str = "server_rss_mb", warmup_s: float = 60.0) -> list[dict]:
     """One row per server process (pid) of an RSS series: its minutes, first and last MiB, and the drift per
     minute after its first `warmup_s` (a fresh server grows while its caches fill; only a long-lived one drifts)."""

@@ -49,7 +49,8 @@ def summarize(res: dict, shots: list[sa.Shot], samples: list[dict], s) -> dict:
     return {"tally": tally, "baseline_p99_s": base, "threshold_s": thr, "window_s": width,
             "events": events, "all_recovered": kinds == list(sa.EVENT_KINDS) and all(e["recovered"] for e in events),
             "server_rss": sa.rss_drift(samples, "server_rss_mb"),
-            "server_segments": sa.rss_segments(samples, "server_rss_mb"),
+            "server_segments": sa.rss_segments(sa.serving_samples(samples, [r for r, _ in res["restarts"]],
+                                                                  res["ready_again"]), "server_rss_mb"),
             "client_rss": sa.rss_drift(samples, "client_rss_mb"),
             "buckets": sa.bucket_rows(shots, samples, s.bucket_s, res["end_s"]), "bucket_s": s.bucket_s,
             "end_s": res["end_s"],
@@ -174,7 +175,7 @@ def write_report(res: dict, summary: dict, shots: list[sa.Shot], samples: list[d
                      f"{_f(e['first_ok_s'], 2)} | {_f(e['p99_normal_s'], 1)} | {_f(e['p99_normal_after_end_s'], 1)} | "
                      f"{e['errors_after']} | {e['lost_after']} | {'yes' if e['recovered'] else '**no**'} |")
     lines += ["", "Server RSS per tritonserver process (each restart is a new one; drift after its first minute "
-              "of warm-up):", "", "| pid | from s | to s | start MiB | end MiB | drift MiB/min |", "|---" * 6 + "|"]
+              "of warm-up; samples taken while the watcher stopped and restarted a server are left out):", "", "| pid | from s | to s | start MiB | end MiB | drift MiB/min |", "|---" * 6 + "|"]
     lines += [f"| {g['pid']} | {g['from_s']:.0f} | {g['to_s']:.0f} | {g['start_mb']:.0f} | {g['end_mb']:.0f} | "
               f"{_f(g['per_min_mb'], 2)} (from {g['drift_from_s']:.0f} s) |" for g in summary["server_segments"]]
     reasons = [f"- {e['kind']}: `{e['reason'][:200]}`" for e in summary["events"] if e["reason"]]

@@ -107,3 +107,9 @@ def test_bin_shots_by_window() -> None:
     shots = steady(0, 10, 0.01, rate=1.0)
     bins = sa.bin_shots(shots, 2.0, 3.0)
     assert {k: [s.sched for s in v] for k, v in bins.items()} == {0: [2.0, 3.0, 4.0], 1: [5.0, 6.0, 7.0], 2: [8.0, 9.0]}
+
+
+def test_serving_samples_leave_out_restarts() -> None:
+    samples = [{"t": float(t)} for t in range(0, 60, 5)]
+    kept = sa.serving_samples(samples, restarts=[12.0, 41.0], ready_again=[33.0])  # the second never came back
+    assert [x["t"] for x in kept] == [0.0, 5.0, 10.0, 35.0, 40.0]

@@ -165,17 +165,22 @@ class Soak:
             if math.isinf(self.threshold):
                 self.threshold = normal_threshold(baseline_p99(self.shots.view(), 0.0, t))
             row = {"kind": ev.kind, "planned_s": ev.at, "at_s": t, "length_s": ev.length, "pid": 0}
-            if ev.kind == "kill9_server":
-                row["pid"] = await asyncio.to_thread(self.w.kill_server)
-            elif ev.kind == "kill9_stub":
-                row["pid"] = await asyncio.to_thread(self.w.kill_stub, every_instance=self.s.stub_kill == "all")
-            else:
+            try:
+                if ev.kind == "kill9_server":
+                    row["pid"] = await asyncio.to_thread(self.w.kill_server)
+                elif ev.kind == "kill9_stub":
+                    row["pid"] = await asyncio.to_thread(self.w.kill_stub, every_instance=self.s.stub_kill == "all")
+            except KitError as exc:  # no server to kill (still restarting): the report says so, the soak goes on
+                row["error"] = str(exc)
+                print(f"[{t:7.1f} s] {ev.kind} not injected: {exc}", flush=True)
+            if ev.kind == "overload_spike":
                 self.mult = self.s.spike_factor
                 await asyncio.sleep(ev.length)
                 self.mult = 1.0
             self.events.append(row)
             print(f"[{t:7.1f} s] {ev.kind} (pid {row['pid']})", flush=True)
-            await self._wait_recovered(t, index, restart=ev.kind != "overload_spike")
+            if "error" not in row:
+                await self._wait_recovered(t, index, restart=ev.kind != "overload_spike")
             ready_at = self.now() + settle_s
         await asyncio.sleep(4 * self.width)  # a tail after the last recovery, for the report's windows
         self.events_done = True

@@ -39,7 +39,7 @@ def summarize(res: dict, shots: list[sa.Shot], samples: list[dict], s) -> dict:
         after = [x for x in shots if t <= x.sched < upto]  # from this fault to the next one
         row["errors_after"] = sum(x.outcome not in ("ok", "lost") for x in after)
         row["lost_after"] = sum(x.outcome == "lost" for x in after)
-        row["recovered"] = row["first_ok_s"] is not None and row["p99_normal_s"] is not None and (
+        row["recovered"] = "error" not in e and row["first_ok_s"] is not None and row["p99_normal_s"] is not None and (
             e["kind"] == "overload_spike" or row["ready_again_s"] is not None)
         events.append(row)
     kinds = [e["kind"] for e in events]
@@ -103,7 +103,7 @@ def _figure(summary: dict, shots: list[sa.Shot], samples: list[dict], path: Path
 
 MINUTE_COLS = ("bucket", "start_s", "sent", "ok", "errors", "lost", "p50_ms", "p99_ms", "server_rss_mb",
                "client_rss_mb", "loadavg1", "server_pid")
-EVENT_COLS = ("kind", "planned_s", "at_s", "length_s", "pid", "detected_s", "reason", "ready_again_s", "first_ok_s",
+EVENT_COLS = ("kind", "planned_s", "at_s", "length_s", "pid", "error", "detected_s", "reason", "ready_again_s", "first_ok_s",
               "p99_normal_s", "p99_normal_after_end_s", "errors_after", "lost_after", "recovered")
 
 
@@ -179,6 +179,7 @@ def write_report(res: dict, summary: dict, shots: list[sa.Shot], samples: list[d
     lines += [f"| {g['pid']} | {g['from_s']:.0f} | {g['to_s']:.0f} | {g['start_mb']:.0f} | {g['end_mb']:.0f} | "
               f"{_f(g['per_min_mb'], 2)} (from {g['drift_from_s']:.0f} s) |" for g in summary["server_segments"]]
     reasons = [f"- {e['kind']}: `{e['reason'][:200]}`" for e in summary["events"] if e["reason"]]
+    reasons += [f"- {e['kind']}: **not injected**: {e['error']}" for e in summary["events"] if e.get("error")]
     msgs = [f"- {k}: `{m}`" for k, ms in sorted(res["messages"].items()) for m in ms]
     lines += ["", "Why the watcher restarted:" if reasons else "", *reasons, "",
               "Errors the clients saw (first messages of each kind):" if msgs else "", *msgs, "",

@@ -52,6 +52,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="CI-sized: 1500 bad requests, 8 s of overload")
     p.add_argument("--flood", type=int, default=None, help="bad requests in the RSS flood (default 10000)")
     p.add_argument("--overload-s", type=float, default=None, help="seconds at 3x capacity (default 60)")
+    p.add_argument("--soak", metavar="DURATION", help="run the soak instead (e.g. 20m): 70%% load with a server "
+                   "kill, a dead stub and a spike, reports/soak; its flags: --soak 1m --help")
     return p
 
 
@@ -245,6 +247,10 @@ def write_report(res: dict, settings: ChaosSettings, argv: list[str]) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if any(a == "--soak" or a.startswith("--soak=") for a in argv):
+        from bge_triton.loadtest.soak import main as soak_main
+
+        return soak_main(argv)
     args = _parser().parse_args(argv)
     flood_n = args.flood or (1500 if args.quick else 10_000)
     overload_s = args.overload_s or (8.0 if args.quick else 60.0)

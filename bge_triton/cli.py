@@ -14,7 +14,8 @@ COMMANDS = {
     "embed": ("bge_triton.client.cli", "embed TEXT... through a running server (the SDK)"),
     "health": ("bge_triton.client.cli", "server and model readiness plus a canary embedding (the SDK)"),
     "demo": ("bge_triton.demo", "export, serve, embed, stop: the whole kit once [all]"),
-    "bench": ("bge_triton.loadtest.bench", "the seed-table benchmark [loadtest, server]"),
+    "bench": ("bge_triton.loadtest.bench", "the seed-table benchmark; --scenarios shipped: the committed pair "
+              "as shipped [loadtest, server]"),
     "tune": ("bge_triton.loadtest.tune", "the queue-delay tuner [loadtest, server]"),
     "chaos": ("bge_triton.loadtest.chaos", "bad input, overload and faults [loadtest, server]"),
     "stack": ("bge_triton.loadtest.stack_bench", "full stack against raw ONNX Runtime [loadtest, server]"),

@@ -35,6 +35,9 @@ SCENARIO_ORDER = ("no_batching", "static_32", "dynamic_5ms", "delay_0", "text_en
 # equal shapes, so the second should batch far less (the equal-shape rule, docs/benchmarks.md).
 TENSOR_MIX = {"tensor_buckets": DEFAULT_BUCKETS, "tensor_own_length": tuple(range(1, 513))}
 EXECUTORS = ("onnxruntime", "costmodel")
+# Scenarios that are a whole measurement with flags of their own, run alone: `bench --scenarios shipped [flags]` is
+# `python -m bge_triton.loadtest.shipped [flags]` (the same harness, load generator and measure()).
+OWN_RUN = {"shipped": "bge_triton.loadtest.shipped"}
 
 
 @dataclass(frozen=True)
@@ -111,11 +114,11 @@ def _bodies(s: BenchSettings, scenario: str, seq_len: int) -> tuple[bytes, ...]:
 
 
 def measure(h: harness.Harness, s: BenchSettings, model: str, watch: list[str], bodies: tuple[bytes, ...],
-            mode: str, rate: float = 0.0, users: int = 64) -> dict:
-    """One load run: client latency + Triton stats deltas of `watch` models + CPU use."""
+            mode: str, rate: float = 0.0, users: int = 64, ramp_s: float = 0.0) -> dict:
+    """One load run: client latency + Triton stats deltas of `watch` models + CPU use (ramp_s: closed users' start)."""
     dur = s.duration_s if mode == "closed" else s.low_duration_s
     spec = loadgen.LoadSpec(*h.host_port, model, bodies, mode, concurrency=users if mode == "closed" else 512,
-                            rate=rate, warmup_s=s.warmup_s, duration_s=dur, processes=s.processes)
+                            rate=rate, warmup_s=s.warmup_s, duration_s=dur, processes=s.processes, ramp_s=ramp_s)
     before = {m: fetch_stats(h.server.http_url, m) for m in watch}
     meter = CpuMeter(h.server.proc.pid)
     meter.start()
@@ -129,7 +132,7 @@ def measure(h: harness.Harness, s: BenchSettings, model: str, watch: list[str], 
             "throughput": res.throughput, "avg_ms": lat.avg_ms, "p50_ms": lat.p50_ms, "p99_ms": lat.p99_ms,
             "n": lat.count, "errors": res.errors + res.late, "first_error": res.first_error[:120],
             "avg_batch": enc.avg_batch, "front_batch": front.avg_batch, "queue_ms": front.queue_ms, "compute_ms": enc.compute_ms,
-            "cpu_pct": cpu_pct, "server_cores": server_cores, "gen_cores": gen_cores}
+            "cpu_pct": cpu_pct, "server_cores": server_cores, "gen_cores": gen_cores, "window_start": res.window_start}
 
 
 def run_executor(h: harness.Harness, s: BenchSettings, executor: str, run: BenchRun) -> None:
@@ -201,7 +204,8 @@ def parse_args(argv: list[str] | None = None) -> BenchSettings:
     p.add_argument("--out", type=Path, default=BenchSettings.out, help="report directory (default reports/bench)")
     p.add_argument("--executor", default=",".join(EXECUTORS), help="onnxruntime, costmodel, or both (comma list)")
     p.add_argument("--scenarios", default=",".join(SCENARIO_ORDER),
-                   help=f"comma list of {SCENARIO_ORDER}, or the opt-in {tuple(TENSOR_MIX)}")
+                   help=f"comma list of {SCENARIO_ORDER}, or the opt-in {tuple(TENSOR_MIX)}; or alone one of "
+                   f"{tuple(OWN_RUN)} (the committed pair as shipped, issue 14: `--scenarios shipped --help`)")
     p.add_argument("--real-repo", type=Path, default=BenchSettings.real_repo, help="exported repository for real rows")
     p.add_argument("--real-model", default=BenchSettings.real_model, help="model to export if --real-repo lacks it")
     p.add_argument("--real-name", default=BenchSettings.real_name, help="model name in --real-repo")
@@ -236,14 +240,35 @@ def parse_args(argv: list[str] | None = None) -> BenchSettings:
         text_params=dict(item.partition("=")[::2] for item in a.text_param), cpu_lock=a.cpu_lock)
 
 
+def own_run(argv: list[str]) -> tuple[str, list[str]] | None:
+    """(module, its argv) when --scenarios names an OWN_RUN scenario (`--scenario` works too), else None."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--scenarios", default="")
+    known, rest = p.parse_known_args(argv)
+    names = [n for n in known.scenarios.split(",") if n]
+    own = [n for n in names if n in OWN_RUN]
+    if not own:
+        return None
+    if len(names) > 1:
+        raise SystemExit(f"--scenarios {known.scenarios}: {own[0]!r} is a measurement of its own and runs alone: "
+                         f"`bge-triton bench --scenarios {own[0]} --help` for its flags")
+    return OWN_RUN[own[0]], rest
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if (own := own_run(argv)) is not None:
+        import importlib
+
+        return int(importlib.import_module(own[0]).main(own[1]) or 0)
     s = parse_args(argv)
     for e in s.executors:
         if e not in EXECUTORS:
             raise SystemExit(f"unknown executor {e!r}: choose from {EXECUTORS}")
     for sc in s.scenarios:
         if sc not in SCENARIO_ORDER and sc not in TENSOR_MIX:
-            raise SystemExit(f"unknown scenario {sc!r}: choose from {SCENARIO_ORDER + tuple(TENSOR_MIX)}")
+            raise SystemExit(f"unknown scenario {sc!r}: choose from {SCENARIO_ORDER + tuple(TENSOR_MIX)}, or "
+                             f"{tuple(OWN_RUN)} alone")
     t0 = time.monotonic()
     run = run_bench(s)
     paths = report.write_bench(run, s.out)

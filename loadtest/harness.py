@@ -153,11 +153,12 @@ class Harness:
     def unload(self, name: str) -> None:
         self.client.unload_model(name)
 
-    def self_check(self, concurrency: int, duration_s: float, processes: int = 1) -> float:
+    def self_check(self, concurrency: int, duration_s: float, processes: int = 1, ramp_s: float = 0.0) -> float:
         """Requests per second the generator sustains against the no-op model (its ceiling here)."""
         self.load(NOOP)
         spec = loadgen.LoadSpec(*self.host_port, NOOP, tuple(loadgen.tensor_bodies(64, 32)), "closed",
-                                concurrency=concurrency, warmup_s=0.5, duration_s=duration_s, processes=processes)
+                                concurrency=concurrency, warmup_s=0.5 + ramp_s, duration_s=duration_s,
+                                processes=processes, ramp_s=ramp_s)
         res = loadgen.run(spec)
         self.unload(NOOP)
         return res.throughput

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bge_triton.client.core import InferCall, http_request, tensor_call, text_call
+from bge_triton.errors import InputError
 
 
 def request_body(call: InferCall) -> bytes:
@@ -55,7 +56,8 @@ class LoadSpec:
     rate: float = 100.0  # open: arrivals per second
     warmup_s: float = 1.0
     duration_s: float = 5.0
-    grace_s: float = 5.0  # open: wait this long after the window for late answers
+    grace_s: float = 5.0  # wait this long after the window for late answers (closed: then the users are stopped)
+    ramp_s: float = 0.0  # closed: user k starts at k/C x ramp_s (keep it inside warmup_s)
     processes: int = 1
     seed: int = 0
     t0: float = 0.0  # wall clock start (set by run)
@@ -123,7 +125,26 @@ class _Conn:
         self.reader = self.writer = None
 
 
+def ensure_open_files(connections: int, margin: int = 256) -> None:
+    """Raise this process's soft open-file limit to hold `connections` sockets, or fail naming the fix.
+
+    A closed loop of C users keeps C keep-alive connections; at the common soft limit of 1024, C=1024 would
+    fail its connects with EMFILE ("Too many open files") and count them as errors.
+    """
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = connections + margin
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return
+    if hard != resource.RLIM_INFINITY and hard < need:
+        raise InputError(f"{connections} connections need {need} open files but the hard limit is {hard}: raise it "
+                         f"(`ulimit -Hn {need}` as root, or LimitNOFILE) or split the load (processes > 1)")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+
+
 async def _run_async(spec: LoadSpec) -> LoadResult:
+    ensure_open_files(spec.concurrency)
     begin = spec.t0 + spec.warmup_s
     end = begin + spec.duration_s
     res = LoadResult(window_s=spec.duration_s)
@@ -146,13 +167,25 @@ async def _run_async(spec: LoadSpec) -> LoadResult:
     if spec.mode == "closed":
         async def user(k: int) -> None:
             conn, i = _Conn(spec), k
-            while (now := clock()) < end:
-                err = await conn.infer(spec.bodies[i % len(spec.bodies)])
-                record(now, clock(), err)
-                i += spec.concurrency
-            conn.close()
+            if (start := spec.t0 + spec.ramp_s * k / spec.concurrency - clock()) > 0:
+                await asyncio.sleep(start)  # a ramp: Triton 2.51's HTTP front end stalled on 1100 connects at once
+            try:
+                while (now := clock()) < end:
+                    err = await conn.infer(spec.bodies[i % len(spec.bodies)])
+                    record(now, clock(), err)
+                    i += spec.concurrency
+            finally:
+                conn.close()
 
-        await asyncio.gather(*(user(k) for k in range(spec.concurrency)))
+        users = [asyncio.create_task(user(k)) for k in range(spec.concurrency)]
+        _, stuck = await asyncio.wait(users, timeout=max(0.0, end + spec.grace_s - clock()))
+        if stuck:  # no answer within the grace: count them, never hang the run
+            res.late = len(stuck)
+            res.first_error = res.first_error or (f"{len(stuck)} requests unanswered {spec.grace_s:g} s after the "
+                                                  "window (the server stopped answering)")
+            for task in stuck:
+                task.cancel()
+            await asyncio.gather(*stuck, return_exceptions=True)
         return res
 
     idle: list[_Conn] = []

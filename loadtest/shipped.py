@@ -17,16 +17,18 @@ from pathlib import Path
 
 from bge_triton.client.core import DEFAULT_BUCKETS, tensor_call
 from bge_triton.client.tokens import BucketTokenizer
-from bge_triton.loadtest import bench, corpus, harness, loadgen, report, targets
+from bge_triton.loadtest import bench, corpus, harness, loadgen, report, sweep, targets
 from bge_triton.loadtest.costmodel import DEFAULT as DEFAULT_COST
 from bge_triton.server.cpu_variant import CpuVariant
 from bge_triton.server.repository import (DEFAULT_CANONICAL, ENCODER_SUFFIX, SCENARIOS, Batching, load_config,
-                                          update_batching_in_place, update_text_settings_in_place)
+                                          batching_of, update_batching_in_place, update_text_settings_in_place)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ENC, TXT = harness.EMULATED + ENCODER_SUFFIX, harness.EMULATED
-FIELDS = ("candidate", "path", "phase", "load", "throughput", "avg_ms", "p50_ms", "p99_ms", "n", "errors", "avg_batch",
-          "front_batch", "queue_ms", "compute_ms", "server_cores", "text_cores", "first_error")
+FIELDS = ("candidate", "path", "phase", "load", "concurrency", "throughput", "avg_ms", "p50_ms", "p99_ms", "n", "errors",
+          "avg_batch", "front_batch", "queue_ms", "compute_ms", "server_cores", "text_cores", "gen_cores", "server_rate",
+          "server_in_flight", "server_failures", "ramp_s", "warmup_s", "window_s", "max_queue_size", "queue_timeout_us",
+          "first_error")
 KEYS = {"delay": "delay_us", "preferred": "preferred", "split": "split_overhead_tokens", "mif": "max_in_flight",
         "ti": "text_instances"}
 
@@ -72,12 +74,14 @@ class Candidate:
 class ShippedRun:
     command: str
     candidates: tuple[Candidate, ...]
+    concurrencies: tuple[int, ...] = (128,)
     rows: list[dict] = field(default_factory=list)
     lengths: dict = field(default_factory=dict)
     verdicts: dict = field(default_factory=dict)
     picked: str | None = None
     machine: dict = field(default_factory=dict)
     loadavg_end: str = ""
+    selfcheck_rps: float = 0.0  # the load generator against a no-op model at the sweep's largest C
 
 
 def _text_stub_cpu(h: harness.Harness) -> dict[int, float]:
@@ -95,10 +99,10 @@ def _text_stub_cpu(h: harness.Harness) -> dict[int, float]:
     return out
 
 
-def _measure(h, s, model, watch, bodies, mode, rate=0.0, users=64) -> dict:
+def _measure(h, s, model, watch, bodies, mode, rate=0.0, users=64, ramp_s=0.0) -> dict:
     """bench.measure plus the text-endpoint stubs' cores busy over the window (text_cores)."""
     c0, t0 = _text_stub_cpu(h), time.monotonic()
-    row = bench.measure(h, s, model, watch, bodies, mode, rate=rate, users=users)
+    row = bench.measure(h, s, model, watch, bodies, mode, rate=rate, users=users, ramp_s=ramp_s)
     c1 = _text_stub_cpu(h)
     row["text_cores"] = sum(v - c0.get(pid, 0.0) for pid, v in c1.items()) / (time.monotonic() - t0)
     return row
@@ -115,39 +119,54 @@ def _bodies(tokenizer: Path, texts: list[str]) -> tuple[dict, dict]:
     return bodies, {"median": statistics.median(lens), "mean": statistics.fmean(lens), "max": max(lens), "all": lens}
 
 
-def run_shipped(s: bench.BenchSettings, candidates: tuple[Candidate, ...]) -> ShippedRun:
-    """Reference rows once, then each candidate's text and tensor rows, on one server."""
+def run_shipped(s: bench.BenchSettings, candidates: tuple[Candidate, ...],
+                concurrencies: tuple[int, ...] = (128,)) -> ShippedRun:
+    """Reference rows once, then each candidate's text and tensor rows (quiet hours + the peak sweep), on one server."""
     bench.ensure_real_repo(s)
     repo_dir = s.state_dir.parent / "shipped_repo"
     harness.build_repository(repo_dir, s.real_repo, s.real_name, s.command)
-    run = ShippedRun(s.command, candidates, machine=report.machine_info())
+    run = ShippedRun(s.command, candidates, concurrencies, machine=report.machine_info())
     texts = corpus.sample("reviews", 512, seed=1, max_chars=s.max_chars)
     bodies, run.lengths = _bodies(s.real_repo / s.real_name / "1" / "tokenizer", texts)
     cost = {"cost_a_us": s.cost.a_us, "cost_b_us": s.cost.b_us}
-    rate = s.low_fraction * s.cost.capacity_qps(1, run.lengths["median"])
+    batch1 = s.cost.capacity_qps(1, run.lengths["median"])
     h = harness.Harness(repo_dir, s.state_dir, s.cost).start()
     enc_variant = h.variant_for("costmodel")
 
-    def both(cand: str, path: str, model: str, watch: list[str], body: tuple[bytes, ...]) -> list[dict]:
-        rows = [_measure(h, s, model, watch, body, "open", rate=rate), _measure(h, s, model, watch, body, "closed",
-                                                                              users=s.concurrency)]
+    def rows_of(cand: str, path: str, model: str, watch: list[str], body: tuple[bytes, ...], cfg,
+                peak_at: tuple[int, ...]) -> list[dict]:
+        """Quiet hours (open loop), then the closed-loop sweep over peak_at; the called model's queue policy noted."""
+        closed = lambda users, warmup_s, duration_s, ramp_s: _measure(  # noqa: E731
+            h, replace(s, warmup_s=warmup_s, duration_s=duration_s), model, watch, body, "closed", users=users,
+            ramp_s=ramp_s)
+        rows = [_measure(h, s, model, watch, body, "open", rate=s.low_fraction * batch1)]
+        rows += sweep.peak_sweep(closed, h.server.http_url, model, peak_at, batch1, s.warmup_s, s.duration_s)
+        knobs = batching_of(cfg)
         for r in rows:
-            r.update(candidate=cand, path=path, executor="costmodel", scenario=path)
-            print(f"{cand:40s} {report.row_line(r)}", flush=True)
+            r.update(candidate=cand, path=path, executor="costmodel", scenario=path, max_queue_size=knobs.max_queue_size,
+                     queue_timeout_us=knobs.queue_timeout_us)
+            print(f"{cand:40s} {report.row_line(r)}  server {r.get('server_rate', float('nan')):.0f}/s "
+                  f"in flight {r.get('server_in_flight', float('nan')):.0f}", flush=True)
         return rows
 
     try:
-        h.load(ENC, SCENARIOS["delay_0"], executor="costmodel", params=cost, variant=enc_variant)
-        ref = both("reference (encoder at delay 0)", "direct_delay0", ENC, [ENC], bodies["direct_delay0"])
+        run.selfcheck_rps = h.self_check(max(concurrencies), max(2.0, s.duration_s / 2),
+                                         ramp_s=max(concurrencies) / sweep.CONNECTS_PER_S)
+        print(f"load-generator self-check: {run.selfcheck_rps:.0f} req/s against the no-op model at C="
+              f"{max(concurrencies)}", flush=True)
+        cfg = h.load(ENC, SCENARIOS["delay_0"], executor="costmodel", params=cost, variant=enc_variant)
+        ref = rows_of("reference (encoder at delay 0)", "direct_delay0", ENC, [ENC], bodies["direct_delay0"], cfg,
+                      concurrencies[:1])  # the quiet-hour reference; one peak row for scale
         run.rows += ref
         for cand in candidates:
-            h.load(ENC, cand.batching(), executor="costmodel", params=cost, variant=enc_variant)
-            h.load(TXT, params=cand.text_params(), variant=CpuVariant(executor="costmodel", text_instances=cand.text_instances))
-            rows = both(cand.name, "text", TXT, [TXT, ENC], bodies["text"])
+            enc_cfg = h.load(ENC, cand.batching(), executor="costmodel", params=cost, variant=enc_variant)
+            txt_cfg = h.load(TXT, params=cand.text_params(),
+                             variant=CpuVariant(executor="costmodel", text_instances=cand.text_instances))
+            text = rows_of(cand.name, "text", TXT, [TXT, ENC], bodies["text"], txt_cfg, concurrencies)
             h.unload(TXT)
-            rows += both(cand.name, "tensor_buckets", ENC, [ENC], bodies["tensor_buckets"])
-            run.rows += rows
-            run.verdicts[cand.name] = targets.verdicts(rows[0], rows[1], ref[0], rows[3], t1_ms(s, run), ideal(s, run))
+            tensor = rows_of(cand.name, "tensor_buckets", ENC, [ENC], bodies["tensor_buckets"], enc_cfg, concurrencies)
+            run.rows += text + tensor
+            run.verdicts[cand.name] = targets.verdicts(text[0], text[1:], ref[0], tensor[1:], t1_ms(s, run), ideal(s, run))
     finally:
         h.stop()
     run.picked = targets.pick(list(run.verdicts.items()))
@@ -173,40 +192,47 @@ def write_pick(cand: Candidate, canonical: Path = DEFAULT_CANONICAL) -> list[Pat
     return paths
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[bench.BenchSettings, tuple[Candidate, ...], Path | None]:
+def parse_args(argv: list[str] | None = None) -> tuple[bench.BenchSettings, tuple[Candidate, ...], Path | None,
+                                                     tuple[int, ...]]:
     p = argparse.ArgumentParser(prog="python -m bge_triton.loadtest.shipped", description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="short windows (a few minutes in all)")
+    p.add_argument("--quick", action="store_true", help="short windows (about 3 minutes per candidate)")
     p.add_argument("--out", type=Path, default=REPO_ROOT / "reports" / "bench" / "shipped", help="report directory")
     p.add_argument("--candidate", action="append", default=[], help="'committed' (default) or key=value,... "
                    f"with keys {sorted(KEYS)}; repeatable; the first listed wins ties")
     p.add_argument("--write", action="store_true", help="commit the pick into --target-repo (both configs)")
     p.add_argument("--target-repo", type=Path, default=DEFAULT_CANONICAL, help="repository --write updates")
-    # 128 = 2 x the encoder's max batch: with only 64 texts in the system the GPU idles while a full batch returns
-    p.add_argument("--concurrency", type=int, default=128, help="closed-loop users at peak (default 2 x max batch)")
-    p.add_argument("--duration", type=float, help="seconds per peak window (default 8, quick 3)")
+    # 128 = 2 x the encoder's max batch (with 64 texts in the system the GPU idles while a full batch returns);
+    # larger pools let the planner group similar lengths (targets.planned_rate): peak is their saturation
+    p.add_argument("--peak-concurrency", type=sweep.parse_concurrency, default=sweep.DEFAULT_SWEEP, metavar="C,C,...",
+                   help=f"closed-loop users per peak point (default {sweep.DEFAULT_SWEEP}); each path's peak = its "
+                   "highest texts/s over them")
+    p.add_argument("--duration", type=float, help="base seconds per peak window (default 8, quick 3; a point at a "
+                   "larger C is lengthened to 3 rounds of its C requests, at most 3x)")
     p.add_argument("--state-dir", type=Path, default=REPO_ROOT / ".kit" / "loadtest" / "shipped_state")
     p.add_argument("--real-repo", type=Path, default=bench.BenchSettings.real_repo, help="export lending the tokenizer")
     p.add_argument("--real-name", default=bench.BenchSettings.real_name, help="model name in --real-repo")
     a = p.parse_args(argv)
     dur = a.duration or (3.0 if a.quick else 8.0)
     cmd = "python -m bge_triton.loadtest.shipped " + " ".join(argv if argv is not None else sys.argv[1:])
-    s = replace(bench.BenchSettings(), concurrency=a.concurrency, warmup_s=0.5 if a.quick else 2.0, duration_s=dur,
-                low_duration_s=2 * dur, state_dir=a.state_dir, real_repo=a.real_repo, real_name=a.real_name,
-                command=cmd, out=a.out, cost=DEFAULT_COST)
-    return s, tuple(Candidate.parse(c) for c in (a.candidate or ["committed"])), a.target_repo if a.write else None
+    s = replace(bench.BenchSettings(), concurrency=max(a.peak_concurrency), warmup_s=0.5 if a.quick else 2.0,
+                duration_s=dur, low_duration_s=2 * dur, state_dir=a.state_dir, real_repo=a.real_repo,
+                real_name=a.real_name, command=cmd.strip(), out=a.out, cost=DEFAULT_COST)
+    cands = tuple(Candidate.parse(c) for c in (a.candidate or ["committed"]))
+    return s, cands, a.target_repo if a.write else None, a.peak_concurrency
 
 
 def main(argv: list[str] | None = None) -> int:
     from bge_triton.loadtest import shipped_report
 
-    s, cands, target = parse_args(argv)
-    run = run_shipped(s, cands)
+    s, cands, target, concurrencies = parse_args(argv)
+    t0 = time.monotonic()
+    run = run_shipped(s, cands, concurrencies)
     paths = shipped_report.write(run, s)
     if target is not None and run.picked:
         cand = next(c for c in cands if c.name == run.picked)
         paths += write_pick(cand, target)
         print(f"wrote the pick {cand.name!r} into", ", ".join(map(str, paths[-2:])))
-    print("pick:", run.picked, "|", ", ".join(map(str, paths)))
+    print(f"shipped done in {time.monotonic() - t0:.0f} s; pick:", run.picked, "|", ", ".join(map(str, paths)))
     return 0
 
 

@@ -1,6 +1,7 @@
 """The report of `python -m bge_triton.loadtest.shipped`: shipped.md, shipped.csv, shipped.png (each names its command)."""
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,7 +14,14 @@ if TYPE_CHECKING:  # shipped imports this module lazily; no cycle at run time
 
 
 def _row(run, cand: str, path: str, phase: str) -> dict:
+    """The quiet-hour row (phase 'low') or the saturation row (phase 'peak': the highest texts/s of the sweep)."""
+    if phase == "peak":
+        return targets.saturation(_peaks(run, cand, path))
     return next(r for r in run.rows if r["candidate"] == cand and r["path"] == path and r["phase"] == phase)
+
+
+def _peaks(run, cand: str, path: str) -> list[dict]:
+    return [r for r in run.rows if r["candidate"] == cand and r["path"] == path and r["phase"] == "peak"]
 
 
 def _sizing(run, s) -> list[str]:
@@ -41,7 +49,12 @@ def _sizing(run, s) -> list[str]:
 
 
 def _planned(run, s, n: int, overhead: int) -> float:
-    """The planner's own split of text batches of n texts of this traffic, priced by the cost model."""
+    """The planner's own split of text batches (pools) of n texts of this traffic, priced by the cost model."""
+    return _planned_cached(tuple(run.lengths["all"]), max(1, n), overhead, s.cost)
+
+
+@functools.lru_cache(maxsize=None)
+def _planned_cached(lengths: tuple[int, ...], n: int, overhead: int, cost) -> float:
     import sys
 
     from bge_triton.server.repository import TEXT_MODEL_DIR, load_config, text_settings
@@ -50,28 +63,77 @@ def _planned(run, s, n: int, overhead: int) -> float:
     from text_stages import plan_sub_batches
 
     st = text_settings(load_config(TEXT_MODEL_DIR.parent))
-    return targets.planned_rate(run.lengths["all"], max(1, n), s.cost, plan_sub_batches, st.token_budget,
-                                st.sub_batch_max, st.pad_to_multiple, overhead)
+    return targets.planned_rate(list(lengths), n, cost, plan_sub_batches, st.token_budget, st.sub_batch_max,
+                                st.pad_to_multiple, overhead)
 
 
 def _ceiling(run, s) -> list[str]:
     """What the length mix allows at fixed text-batch sizes, and each candidate against its own batch size."""
     from bge_triton.loadtest.shipped import ideal
 
-    out = ["| texts per text-endpoint batch | split_overhead_tokens | planner estimate texts/s | x ideal at max batch |",
-           "|---|---|---|---|"]
-    for n in (16, 32, 64, 128):
+    out = ["| texts per text-endpoint batch (planning pool) | split_overhead_tokens | planner estimate texts/s | "
+           "x ideal at max batch |", "|---|---|---|---|"]
+    for n in POOLS:
         for so in (64, 628):
             rate = _planned(run, s, n, so)
             out.append(f"| {n} | {so} | {rate:.0f} | {rate / ideal(s, run):.2f} |")
-    out += ["", "| candidate | mean texts per batch (measured) | peak texts/s | planner estimate at that batch | measured / estimate |",
-            "|---|---|---|---|---|"]
+    out += ["", "| candidate | peak at | mean texts per batch (measured) | peak texts/s | planner estimate at that "
+            "batch | measured / estimate |", "|---|---|---|---|---|---|"]
     for c in run.candidates:
         pk = _row(run, c.name, "text", "peak")
         n = round(pk["front_batch"]) if pk["front_batch"] == pk["front_batch"] else 1
         so = c.split_overhead_tokens if c.split_overhead_tokens is not None else _committed_split()
         cap = _planned(run, s, n, so)
-        out.append(f"| {c.name} | {n} | {pk['throughput']:.0f} | {cap:.0f} | {pk['throughput'] / cap:.2f} |")
+        out.append(f"| {c.name} | {pk['load']} | {n} | {pk['throughput']:.0f} | {cap:.0f} | {pk['throughput'] / cap:.2f} |")
+    return out
+
+
+POOLS = (16, 32, 64, 128, 256, 512, 1024)
+
+
+def _sweep(run, s) -> list[str]:
+    """Every C of the sweep: both paths' texts/s, the ratios, and the planner's ceiling for a pool of C texts."""
+    from bge_triton.loadtest.shipped import ideal
+
+    gpu, so = ideal(s, run), _committed_split()
+    out = ["| candidate | C | text texts/s | tensor texts/s | text / tensor | text / ideal | planner ceiling, pool of C "
+           f"texts (split {so}) | ceiling x ideal | text / ceiling | text p50 / p99 ms | texts per text batch | "
+           "encoder batch | errors text / tensor |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for c in run.candidates:
+        so_c = c.split_overhead_tokens if c.split_overhead_tokens is not None else so
+        tensor = {r["concurrency"]: r for r in _peaks(run, c.name, "tensor_buckets")}
+        best = (_row(run, c.name, "text", "peak")["concurrency"], _row(run, c.name, "tensor_buckets", "peak")["concurrency"])
+        for r in _peaks(run, c.name, "text"):
+            k, tr = r["concurrency"], tensor.get(r["concurrency"], {})
+            ceil = _planned(run, s, k, so_c)
+            mark = lambda v, b: f"**{v:.0f}**" if b else f"{v:.0f}"  # noqa: E731 - the saturation point in bold
+            out.append(f"| {c.name} | {k} | {mark(r['throughput'], k == best[0])} | "
+                       f"{mark(tr.get('throughput', float('nan')), k == best[1])} | "
+                       f"{_f(r['throughput'] / tr['throughput'] if tr.get('throughput') else float('nan'), 2)} | "
+                       f"{r['throughput'] / gpu:.2f} | {ceil:.0f} | {ceil / gpu:.2f} | {r['throughput'] / ceil:.2f} | "
+                       f"{_f(r['p50_ms'])} / {_f(r['p99_ms'])} | {_f(r['front_batch'])} | {_f(r['avg_batch'])} | "
+                       f"{r['errors']} / {tr.get('errors', '-')} |")
+    return out
+
+
+def _generator(run) -> list[str]:
+    """Did the load generator hold C requests in flight, and do the queue policies admit C users?"""
+    out = [f"Load-generator self-check: {run.selfcheck_rps:.0f} req/s against a no-op python model at "
+           f"C={max(run.concurrencies)} (same generator, one process). Per peak row: the client's texts/s against "
+           "the server's (Triton's success count of the called model over the same window), and the requests "
+           "inside Triton on average (Little: Triton's summed request time / window seconds); the generator held C "
+           "in flight when that is close to C. Queue policy of the called model as loaded, and what it implies "
+           "for C users (`loadtest.targets.queue_check`).", "",
+           "| candidate | path | C | client texts/s | server texts/s | in flight at the server | generator cores | "
+           "max_queue_size / timeout s | queue policy at C | errors | first error |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in run.rows:
+        if r["phase"] != "peak":
+            continue
+        note = targets.queue_check(r["concurrency"], r["max_queue_size"], r["queue_timeout_us"], r["throughput"]) or "holds C"
+        out.append(f"| {r['candidate']} | {r['path']} | {r['concurrency']} | {r['throughput']:.0f} | "
+                   f"{_f(r['server_rate'], 0)} | {_f(r['server_in_flight'], 0)} | {_f(r['gen_cores'], 2)} | "
+                   f"{r['max_queue_size']} / {r['queue_timeout_us'] / 1e6:g} | {note} | {r['errors']} | "
+                   f"{r['first_error'][:80] or '-'} |")
     return out
 
 
@@ -97,14 +159,18 @@ def write(run: "ShippedRun", s: "BenchSettings") -> list[Path]:
              f"{s.max_chars} chars); tokens per text ([CLS]/[SEP] included, unpadded): median {lens['median']:.0f}, mean {lens['mean']:.1f}, max {lens['max']}.  ",
              f"t(1, median L) = {t1_ms(s, run):.2f} ms; ideal throughput at max batch (64 x mean L, no padding) = "
              f"{ideal(s, run):.0f} texts/s.  ",
-             f"Quiet hours: open loop at {s.low_fraction:.0%} of batch-1 capacity; peak: closed loop, C={s.concurrency}; "
-             f"{s.duration_s:g} s peak / {s.low_duration_s:g} s quiet windows after {s.warmup_s:g} s warm-up.  ",
+             f"Quiet hours: open loop at {s.low_fraction:.0%} of batch-1 capacity, {s.low_duration_s:g} s window after "
+             f"{s.warmup_s:g} s warm-up; peak = saturation: closed loops of C = {', '.join(map(str, run.concurrencies))} "
+             f"users, each path judged by its highest texts/s over the sweep (`loadtest.targets.saturation`); base "
+             f"window {s.duration_s:g} s, each point's warm-up >= 1.5 rounds of its C requests and window >= 3 rounds "
+             "(at the previous point's rate), at most 3x the base (`loadtest.sweep.windows`; per row in the CSV).  ",
              f"Machine: {m['cores']}-core CPU shared with other sessions, {m['server']}; load average "
              f"{m['loadavg_at_start']} at start, {run.loadavg_end} at end (noisy).", "",
              f"Pick: **{run.picked}**.", "", "## Targets", ""]
     for cand, vs in run.verdicts.items():
-        lines += [f"### {cand}", "", "| target | limit | measured | verdict |", "|---|---|---|---|"]
-        lines += [f"| {v['target']} | {v['sense']} {v['limit']:g} | {_f(v['measured'], 2)} | "
+        lines += [f"### {cand}", "", "| target | limit | measured | peak taken at (highest over the sweep) | verdict |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {v['target']} | {v['sense']} {v['limit']:g} | {_f(v['measured'], 2)} | {v.get('at') or '-'} | "
                   f"{'PASS' if v['pass'] else 'FAIL'} |" for v in vs]
         lines.append("")
     lines += ["## Rows", "", "| candidate | path | phase | load | texts/s | p50 ms | p99 ms | encoder batch | "
@@ -112,12 +178,19 @@ def write(run: "ShippedRun", s: "BenchSettings") -> list[Path]:
     lines += [f"| {r['candidate']} | {r['path']} | {r['phase']} | {r['load']} | {r['throughput']:.0f} | {_f(r['p50_ms'])} | "
               f"{_f(r['p99_ms'])} | {_f(r['avg_batch'])} | {_f(r['queue_ms'])} | {_f(r['compute_ms'])} | {r['errors']} |"
               for r in run.rows]
+    lines += ["", "## Peak sweep: every C", "",
+              "Each path's saturation point in bold. The planner ceiling for a pool of C texts is the bound any "
+              "scheduler faces with only C texts in the system: the text endpoint's own planner "
+              "(text_stages.plan_sub_batches) splitting C texts drawn from this traffic, priced by the cost model "
+              "(`loadtest.targets.planned_rate`, no server).", ""] + _sweep(run, s)
+    lines += ["", "## Load generator and queue limits at peak", ""] + _generator(run)
     lines += ["", "## What the length mix allows at peak", "",
               "The ideal at max batch assumes 64 texts of the mean length, unpadded. The text endpoint pads each "
               "sub-batch to its longest text (rounded to 8) and pays the cost model's fixed cost a per call; its planner (text_stages."
               "plan_sub_batches) picks the cheapest split. Priced by the same cost model, on the same lengths "
               "(`loadtest.targets.planned_rate`, 50 seeded batches each; no server). The estimate at a candidate's mean "
-              "batch is a guide, not a bound: its batches vary in size and in their length draw.", ""] + _ceiling(run, s)
+              "batch is a guide, not a bound: its batches vary in size and in their length draw. Candidates at their "
+              "saturation point.", ""] + _ceiling(run, s)
     lines += ["", "## CPU cost of the text endpoint at peak", ""] + _sizing(run, s)
     lines += ["", "![quiet-hour p50 and peak texts/s per candidate](shipped.png)", ""]
     md = out / "shipped.md"
@@ -135,7 +208,7 @@ def _plot(run, s, path: Path) -> Path:
 
     cands = list(run.verdicts)
     ref = _row(run, run.rows[0]["candidate"], "direct_delay0", "low")
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.8))
+    fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(17, 4.8))
     x = range(len(cands))
     a1.bar([i - 0.2 for i in x], [_row(run, c, "text", "low")["p50_ms"] for c in cands], 0.4, label="text endpoint p50")
     a1.bar([i + 0.2 for i in x], [_row(run, c, "text", "low")["p99_ms"] for c in cands], 0.4, label="text endpoint p99")
@@ -147,7 +220,20 @@ def _plot(run, s, path: Path) -> Path:
     a2.bar([i + 0.2 for i in x], [_row(run, c, "tensor_buckets", "peak")["throughput"] for c in cands], 0.4,
            label="tensor mode, client buckets")
     a2.axhline(ideal(s, run), color="r", ls="-.", label="ideal at max batch")
-    a2.set_ylabel("peak texts/s")
+    a2.set_ylabel("peak texts/s (highest over the C sweep)")
+    so = _committed_split()
+    for k, c in enumerate(run.candidates):
+        for kind, ls in (("text", "o-"), ("tensor_buckets", "s--")):
+            pts = sorted((r["concurrency"], r["throughput"]) for r in _peaks(run, c.name, kind))
+            a3.plot([p[0] for p in pts], [p[1] for p in pts], ls, color=f"C{k}", label=f"{c.name}: {kind}")
+    pools = sorted({*POOLS, *run.concurrencies})
+    a3.plot(pools, [_planned(run, s, n, so) for n in pools], "k:", label=f"planner ceiling, pool of C texts (split {so})")
+    a3.axhline(ideal(s, run), color="r", ls="-.", label="ideal at max batch")
+    a3.set_xscale("log", base=2)
+    a3.set_xlabel("closed-loop users C (texts in the system)")
+    a3.set_ylabel("texts/s")
+    a3.grid(True, which="both", alpha=0.3)
+    a3.legend(fontsize=6)
     for ax in (a1, a2):
         ax.set_xticks(list(x), [c.replace(",", "\n") for c in cands], fontsize=7)
         ax.grid(True, axis="y", alpha=0.3)

@@ -29,22 +29,51 @@ def ideal_rate(cost: CostModel, max_batch: int, mean_tokens: float) -> float:
     return max_batch * 1000.0 / cost.batch_ms(max_batch, mean_tokens)
 
 
-def verdicts(text_low: dict, text_peak: dict, direct_low: dict, tensor_peak: dict, t1_ms: float,
+def saturation(peaks: list[dict]) -> dict:
+    """The peak as saturation: the row with the highest texts/s of one path's concurrency sweep (nan counts as 0)."""
+    if not peaks:
+        raise ValueError("no peak rows: the concurrency sweep measured nothing (--peak-concurrency)")
+    return max(peaks, key=lambda r: r["throughput"] if r["throughput"] == r["throughput"] else 0.0)
+
+
+def verdicts(text_low: dict, text_peaks: list[dict], direct_low: dict, tensor_peaks: list[dict], t1_ms: float,
              ideal: float, t: Targets = Targets()) -> list[dict]:
-    """One row per target: what, the limit, the measured value, pass (rows: p50_ms, p99_ms, throughput)."""
-    def row(name: str, measured: float, limit: float, higher_is_better: bool) -> dict:
+    """One row per target: what, the limit, the measured value, pass, and where the peak was taken (`at`).
+
+    Rows: p50_ms, p99_ms, throughput (+ load). The peak targets compare each path's saturation, the highest
+    texts/s over its sweep, not the rows at one C: a closed loop of C users caps what any scheduler can batch.
+    """
+    def row(name: str, measured: float, limit: float, higher_is_better: bool, at: str = "") -> dict:
         ok = not math.isnan(measured) and (measured >= limit if higher_is_better else measured <= limit)
         return {"target": name, "limit": limit, "measured": measured, "pass": ok,
-                "sense": ">=" if higher_is_better else "<="}
+                "sense": ">=" if higher_is_better else "<=", "at": at}
 
     ratio = lambda a, b: a / b if b else math.nan  # noqa: E731
+    text, tensor = saturation(text_peaks), saturation(tensor_peaks)
     return [
         row("quiet p50 - direct encoder p50 (ms)", text_low["p50_ms"] - direct_low["p50_ms"], t.p50_vs_direct_ms, False),
         row("quiet p50 - t(1, median L) (ms)", text_low["p50_ms"] - t1_ms, t.p50_vs_model_ms, False),
         row("quiet p99 - direct encoder p99 (ms)", text_low["p99_ms"] - direct_low["p99_ms"], t.p99_vs_direct_ms, False),
-        row("peak texts/s / tensor path texts/s", ratio(text_peak["throughput"], tensor_peak["throughput"]), t.vs_tensor, True),
-        row("peak texts/s / ideal at max batch", ratio(text_peak["throughput"], ideal), t.vs_ideal, True),
+        row("peak texts/s / tensor path texts/s", ratio(text["throughput"], tensor["throughput"]), t.vs_tensor, True,
+            f"text {text.get('load', '?')}, tensor {tensor.get('load', '?')}"),
+        row("peak texts/s / ideal at max batch", ratio(text["throughput"], ideal), t.vs_ideal, True,
+            f"text {text.get('load', '?')}"),
     ]
+
+
+def queue_check(concurrency: int, max_queue_size: int, timeout_us: int, texts_per_s: float) -> str:
+    """Whether a model's queue policy rejects a closed loop of C users: '' = it holds them, else why not.
+
+    All C can sit in the queue at once (between two executions), so C > max_queue_size (0 = unlimited) can
+    reject; a request waits about C / texts_per_s (Little), so a longer wait than the timeout (0 = none) expires.
+    """
+    why = []
+    if 0 < max_queue_size < concurrency:
+        why.append(f"C={concurrency} > max_queue_size {max_queue_size}: 'Exceeds maximum queue size'")
+    wait_s = concurrency / texts_per_s if texts_per_s > 0 else math.inf
+    if timeout_us > 0 and wait_s > timeout_us / 1e6:
+        why.append(f"wait ~C / rate = {wait_s:.1f} s > queue timeout {timeout_us / 1e6:g} s: 'Request timeout expired'")
+    return "; ".join(why)
 
 
 def pick(candidates: list[tuple[str, list[dict]]]) -> str | None:

@@ -261,11 +261,12 @@ def pair_main(argv: list[str]) -> int:
     p.add_argument("--real-name", default=TuneSettings.real_name, help="model name in --real-repo")
     p.add_argument("--out", type=Path, default=REPO_ROOT / "reports" / "tune" / "pair", help="report directory")
     p.add_argument("--quick", action="store_true", help="short windows")
-    p.add_argument("--concurrency", type=int, default=128, help="closed-loop users at peak")
+    p.add_argument("--peak-concurrency", default="128,512,1024", metavar="C,C,...",
+                   help="closed-loop users per peak point; each path's peak = its highest texts/s over them")
     a = p.parse_args(argv)
     from bge_triton.loadtest import shipped
 
-    args = ["--out", str(a.out), "--concurrency", str(a.concurrency), "--target-repo", str(a.target_repo),
+    args = ["--out", str(a.out), "--peak-concurrency", a.peak_concurrency, "--target-repo", str(a.target_repo),
             "--state-dir", str(a.state_dir), "--real-repo", str(a.real_repo), "--real-name", a.real_name] + (["--quick"] if a.quick else []) + (["--write"] if a.write else []) + \
         (["--duration", str(a.duration)] if a.duration else [])
     for cand in pair_candidates(a.delays_us, a.preferred, a.split_overhead, a.max_in_flight, a.instances):

@@ -64,7 +64,7 @@ def test_tune_pair_writes_the_pick_into_both_configs(minilm_repo, tmp_path):
     for name in ("bge_large_zh", "bge_large_zh_onnx"):
         shutil.copytree(REPO_ROOT / "model_repository" / name, target / name, ignore=shutil.ignore_patterns("1"))
     proc = _run(["bge_triton.loadtest.tune", "--pair", "--delays-us", "1000", "--preferred", "8", "--split-overhead",
-                 "300", "--max-in-flight", "2", "--quick", "--duration", "1", "--concurrency", "16", "--write",
+                 "300", "--max-in-flight", "2", "--quick", "--duration", "1", "--peak-concurrency", "8,16", "--write",
                  "--target-repo", str(target), "--real-repo", str(minilm_repo), "--real-name", "minilm",
                  "--out", str(tmp_path / "pair"), "--state-dir", str(tmp_path / "state")], timeout=600)
     picked = proc.stdout.split("pick: ")[-1].split(" |")[0]

@@ -16,8 +16,8 @@ from bge_triton.server.repository import (DEFAULT_CANONICAL, batching_of, load_c
 
 
 def _rows(text_p50: float, text_p99: float, direct_p50: float, direct_p99: float, text_rate: float, tensor_rate: float):
-    return ({"p50_ms": text_p50, "p99_ms": text_p99}, {"throughput": text_rate},
-            {"p50_ms": direct_p50, "p99_ms": direct_p99}, {"throughput": tensor_rate})
+    return ({"p50_ms": text_p50, "p99_ms": text_p99}, [{"throughput": text_rate, "load": "C=128"}],
+            {"p50_ms": direct_p50, "p99_ms": direct_p99}, [{"throughput": tensor_rate, "load": "C=128"}])
 
 
 def test_verdicts_pass_and_fail_at_the_limits():

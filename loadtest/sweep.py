@@ -1,0 +1,102 @@
+"""The peak as saturation: a closed-loop concurrency sweep (C users per point) with a server-side probe.
+
+Peak throughput is a saturation number: with only C texts in the system no scheduler reaches the GPU's rate
+on a mixed length mix (targets.planned_rate), so `loadtest.shipped` measures each path at every C of the sweep
+and judges its highest texts/s. Each point's warm-up covers one full round of its C requests (the queue fills
+and turns over once), and a sampler of Triton's statistics checks the load generator really held C in flight.
+"""
+from __future__ import annotations
+
+import argparse
+import threading
+import time
+from typing import Callable
+
+from bge_triton.loadtest.stats import fetch_stats
+
+DEFAULT_SWEEP = "128,512,1024"
+# Closed-loop users connect at most this fast (loadgen ramp_s). Triton 2.51's HTTP front end on the 2-core box
+# stopped answering (connections held open, nothing queued) when 1100 users connected at once or 1536 over
+# 1.5 s; 1024 over 1.5 s was served every time (docs/loadtest.md, "The peak sweep").
+CONNECTS_PER_S = 700.0
+
+
+def parse_concurrency(text: str) -> tuple[int, ...]:
+    """'128,512,1024' -> (128, 512, 1024), ascending; an argparse type (bad input: a message naming the fix)."""
+    values = []
+    for item in text.split(","):
+        try:
+            c = int(item.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: {item.strip()!r} is not a whole number; give closed-loop "
+                                             "user counts as a comma list, e.g. 128,512,1024") from None
+        if c < 1:
+            raise argparse.ArgumentTypeError(f"{text!r}: concurrency {c} must be >= 1 user")
+        values.append(c)
+    if len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"{text!r}: a concurrency is listed twice; list each C once")
+    return tuple(sorted(values))
+
+
+def windows(concurrency: int, rate_guess: float, warmup_s: float, duration_s: float,
+            max_scale: float = 3.0) -> tuple[float, float, float]:
+    """(ramp, warm-up, window) seconds for one point: the C users connect over the ramp (CONNECTS_PER_S), then the
+    warm-up covers 1.5 rounds of their C requests at `rate_guess` texts/s (the queue fills and turns over) and
+    the window at least 3 rounds; rounds are capped at max_scale x duration_s."""
+    ramp = concurrency / CONNECTS_PER_S
+    round_s = concurrency / rate_guess if rate_guess > 0 else 0.0
+    cap = max_scale * duration_s
+    return ramp, ramp + min(max(warmup_s, 1.5 * round_s), cap), min(max(duration_s, 3.0 * round_s), cap)
+
+
+def window_rates(samples: list[tuple[float, dict[str, float]]], t0: float, t1: float) -> dict[str, float]:
+    """Server-side figures over [t0, t1] from timed stats snapshots (time.time(), stats.flatten_stats):
+    completed requests/s and the mean number of requests inside Triton (Little: request-seconds / seconds)."""
+    inside = [(t, s) for t, s in samples if t0 <= t <= t1]
+    nan = float("nan")
+    if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
+        return {"server_rate": nan, "server_in_flight": nan, "server_failures": nan}
+    (ta, a), (tb, b) = inside[0], inside[-1]
+    dt = tb - ta
+    return {"server_rate": (b["success_count"] - a["success_count"]) / dt,
+            "server_in_flight": (b["success_ns"] - a["success_ns"]) / 1e9 / dt,
+            "server_failures": b["fail_count"] - a["fail_count"]}
+
+
+class StatsSampler:
+    """Polls /v2/models/<model>/stats in a thread every period_s while a load runs (a light GET per period)."""
+
+    def __init__(self, http_url: str, model: str, period_s: float = 0.25):
+        self.http_url, self.model, self.period_s = http_url, model, period_s
+        self.samples: list[tuple[float, dict[str, float]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append((time.time(), fetch_stats(self.http_url, self.model)))
+            self._stop.wait(self.period_s)
+
+    def __enter__(self) -> "StatsSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+def peak_sweep(measure: Callable[..., dict], http_url: str, front: str, concurrencies: tuple[int, ...],
+               first_rate_guess: float, warmup_s: float, duration_s: float) -> list[dict]:
+    """One closed-loop row per C (ascending): measure(users=C, warmup_s=, duration_s=, ramp_s=) -> a bench.measure
+    row, plus the server-side rate and in-flight count of the called model `front` over the row's window."""
+    rows, guess = [], first_rate_guess
+    for c in concurrencies:
+        ramp, warm, dur = windows(c, guess, warmup_s, duration_s)
+        with StatsSampler(http_url, front) as sampler:
+            row = measure(users=c, warmup_s=warm, duration_s=dur, ramp_s=ramp)
+        row.update(concurrency=c, ramp_s=ramp, warmup_s=warm, window_s=dur,
+                   **window_rates(sampler.samples, row["window_start"], row["window_start"] + dur))
+        rows.append(row)
+        guess = row["throughput"] or guess  # a larger C rarely serves less: the next round is at most C / this
+    return rows

@@ -130,7 +130,7 @@ def measure(h: harness.Harness, s: BenchSettings, model: str, watch: list[str], 
     front = deltas[watch[0]]  # what the client called: its queue time
     return {"phase": "peak" if mode == "closed" else "low", "load": f"C={users}" if mode == "closed" else f"{rate:.0f}/s",
             "throughput": res.throughput, "avg_ms": lat.avg_ms, "p50_ms": lat.p50_ms, "p99_ms": lat.p99_ms,
-            "n": lat.count, "errors": res.errors + res.late, "first_error": res.first_error[:120],
+            "n": lat.count, "errors": res.errors + res.late, "unanswered": res.late, "first_error": res.first_error[:120],
             "avg_batch": enc.avg_batch, "front_batch": front.avg_batch, "queue_ms": front.queue_ms, "compute_ms": enc.compute_ms,
             "cpu_pct": cpu_pct, "server_cores": server_cores, "gen_cores": gen_cores, "window_start": res.window_start}
 

@@ -99,6 +99,7 @@ class Harness:
     intra_op_threads: int = 0
     cpu_lock: bool = True  # False: one instance per ONNX Runtime model, no shared CPU lock
     server: LocalServer | None = None
+    self_check_result: loadgen.LoadResult | None = None  # the last self_check's whole result (errors, unanswered)
 
     def start(self) -> "Harness":
         http, grpc, metrics = free_ports(3, PORT_RANGE)
@@ -159,6 +160,6 @@ class Harness:
         spec = loadgen.LoadSpec(*self.host_port, NOOP, tuple(loadgen.tensor_bodies(64, 32)), "closed",
                                 concurrency=concurrency, warmup_s=0.5 + ramp_s, duration_s=duration_s,
                                 processes=processes, ramp_s=ramp_s)
-        res = loadgen.run(spec)
+        res = self.self_check_result = loadgen.run(spec)
         self.unload(NOOP)
         return res.throughput

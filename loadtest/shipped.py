@@ -26,6 +26,7 @@ from bge_triton.server.repository import (DEFAULT_CANONICAL, ENCODER_SUFFIX, SCE
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ENC, TXT = harness.EMULATED + ENCODER_SUFFIX, harness.EMULATED
 FIELDS = ("candidate", "path", "phase", "load", "concurrency", "throughput", "avg_ms", "p50_ms", "p99_ms", "n", "errors",
+          "unanswered",
           "avg_batch", "front_batch", "queue_ms", "compute_ms", "server_cores", "text_cores", "gen_cores", "server_rate",
           "server_in_flight", "server_failures", "ramp_s", "warmup_s", "window_s", "max_queue_size", "queue_timeout_us",
           "first_error")
@@ -82,6 +83,7 @@ class ShippedRun:
     machine: dict = field(default_factory=dict)
     loadavg_end: str = ""
     selfcheck_rps: float = 0.0  # the load generator against a no-op model at the sweep's largest C
+    selfcheck_unanswered: int = 0  # its requests the server never answered (loadgen counts them after grace_s)
 
 
 def _text_stub_cpu(h: harness.Harness) -> dict[int, float]:
@@ -152,8 +154,9 @@ def run_shipped(s: bench.BenchSettings, candidates: tuple[Candidate, ...],
     try:
         run.selfcheck_rps = h.self_check(max(concurrencies), max(2.0, s.duration_s / 2),
                                          ramp_s=max(concurrencies) / sweep.CONNECTS_PER_S)
+        run.selfcheck_unanswered = h.self_check_result.late
         print(f"load-generator self-check: {run.selfcheck_rps:.0f} req/s against the no-op model at C="
-              f"{max(concurrencies)}", flush=True)
+              f"{max(concurrencies)}, {run.selfcheck_unanswered} unanswered", flush=True)
         cfg = h.load(ENC, SCENARIOS["delay_0"], executor="costmodel", params=cost, variant=enc_variant)
         ref = rows_of("reference (encoder at delay 0)", "direct_delay0", ENC, [ENC], bodies["direct_delay0"], cfg,
                       concurrencies[:1])  # the quiet-hour reference; one peak row for scale

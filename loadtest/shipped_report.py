@@ -119,13 +119,16 @@ def _sweep(run, s) -> list[str]:
 def _generator(run) -> list[str]:
     """Did the load generator hold C requests in flight, and do the queue policies admit C users?"""
     out = [f"Load-generator self-check: {run.selfcheck_rps:.0f} req/s against a no-op python model at "
-           f"C={max(run.concurrencies)} (same generator, one process). Per peak row: the client's texts/s against "
+           f"C={max(run.concurrencies)} (same generator, one process; {run.selfcheck_unanswered} requests unanswered). "
+           "Unanswered = requests the server never answered (counted grace_s after the window; "
+           "docs/loadtest.md, \"The peak sweep\"). Per peak row: the client's texts/s against "
            "the server's (Triton's success count of the called model over the same window), and the requests "
            "inside Triton on average (Little: Triton's summed request time / window seconds); the generator held C "
            "in flight when that is close to C. Queue policy of the called model as loaded, and what it implies "
            "for C users (`loadtest.targets.queue_check`).", "",
            "| candidate | path | C | client texts/s | server texts/s | in flight at the server | generator cores | "
-           "max_queue_size / timeout s | queue policy at C | errors | first error |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "max_queue_size / timeout s | queue policy at C | errors | unanswered | first error |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in run.rows:
         if r["phase"] != "peak":
             continue
@@ -133,7 +136,7 @@ def _generator(run) -> list[str]:
         out.append(f"| {r['candidate']} | {r['path']} | {r['concurrency']} | {r['throughput']:.0f} | "
                    f"{_f(r['server_rate'], 0)} | {_f(r['server_in_flight'], 0)} | {_f(r['gen_cores'], 2)} | "
                    f"{r['max_queue_size']} / {r['queue_timeout_us'] / 1e6:g} | {note} | {r['errors']} | "
-                   f"{r['first_error'][:80] or '-'} |")
+                   f"{r.get('unanswered', '-')} | {r['first_error'][:80] or '-'} |")
     return out
 
 

@@ -51,7 +51,8 @@ def windows(concurrency: int, rate_guess: float, warmup_s: float, duration_s: fl
 
 def window_rates(samples: list[tuple[float, dict[str, float]]], t0: float, t1: float) -> dict[str, float]:
     """Server-side figures over [t0, t1] from timed stats snapshots (time.time(), stats.flatten_stats):
-    completed requests/s and the mean number of requests inside Triton (Little: request-seconds / seconds)."""
+    completed requests/s and the mean number of requests inside Triton (Little: request-seconds, failed ones too,
+    / seconds)."""
     inside = [(t, s) for t, s in samples if t0 <= t <= t1]
     nan = float("nan")
     if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
@@ -59,7 +60,8 @@ def window_rates(samples: list[tuple[float, dict[str, float]]], t0: float, t1: f
     (ta, a), (tb, b) = inside[0], inside[-1]
     dt = tb - ta
     return {"server_rate": (b["success_count"] - a["success_count"]) / dt,
-            "server_in_flight": (b["success_ns"] - a["success_ns"]) / 1e9 / dt,
+            "server_in_flight": (b["success_ns"] + b.get("fail_ns", 0.0) - a["success_ns"] - a.get("fail_ns", 0.0))
+            / 1e9 / dt,
             "server_failures": b["fail_count"] - a["fail_count"]}
 
 
@@ -100,3 +102,40 @@ def peak_sweep(measure: Callable[..., dict], http_url: str, front: str, concurre
         rows.append(row)
         guess = row["throughput"] or guess  # a larger C rarely serves less: the next round is at most C / this
     return rows
+
+
+def probe_main(argv: list[str] | None = None) -> int:
+    """`python -m bge_triton.loadtest.sweep`: how many closed-loop users this machine's tritonserver answers,
+    against the no-op model (the harness self-check), one fresh server per C so a stall cannot carry over."""
+    import sys
+    from pathlib import Path
+
+    from bge_triton.loadtest import harness, loadgen
+    from bge_triton.loadtest.costmodel import DEFAULT
+
+    p = argparse.ArgumentParser(prog="python -m bge_triton.loadtest.sweep", description=probe_main.__doc__)
+    p.add_argument("--concurrency", type=parse_concurrency, default=DEFAULT_SWEEP, help="users per probe")
+    p.add_argument("--ramp-s", type=float, help=f"seconds over which the users connect (default C / {CONNECTS_PER_S:g}; "
+                   "0 = all at once)")
+    p.add_argument("--duration", type=float, default=2.0, help="seconds per probe window")
+    p.add_argument("--state-dir", type=Path, default=Path(__file__).resolve().parent.parent / ".kit" / "loadtest" /
+                   "sweep_probe")
+    a = p.parse_args(sys.argv[1:] if argv is None else argv)
+    repo = harness.build_repository(a.state_dir / "repo", None, None, "python -m bge_triton.loadtest.sweep")
+    for c in a.concurrency:
+        ramp = c / CONNECTS_PER_S if a.ramp_s is None else a.ramp_s
+        h = harness.Harness(repo, a.state_dir / "state", DEFAULT).start()
+        try:
+            h.load(harness.NOOP)
+            spec = loadgen.LoadSpec(*h.host_port, harness.NOOP, tuple(loadgen.tensor_bodies(64, 32)), "closed",
+                                    concurrency=c, warmup_s=0.5 + ramp, duration_s=a.duration, ramp_s=ramp)
+            res = loadgen.run(spec)
+        finally:
+            h.stop()
+        print(f"C={c} ramp {ramp:.2f} s: {res.throughput:.0f} req/s, {res.errors} errors, {res.late} unanswered"
+              + (f" ({res.first_error})" if res.first_error else ""), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(probe_main())

@@ -75,13 +75,14 @@ def test_windows_ramp_the_users_in_then_cover_rounds_of_their_requests_within_a_
 
 
 def _stats(t: float) -> dict[str, float]:
-    """Counters of a server completing 100 requests/s with 64 requests inside it at any time (64 s per s)."""
-    return {"success_count": 100.0 * t, "success_ns": 64e9 * t, "fail_count": 0.0}
+    """Counters of a server completing 100 requests/s with 64 requests inside it at any time (64 s per s): 48 that
+    succeed and 16 that time out."""
+    return {"success_count": 100.0 * t, "success_ns": 48e9 * t, "fail_count": 0.0, "fail_ns": 16e9 * t}
 
 
 def test_window_rates_from_timed_snapshots():
     samples = [(t / 4, _stats(t / 4)) for t in range(0, 41)]  # 0 .. 10 s every 0.25 s
-    samples[-1] = (10.0, {"success_count": 1e9, "success_ns": 0.0, "fail_count": 7.0})  # outside the window
+    samples[-1] = (10.0, {"success_count": 1e9, "success_ns": 0.0, "fail_count": 7.0, "fail_ns": 0.0})  # outside
     got = sweep.window_rates(samples, 2.0, 6.0)
     assert got["server_rate"] == pytest.approx(100.0) and got["server_in_flight"] == pytest.approx(64.0)
     assert got["server_failures"] == 0.0
@@ -150,7 +151,7 @@ def test_ensure_open_files_raises_the_soft_limit_or_names_the_fix(monkeypatch: p
 def _row(cand: str, path: str, phase: str, c: int | None, rate: float, errors: int = 0) -> dict:
     return {"candidate": cand, "path": path, "phase": phase, "load": f"C={c}" if c else "30/s", "concurrency": c,
             "throughput": rate, "p50_ms": 10.0, "p99_ms": 20.0, "avg_batch": 8.0, "front_batch": 40.0, "queue_ms": 1.0,
-            "compute_ms": 9.0, "errors": errors, "first_error": "HTTP 503: Request timeout expired" if errors else "",
+            "compute_ms": 9.0, "errors": errors, "unanswered": 0, "first_error": "HTTP 503: Request timeout expired" if errors else "",
             "server_cores": 0.5, "text_cores": 0.1, "gen_cores": 0.2, "server_rate": rate, "server_in_flight": c or 1.0,
             "max_queue_size": 1024, "queue_timeout_us": 2_000_000}
 
@@ -180,6 +181,7 @@ def test_report_shows_every_c_and_judges_the_saturation_point(tmp_path):
     assert sweep_rows[1].split(" | ")[2] == "**1000**"  # the text path's saturation point
     assert f"| peak texts/s / ideal at max batch | >= 0.85 | {1000 / ideal(s, run):.2f} | text C=512 |" in md
     assert "| committed | tensor_buckets | 1024 | 160 | 160 | 1024 | 0.20 | 1024 / 2 | wait ~C / rate = 6.4 s" in md
+    assert "| 300 | 0 | HTTP 503: Request timeout expired |" in md  # errors, unanswered, first error
     assert "| committed | text | 1024 | 960 |" in md and "Request timeout expired" in md
     assert "| 1024 | 628 |" in md and "| 512 | 64 |" in md  # the pool table reaches 1024 texts
 
@@ -238,3 +240,12 @@ def test_closed_loop_counts_unanswered_requests_instead_of_hanging(fake_triton):
     res = loadgen.run(_spec(fake_triton, concurrency=4, warmup_s=0.1, duration_s=0.2, grace_s=0.3))
     assert time.monotonic() - t0 < 3.0  # the server holds every request; the run still ends after the grace
     assert res.late == 4 and res.ok == 0 and "4 requests unanswered" in res.first_error
+
+
+def test_probe_command_parses_its_flags(capsys: pytest.CaptureFixture):
+    with pytest.raises(SystemExit) as exit_info:
+        sweep.probe_main(["--help"])
+    assert exit_info.value.code == 0 and "--ramp-s" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        sweep.probe_main(["--concurrency", "0"])
+    assert "must be >= 1" in capsys.readouterr().err

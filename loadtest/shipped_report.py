@@ -137,6 +137,15 @@ def _generator(run) -> list[str]:
                    f"{_f(r['server_rate'], 0)} | {_f(r['server_in_flight'], 0)} | {_f(r['gen_cores'], 2)} | "
                    f"{r['max_queue_size']} / {r['queue_timeout_us'] / 1e6:g} | {note} | {r['errors']} | "
                    f"{r.get('unanswered', '-')} | {r['first_error'][:80] or '-'} |")
+    out.append("")
+    for key in dict.fromkeys((r["candidate"], r["path"]) for r in run.rows if r["phase"] == "peak"):
+        rows = [r for r in run.rows if (r["candidate"], r["path"]) == key and r["phase"] == "peak"]
+        bad = [r["concurrency"] for r in rows
+               if targets.queue_check(r["concurrency"], r["max_queue_size"], r["queue_timeout_us"], r["throughput"])]
+        failed = [r["concurrency"] for r in rows if r["errors"]]
+        out.append(f"- {key[0]}, {key[1]}: the queue policy " + (f"rejects at C={', '.join(map(str, bad))}" if bad
+                   else "holds every C of the sweep") + (f"; errors at C={', '.join(map(str, failed))}" if failed else
+                                                         "; no errors") + ".")
     return out
 
 

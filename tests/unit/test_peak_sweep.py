@@ -182,6 +182,8 @@ def test_report_shows_every_c_and_judges_the_saturation_point(tmp_path):
     assert f"| peak texts/s / ideal at max batch | >= 0.85 | {1000 / ideal(s, run):.2f} | text C=512 |" in md
     assert "| committed | tensor_buckets | 1024 | 160 | 160 | 1024 | 0.20 | 1024 / 2 | wait ~C / rate = 6.4 s" in md
     assert "| 300 | 0 | HTTP 503: Request timeout expired |" in md  # errors, unanswered, first error
+    assert "- committed, tensor_buckets: the queue policy rejects at C=512, 1024; errors at C=1024." in md
+    assert "- committed, text: the queue policy holds every C of the sweep; no errors." in md
     assert "| committed | text | 1024 | 960 |" in md and "Request timeout expired" in md
     assert "| 1024 | 628 |" in md and "| 512 | 64 |" in md  # the pool table reaches 1024 texts
 

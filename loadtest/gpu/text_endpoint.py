@@ -24,7 +24,7 @@ from bge_triton.loadtest.gpu.tritonproc import BenchError
 
 COMMITTED = Path(__file__).resolve().parents[2] / "model_repository"
 TEXT_MODEL = "bge_large_zh"
-TEXT_ENDPOINT_FILES = ("model.py", "text_core.py", "text_stages.py")
+TEXT_ENDPOINT_FILES = ("model.py", "text_core.py", "text_scheduler.py", "text_stages.py")
 KEY = "text_endpoint"
 PROBE_TEXT = "今天天气很好，适合检索增强生成。"
 

@@ -156,7 +156,7 @@ def test_batch_of_n_equals_n_singles(max_in_flight: int) -> None:
 
 def test_dispatchers_overlap_up_to_max_in_flight() -> None:
     enc = FakeEncoder()
-    p = pipeline(enc, sub_batch_max=1, max_in_flight=3, max_wait_ms=0)
+    p = pipeline(enc, sub_batch_max=1, max_in_flight=3)
     p([req(*TEXTS)])
     assert enc.peak == 3  # three sub-batches at the encoder at once, never more
     p.close()

@@ -27,47 +27,65 @@ def taken(p: Endpoint) -> None:
     raise AssertionError("the dispatcher never took the pending texts")
 
 
-def test_choose_takes_the_cheapest_run_of_similar_lengths() -> None:
-    pool = items([100, 12, 9, 15, 200, 14, 10])
-    run = choose(pool, now=0.0, budget=8192, max_batch=4, overhead=64, max_wait_s=1.0)
-    assert sorted(it.padded for it in run) == [16, 16, 16, 16]  # four short texts, not the long ones
-    ties = choose(pool, now=0.0, budget=8192, max_batch=64, overhead=0, max_wait_s=1.0)
-    assert [it.padded for it in ties] == [16] * 5  # equal cost per text: the wider run
+def test_choose_sends_the_run_of_the_oldest_text_from_the_whole_pool_plan() -> None:
+    pool = items([100, 12, 9, 15, 200, 14, 10], arrivals=[0.5, 0.4, 0.3, 0.2, 0.6, 0.1, 0.7])
+    run = choose(pool, budget=8192, max_batch=4, overhead=64)
+    lengths = sorted(it.padded for it in run)
+    assert lengths == [16] * 4 and 14 in [len(it.ids) for it in run]  # the oldest (14 tokens) and 3 of its kind
+    long_first = items([100, 12, 9, 15, 200, 14, 10], arrivals=[0.0, 0.4, 0.3, 0.2, 0.6, 0.1, 0.7])
+    assert [it.padded for it in choose(long_first, 8192, 4, 64)] == [104]  # not padded together with short ones
 
 
 def test_choose_keeps_the_token_budget_and_runs_a_lone_long_text() -> None:
     pool = items([120, 120, 120, 500])
-    run = choose(pool, 0.0, budget=256, max_batch=64, overhead=1000, max_wait_s=1.0)
+    run = choose(pool, budget=256, max_batch=64, overhead=1000)
     assert len(run) == 2 and all(it.padded == 120 for it in run)  # 3 x 120 would pass 256 tokens
-    assert [it.padded for it in choose(items([500]), 0.0, 256, 64, 1000, 1.0)] == [504]
+    assert [it.padded for it in choose(items([500]), 256, 64, 1000)] == [504]
 
 
-def test_an_old_text_forces_its_run() -> None:
-    pool = items([10, 11, 12, 300], arrivals=[1.0, 1.0, 1.0, 0.0])
-    assert all(it.padded == 16 for it in choose(pool, 0.1, 8192, 64, 64, max_wait_s=0.2))
-    forced = choose(pool, 0.3, 8192, 64, 64, max_wait_s=0.2)  # the long text has waited 0.3 s
-    assert 304 in [it.padded for it in forced]
+def test_a_bigger_pool_plans_fuller_runs() -> None:
+    import random
+
+    rng = random.Random(0)
+    lengths = [rng.choice([12, 20, 33, 48, 71, 90, 130, 250]) for _ in range(256)]
+    small = choose(items(lengths[:8]), 8192, 64, 628)
+    big = choose(items(lengths), 8192, 64, 628)
+    assert len(big) > len(small)
 
 
-def test_queries_go_first_and_bulk_is_capped_in_query_mode() -> None:
-    gate = threading.Event()
+class Gated(FakeEncoder):
+    """Records each call's shape as it arrives, then waits for the gate."""
 
-    class Gated(FakeEncoder):
-        def run(self, ids, mask):
-            gate.wait(5)
-            return super().run(ids, mask)
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate, self.arrived = threading.Event(), []
 
+    def run(self, ids, mask):
+        self.arrived.append(ids.shape)
+        self.gate.wait(5)
+        return super().run(ids, mask)
+
+    def wait_arrived(self, n: int) -> None:
+        for _ in range(500):
+            if len(self.arrived) >= n:
+                return
+            threading.Event().wait(0.01)
+        raise AssertionError(f"{len(self.arrived)} encoder calls arrived, expected {n}")
+
+
+def test_a_query_does_not_wait_for_bulk_and_bulk_is_capped_in_query_mode() -> None:
     enc = Gated()
-    p = Endpoint(enc, max_in_flight=1, query_token_budget=16, sub_batch_max=64, max_wait_ms=10_000)
-    first = p.submit([req("hello")])  # runs (held at the gate)
-    taken(p)
-    bulk = p.submit([req("hello world", "fast embeddings", "rag rag", "world fast")])
-    query = p.submit([req("今天天气很好", priority=1)])
-    gate.set()
+    p = Endpoint(enc, max_in_flight=1, query_token_budget=16, sub_batch_max=64)
+    first = p.submit([req("hello")])  # the one general dispatcher runs it (held at the gate)
+    enc.wait_arrived(1)
+    bulk = p.submit([req("hello world", "fast embeddings", "rag rag", "world fast")])  # waits for that dispatcher
+    query = p.submit([req("今天天气很好", priority=1)])  # the query dispatcher takes it at once
+    enc.wait_arrived(2)
+    assert enc.arrived[1] == (1, 8) and p.scheduler.pending == 4  # the query is at the encoder, bulk still waits
+    enc.gate.set()
     p.wait(first + bulk + query)
-    assert enc.shapes[1] == (1, 8)  # the query, before the bulk that was waiting
-    assert all(rows * length <= 16 for rows, length in enc.shapes[2:])  # bulk capped while queries are recent
-    assert len(enc.shapes) == 2 + 2  # four bulk texts of <= 8 padded tokens: two runs of two
+    assert all(rows * length <= 16 for rows, length in enc.arrived[2:])  # bulk capped while queries are recent
+    assert len(enc.arrived) == 2 + 2  # four bulk texts of 8 padded tokens: two runs of two
     p.close()
 
 
@@ -80,19 +98,13 @@ def test_without_recent_queries_bulk_uses_the_full_budget() -> None:
 
 
 def test_max_pending_refuses_with_unavailable_and_keeps_the_rest() -> None:
-    gate = threading.Event()
-
-    class Gated(FakeEncoder):
-        def run(self, ids, mask):
-            gate.wait(5)
-            return super().run(ids, mask)
-
-    p = Endpoint(Gated(), max_in_flight=1, max_pending=3)
+    enc = Gated()
+    p = Endpoint(enc, max_in_flight=1, max_pending=3)
     held = p.submit([req("hello")])
     taken(p)  # the dispatcher holds it: not pending
     kept = p.submit([req("world", "fast")])
     refused = p.submit([req("rag", "rag", "hello")])
-    gate.set()
+    enc.gate.set()
     p.wait(held + kept + refused)
     assert isinstance(refused[0].error, EncoderOverloaded) and "max_pending 3" in str(refused[0].error)
     assert held[0].error is None and kept[0].error is None and kept[0].out.shape == (2, DIM)
@@ -100,18 +112,12 @@ def test_max_pending_refuses_with_unavailable_and_keeps_the_rest() -> None:
 
 
 def test_close_answers_what_is_still_waiting() -> None:
-    gate = threading.Event()
-
-    class Gated(FakeEncoder):
-        def run(self, ids, mask):
-            gate.wait(5)
-            return super().run(ids, mask)
-
-    p = Endpoint(Gated(), max_in_flight=1)
+    enc = Gated()
+    p = Endpoint(enc, max_in_flight=1)
     running = p.submit([req("hello")])
     taken(p)
     waiting = p.submit([req("world")])
-    threading.Timer(0.2, gate.set).start()
+    threading.Timer(0.2, enc.gate.set).start()
     p.close()
     p.wait(running + waiting)
     assert running[0].error is None
@@ -139,7 +145,7 @@ def test_query_marker_is_shared_through_its_file() -> None:
 
 
 def test_settings_reject_negative_scheduler_values() -> None:
-    for name in ("max_wait_ms", "query_window_s", "query_levels"):
+    for name in ("split_overhead_tokens", "query_window_s", "query_levels"):
         with pytest.raises(ValueError, match=name):
             TextSettings(**{name: -1})
     with pytest.raises(ValueError, match="max_pending"):

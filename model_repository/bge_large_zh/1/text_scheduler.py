@@ -5,9 +5,10 @@ encoder sub-batches from the whole pool and answer each request as soon as its l
 (the python backend's response sender, default mode, r24.06+). So a sub-batch is planned from every
 text waiting, not from one Triton batch, and an instance is never held while its sub-batches run.
 
-Policy (choose): the highest priority level present goes first; within it, texts sorted by length, the
-run of similar lengths with the lowest cost per text (fixed cost `split_overhead_tokens` + B x padded L)
-wins, unless a text has waited `max_wait_ms`: then the cheapest run that holds the oldest text.
+Policy (choose): the highest priority level present goes first; within it, the cheapest split of all
+its texts into runs of similar lengths (fixed cost `split_overhead_tokens` + B x padded L per run) is
+planned, and the run that holds the oldest text goes. The bigger the pool, the fuller and tighter the
+runs (the bench's estimates: loadtest.targets).
 While high-priority texts arrived within `query_window_s` (any instance: a shared marker), bulk runs are
 capped at `query_token_budget` tokens and one in flight, so a query waits behind a short sub-batch.
 Standard library and numpy only, like the rest of the text endpoint.
@@ -26,6 +27,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from text_core import EncoderBackend, EncoderOverloaded, TextError, TextSettings
+from text_stages import plan_sub_batches
 
 __all__ = ["Job", "Item", "choose", "QueryMarker", "Scheduler"]
 
@@ -57,34 +59,16 @@ class Item:
     arrival: float
 
 
-def _run_cost(size: int, pad_len: int, overhead: int) -> float:
-    return (overhead + size * pad_len) / size
-
-
-def choose(items: Sequence[Item], now: float, budget: int, max_batch: int, overhead: int,
-           max_wait_s: float) -> list[Item]:
-    """The next sub-batch from one priority level's items (non-empty): similar lengths, cheapest per text.
-
-    Runs are windows of the items sorted by padded length, at most max_batch texts and budget tokens
-    (B x longest padded length; a lone longer text still runs). An item older than max_wait_s forces a
-    run that holds the oldest item.
+def choose(items: Sequence[Item], budget: int, max_batch: int, overhead: int) -> list[Item]:
+    """The next sub-batch from one priority level's items (non-empty): the run that holds the oldest item
+    in the cheapest split of them all (text_stages.plan_sub_batches: sorted by length, runs of at most
+    max_batch texts and budget tokens, each paying `overhead` tokens). So every run is one the whole
+    pool's best plan would make, and texts leave in arrival order of the runs that hold them.
     """
-    order = sorted(items, key=lambda it: (it.padded, it.arrival))
-    oldest = min(range(len(order)), key=lambda k: order[k].arrival)
-    forced = now - order[oldest].arrival >= max_wait_s
-    best, best_cost = (0, 1), float("inf")
-    start = 0
-    for end in range(1, len(order) + 1):  # the widest run ending at end-1 (its longest item)
-        pad_len = order[end - 1].padded
-        start = max(start, end - max_batch)
-        while end - start > 1 and (end - start) * pad_len > budget:
-            start += 1
-        if forced and not start <= oldest < end:  # the widest run ending here misses the oldest item
-            continue
-        cost = _run_cost(end - start, pad_len, overhead)  # the widest run is the cheapest per text
-        if cost < best_cost or (cost == best_cost and end - start > best[1] - best[0]):  # ties: more texts
-            best, best_cost = (start, end), cost
-    return order[best[0]:best[1]]
+    plans = plan_sub_batches([it.padded for it in items], budget, max_batch, 1, overhead)
+    oldest = min(range(len(items)), key=lambda k: items[k].arrival)
+    rows = next(rows for rows, _ in plans if oldest in rows)
+    return [items[k] for k in rows]
 
 
 class QueryMarker:
@@ -157,8 +141,11 @@ class Scheduler:
         self.counters = Counters()
         self.cond = threading.Condition()
         self.closing = False
-        self.threads = [threading.Thread(target=self._dispatch, name=f"text-dispatch-{i}", daemon=True)
-                        for i in range(settings.max_in_flight)]
+        # max_in_flight dispatchers take any work; one more takes only queries, so a query never waits for
+        # a dispatcher busy with bulk (only for the encoder)
+        self.threads = [threading.Thread(target=self._dispatch, args=(i == settings.max_in_flight,),
+                                         name=f"text-dispatch-{i}", daemon=True)
+                        for i in range(settings.max_in_flight + (settings.query_levels > 0))]
         for t in self.threads:
             t.start()
 
@@ -201,7 +188,7 @@ class Scheduler:
         last = max(self.last_query, self.marker.last() if self.marker is not None else float("-inf"))
         return now - last <= self.s.query_window_s
 
-    def _take(self) -> tuple[list[Item], bool, bool] | None:
+    def _take(self, queries_only: bool = False) -> tuple[list[Item], bool, bool] | None:
         """Under the lock: the next sub-batch, or None when nothing may run now."""
         live = sorted((p for p, items in self.levels.items() if items), key=lambda p: (p == 0, p))  # 0: no level
         if not live:
@@ -209,29 +196,30 @@ class Scheduler:
         now, s = self.clock(), self.s
         level = live[0]
         query = 1 <= level <= s.query_levels
+        if queries_only and not query:
+            return None
         budget = s.token_budget
         slot = False
         if not query and self._query_mode(now):
             if self.bulk_running >= 1 or (self.marker is not None and not self.marker.try_bulk()):
                 return None
             budget, slot = min(budget, s.query_token_budget), self.marker is not None
-        picked = choose(self.levels[level], now, budget, s.sub_batch_max, s.split_overhead_tokens,
-                        0.0 if query else s.max_wait_ms / 1000.0)
+        picked = choose(self.levels[level], budget, s.sub_batch_max, s.split_overhead_tokens)
         chosen = set(map(id, picked))
         self.levels[level] = [it for it in self.levels[level] if id(it) not in chosen]
         self.pending -= len(picked)
         return picked, query, slot
 
-    def _dispatch(self) -> None:
+    def _dispatch(self, queries_only: bool) -> None:
         while True:
             with self.cond:
                 work = None
                 while not self.closing:
-                    work = self._take()
+                    work = self._take(queries_only)
                     if work is not None:
                         break
                     # nothing to run, or bulk held back in query mode: look again when woken or soon
-                    self.cond.wait(0.005 if any(self.levels.values()) else None)
+                    self.cond.wait(0.005 if any(self.levels.values()) and not queries_only else None)
                 if work is None:
                     return
                 picked, query, slot = work

@@ -150,3 +150,20 @@ def test_settings_reject_negative_scheduler_values() -> None:
             TextSettings(**{name: -1})
     with pytest.raises(ValueError, match="max_pending"):
         TextSettings(max_pending=0)
+
+
+def test_a_text_waiting_past_pending_timeout_fails_its_request_unavailable() -> None:
+    now = [100.0]
+    enc = Gated()
+    p = Endpoint(enc, max_in_flight=1, pending_timeout_s=5.0)
+    p.scheduler.clock = lambda: now[0]
+    running = p.submit([req("hello")])
+    enc.wait_arrived(1)
+    late = p.submit([req("world", "fast")])
+    now[0] += 6.0  # the encoder is stuck on the first sub-batch for 6 s
+    enc.gate.set()
+    p.wait(running + late)
+    assert running[0].error is None
+    assert isinstance(late[0].error, EncoderOverloaded) and "waited 6.0 s" in str(late[0].error)
+    assert p.answered.count(late[0]) == 1 and p.scheduler.pending == 0
+    p.close()

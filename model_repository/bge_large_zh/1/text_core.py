@@ -36,6 +36,7 @@ class TextSettings:
     # encoder busy (one runs, one waits) without letting its batcher merge sub-batches past the token budget.
     max_in_flight: int = 2
     max_pending: int = 4096  # texts waiting in one instance's pool; a request past it is answered UNAVAILABLE
+    pending_timeout_s: float = 5.0  # a text waiting longer fails its request UNAVAILABLE (Triton's queue timeout)
     query_levels: int = 1  # priority levels 1..query_levels are queries: served first, never held
     query_window_s: float = 1.0  # query mode lasts this long after the last query (any instance)
     # In query mode bulk sub-batches are capped at this many tokens, one at a time across the instances,
@@ -49,7 +50,8 @@ class TextSettings:
                      "query_token_budget"):
             if getattr(self, name) < 1:
                 raise ValueError(f"parameter {name}={getattr(self, name)}: must be >= 1")
-        for name in ("split_overhead_tokens", "metrics_flush_s", "query_levels", "query_window_s"):
+        for name in ("split_overhead_tokens", "metrics_flush_s", "query_levels", "query_window_s",
+                     "pending_timeout_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"parameter {name}={getattr(self, name)}: must be >= 0")
         if not self.encoder.strip():

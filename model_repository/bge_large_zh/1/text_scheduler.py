@@ -188,6 +188,24 @@ class Scheduler:
         last = max(self.last_query, self.marker.last() if self.marker is not None else float("-inf"))
         return now - last <= self.s.query_window_s
 
+    def _expire(self, now: float) -> list[Job]:
+        """Under the lock: drop the texts that waited pending_timeout_s; their jobs fail UNAVAILABLE."""
+        limit, failed = self.s.pending_timeout_s, {}
+        for level, items in self.levels.items():
+            if items and now - min(it.arrival for it in items) > limit:
+                for it in items:
+                    if now - it.arrival > limit and it.job.error is None:
+                        it.job.error = EncoderOverloaded(
+                            f"text endpoint: a text waited {now - it.arrival:.1f} s for the encoder, over "
+                            f"pending_timeout_s {limit:g}: retry with backoff, or add encoder capacity")
+                        failed[id(it.job)] = it.job
+        if failed:
+            for level, items in self.levels.items():
+                kept = [it for it in items if id(it.job) not in failed]
+                self.pending -= len(items) - len(kept)
+                self.levels[level] = kept
+        return list(failed.values())
+
     def _take(self, queries_only: bool = False) -> tuple[list[Item], bool, bool] | None:
         """Under the lock: the next sub-batch, or None when nothing may run now."""
         live = sorted((p for p, items in self.levels.items() if items), key=lambda p: (p == 0, p))  # 0: no level
@@ -213,19 +231,28 @@ class Scheduler:
     def _dispatch(self, queries_only: bool) -> None:
         while True:
             with self.cond:
-                work = None
+                work, expired = None, []
                 while not self.closing:
+                    expired = self._expire(self.clock())
+                    if expired:
+                        break
                     work = self._take(queries_only)
                     if work is not None:
                         break
                     # nothing to run, or bulk held back in query mode: look again when woken or soon
                     self.cond.wait(0.005 if any(self.levels.values()) and not queries_only else None)
-                if work is None:
+                if not expired and work is None:
                     return
-                picked, query, slot = work
-                self.running += 1
-                if not query:
-                    self.bulk_running += 1
+                if work is not None:
+                    picked, query, slot = work
+                    self.running += 1
+                    if not query:
+                        self.bulk_running += 1
+            if expired:  # a job whose other texts are still at the encoder is answered once, here
+                for job in expired:
+                    job.remaining = -1
+                    self.respond(job)
+                continue
             try:
                 self._run(picked)
             finally:

@@ -53,6 +53,26 @@ def _planned(run, s, n: int, overhead: int) -> float:
     return _planned_cached(tuple(run.lengths["all"]), max(1, n), overhead, s.cost)
 
 
+def _scheduled(run, s, users: int, instances: int, overhead: int) -> float:
+    """The shipped scheduler's policy in a closed loop of `users` over `instances` pools (loadtest.pool_estimate)."""
+    return _scheduled_cached(tuple(run.lengths["all"]), users, max(1, instances), overhead, s.cost)
+
+
+@functools.lru_cache(maxsize=None)
+def _scheduled_cached(lengths: tuple[int, ...], users: int, instances: int, overhead: int, cost) -> float:
+    import sys
+
+    from bge_triton.loadtest.pool_estimate import closed_loop_rate
+    from bge_triton.server.repository import TEXT_MODEL_DIR, load_config, text_settings
+
+    sys.path.insert(0, str(TEXT_MODEL_DIR))  # as the python backend stub does for model.py
+    from text_scheduler import choose
+
+    st = text_settings(load_config(TEXT_MODEL_DIR.parent))
+    return closed_loop_rate(list(lengths), users, cost, choose, instances=instances, budget=st.token_budget,
+                            max_batch=st.sub_batch_max, multiple=st.pad_to_multiple, overhead_tokens=overhead)
+
+
 @functools.lru_cache(maxsize=None)
 def _planned_cached(lengths: tuple[int, ...], n: int, overhead: int, cost) -> float:
     import sys
@@ -84,7 +104,8 @@ def _ceiling(run, s) -> list[str]:
         n = round(pk["front_batch"]) if pk["front_batch"] == pk["front_batch"] else 1
         so = c.split_overhead_tokens if c.split_overhead_tokens is not None else _committed_split()
         cap = _planned(run, s, n, so)
-        out.append(f"| {c.name} | {pk['load']} | {n} | {pk['throughput']:.0f} | {cap:.0f} | {pk['throughput'] / cap:.2f} |")
+        out.append(f"| {c.name} | {pk['load']} | {n} | {pk['throughput']:.0f} | {cap:.0f} | "
+                   f"{pk['throughput'] / cap:.2f} |")
     return out
 
 
@@ -97,23 +118,35 @@ def _sweep(run, s) -> list[str]:
 
     gpu, so = ideal(s, run), _committed_split()
     out = ["| candidate | C | text texts/s | tensor texts/s | text / tensor | text / ideal | planner ceiling, pool of C "
-           f"texts (split {so}) | ceiling x ideal | text / ceiling | text p50 / p99 ms | texts per text batch | "
-           "encoder batch | errors text / tensor |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "texts | ceiling x ideal | text / ceiling | scheduler estimate, C users over the instances' pools | "
+           "text / estimate | text p50 / p99 ms | texts per text batch | encoder batch | errors text / tensor |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in run.candidates:
         so_c = c.split_overhead_tokens if c.split_overhead_tokens is not None else so
         tensor = {r["concurrency"]: r for r in _peaks(run, c.name, "tensor_buckets")}
         best = (_row(run, c.name, "text", "peak")["concurrency"], _row(run, c.name, "tensor_buckets", "peak")["concurrency"])
         for r in _peaks(run, c.name, "text"):
             k, tr = r["concurrency"], tensor.get(r["concurrency"], {})
-            ceil = _planned(run, s, k, so_c)
+            ceil, est = _planned(run, s, k, so_c), _scheduled(run, s, k, r.get("text_instances") or 1, so_c)
             mark = lambda v, b: f"**{v:.0f}**" if b else f"{v:.0f}"  # noqa: E731 - the saturation point in bold
             out.append(f"| {c.name} | {k} | {mark(r['throughput'], k == best[0])} | "
                        f"{mark(tr.get('throughput', float('nan')), k == best[1])} | "
                        f"{_f(r['throughput'] / tr['throughput'] if tr.get('throughput') else float('nan'), 2)} | "
                        f"{r['throughput'] / gpu:.2f} | {ceil:.0f} | {ceil / gpu:.2f} | {r['throughput'] / ceil:.2f} | "
+                       f"{est:.0f} | {r['throughput'] / est:.2f} | "
                        f"{_f(r['p50_ms'])} / {_f(r['p99_ms'])} | {_f(r['front_batch'])} | {_f(r['avg_batch'])} | "
                        f"{r['errors']} / {tr.get('errors', '-')} |")
     return out
+
+
+def _queue_note(r: dict) -> str:
+    """targets.queue_check on Triton's queue policy, and on the text endpoint's scheduler pool where it has one."""
+    why = targets.queue_check(r["concurrency"], r["max_queue_size"], r["queue_timeout_us"], r["throughput"])
+    pool = "" if not r.get("pool_max_pending") else targets.queue_check(
+        r["concurrency"], r["pool_max_pending"], r["pool_timeout_us"], r["throughput"], "max_pending",
+        "UNAVAILABLE, max_pending", "UNAVAILABLE, pending_timeout_s")
+    notes = [f"Triton queue: {why}" if why else "", f"scheduler pool: {pool}" if pool else ""]
+    return "; ".join(n for n in notes if n) or "holds C"
 
 
 def _generator(run) -> list[str]:
@@ -124,24 +157,26 @@ def _generator(run) -> list[str]:
            "docs/loadtest.md, \"The peak sweep\"). Per peak row: the client's texts/s against "
            "the server's (Triton's success count of the called model over the same window), and the requests "
            "inside Triton on average (Little: Triton's summed request time / window seconds); the generator held C "
-           "in flight when that is close to C. Queue policy of the called model as loaded, and what it implies "
-           "for C users (`loadtest.targets.queue_check`).", "",
+           "in flight when that is close to C. Queue policy of the called model as loaded (the text endpoint: "
+           "Triton's queue, then its scheduler's pool per instance, max_pending texts / pending_timeout_s), and what "
+           "it implies for C users (`loadtest.targets.queue_check`).", "",
            "| candidate | path | C | client texts/s | server texts/s | in flight at the server | generator cores | "
            "max_queue_size / timeout s | queue policy at C | errors | unanswered | first error |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in run.rows:
         if r["phase"] != "peak":
             continue
-        note = targets.queue_check(r["concurrency"], r["max_queue_size"], r["queue_timeout_us"], r["throughput"]) or "holds C"
+        note = _queue_note(r)
         out.append(f"| {r['candidate']} | {r['path']} | {r['concurrency']} | {r['throughput']:.0f} | "
                    f"{_f(r['server_rate'], 0)} | {_f(r['server_in_flight'], 0)} | {_f(r['gen_cores'], 2)} | "
-                   f"{r['max_queue_size']} / {r['queue_timeout_us'] / 1e6:g} | {note} | {r['errors']} | "
+                   f"{r['max_queue_size']} / {r['queue_timeout_us'] / 1e6:g}"
+                   + (f"; pool {r['pool_max_pending']} / {r['pool_timeout_us'] / 1e6:g}" if r.get("pool_max_pending") else "")
+                   + f" | {note} | {r['errors']} | "
                    f"{r.get('unanswered', '-')} | {r['first_error'][:80] or '-'} |")
     out.append("")
     for key in dict.fromkeys((r["candidate"], r["path"]) for r in run.rows if r["phase"] == "peak"):
         rows = [r for r in run.rows if (r["candidate"], r["path"]) == key and r["phase"] == "peak"]
-        bad = [r["concurrency"] for r in rows
-               if targets.queue_check(r["concurrency"], r["max_queue_size"], r["queue_timeout_us"], r["throughput"])]
+        bad = [r["concurrency"] for r in rows if _queue_note(r) != "holds C"]
         failed = [r["concurrency"] for r in rows if r["errors"]]
         out.append(f"- {key[0]}, {key[1]}: the queue policy " + (f"rejects at C={', '.join(map(str, bad))}" if bad
                    else "holds every C of the sweep") + (f"; errors at C={', '.join(map(str, failed))}" if failed else
@@ -194,14 +229,19 @@ def write(run: "ShippedRun", s: "BenchSettings") -> list[Path]:
               "Each path's saturation point in bold. The planner ceiling for a pool of C texts is the bound any "
               "scheduler faces with only C texts in the system: the text endpoint's own planner "
               "(text_stages.plan_sub_batches) splitting C texts drawn from this traffic, priced by the cost model "
-              "(`loadtest.targets.planned_rate`, no server).", ""] + _sweep(run, s)
+              "(`loadtest.targets.planned_rate`, no server). The scheduler estimate runs the shipped scheduler's own "
+              "policy (text_scheduler.choose) in a closed loop of C one-text users spread over the text endpoint's "
+              "instances, one pool each (`loadtest.pool_estimate.closed_loop_rate`, no server).", ""] + _sweep(run, s)
     lines += ["", "## Load generator and queue limits at peak", ""] + _generator(run)
     lines += ["", "## What the length mix allows at peak", "",
               "The ideal at max batch assumes 64 texts of the mean length, unpadded. The text endpoint pads each "
-              "sub-batch to its longest text (rounded to 8) and pays the cost model's fixed cost a per call; its planner (text_stages."
-              "plan_sub_batches) picks the cheapest split. Priced by the same cost model, on the same lengths "
-              "(`loadtest.targets.planned_rate`, 50 seeded batches each; no server). The estimate at a candidate's mean "
-              "batch is a guide, not a bound: its batches vary in size and in their length draw. Candidates at their "
+              "sub-batch to its longest text (rounded to 8) and pays the cost model's fixed cost a per call; its planner "
+              "(text_stages.plan_sub_batches) picks the cheapest split of the texts it holds. Priced by the same cost "
+              "model, on the same lengths (`loadtest.targets.planned_rate`, 50 seeded pools each; no server). The "
+              "sweep table's scheduler estimate (`loadtest.pool_estimate`) runs the shipped scheduler's policy "
+              "(text_scheduler.choose) in a closed loop of C users over the instances' pools instead. The last table "
+              "prices one Triton batch of the measured mean size: the planning pool of an endpoint that plans each "
+              "Triton batch alone, a lower bound for one whose scheduler pools across batches; candidates at their "
               "saturation point.", ""] + _ceiling(run, s)
     lines += ["", "## CPU cost of the text endpoint at peak", ""] + _sizing(run, s)
     lines += ["", "![quiet-hour p50 and peak texts/s per candidate](shipped.png)", ""]

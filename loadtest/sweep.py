@@ -115,8 +115,8 @@ def probe_main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m bge_triton.loadtest.sweep", description=probe_main.__doc__)
     p.add_argument("--concurrency", type=parse_concurrency, default=DEFAULT_SWEEP, help="users per probe")
-    p.add_argument("--ramp-s", type=float, help=f"seconds over which the users connect (default C / {CONNECTS_PER_S:g}; "
-                   "0 = all at once)")
+    p.add_argument("--ramp-s", type=float,
+                   help=f"seconds over which the users connect (default C / {CONNECTS_PER_S:g}; 0 = all at once)")
     p.add_argument("--duration", type=float, default=2.0, help="seconds per probe window")
     p.add_argument("--state-dir", type=Path, default=Path(__file__).resolve().parent.parent / ".kit" / "loadtest" /
                    "sweep_probe")

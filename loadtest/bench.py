@@ -132,7 +132,8 @@ def measure(h: harness.Harness, s: BenchSettings, model: str, watch: list[str], 
             "throughput": res.throughput, "avg_ms": lat.avg_ms, "p50_ms": lat.p50_ms, "p99_ms": lat.p99_ms,
             "n": lat.count, "errors": res.errors + res.late, "unanswered": res.late, "first_error": res.first_error[:120],
             "avg_batch": enc.avg_batch, "front_batch": front.avg_batch, "queue_ms": front.queue_ms, "compute_ms": enc.compute_ms,
-            "cpu_pct": cpu_pct, "server_cores": server_cores, "gen_cores": gen_cores, "window_start": res.window_start}
+            "cpu_pct": cpu_pct, "server_cores": server_cores, "gen_cores": gen_cores, "window_start": res.window_start,
+            "loop_lag_ms": res.loop_lag_ms, "loop_lag_max_ms": res.loop_lag_max_ms}
 
 
 def run_executor(h: harness.Harness, s: BenchSettings, executor: str, run: BenchRun) -> None:

@@ -74,6 +74,8 @@ class LoadResult:
     late: int = 0  # open loop: scheduled in the window, no answer within the grace
     first_error: str = ""
     window_start: float = 0.0  # wall clock (time.time()) of the window's start, for samplers of other probes
+    loop_lag_ms: float = 0.0  # closed: mean lateness of a 10 ms timer in the window (answers wait this long unread)
+    loop_lag_max_ms: float = 0.0
 
     @property
     def throughput(self) -> float:
@@ -85,6 +87,8 @@ class LoadResult:
         self.errors += other.errors
         self.late += other.late
         self.first_error = self.first_error or other.first_error
+        self.loop_lag_ms = max(self.loop_lag_ms, other.loop_lag_ms)  # the busiest process's event loop
+        self.loop_lag_max_ms = max(self.loop_lag_max_ms, other.loop_lag_max_ms)
 
 
 class _Conn:
@@ -177,8 +181,19 @@ async def _run_async(spec: LoadSpec) -> LoadResult:
             finally:
                 conn.close()
 
+        async def lag_probe() -> None:  # a busy loop leaves answers unread: they are out of the server, not in it
+            lags = []
+            while (now := clock()) < end:
+                await asyncio.sleep(0.01)
+                if now >= begin:
+                    lags.append(max(0.0, clock() - now - 0.01) * 1000.0)
+            res.loop_lag_ms = sum(lags) / len(lags) if lags else 0.0
+            res.loop_lag_max_ms = max(lags, default=0.0)
+
+        probe = asyncio.create_task(lag_probe())
         users = [asyncio.create_task(user(k)) for k in range(spec.concurrency)]
         _, stuck = await asyncio.wait(users, timeout=max(0.0, end + spec.grace_s - clock()))
+        await probe
         if stuck:  # no answer within the grace: count them, never hang the run
             res.late = len(stuck)
             res.first_error = res.first_error or (f"{len(stuck)} requests unanswered {spec.grace_s:g} s after the "

@@ -29,7 +29,8 @@ ENC, TXT = harness.EMULATED + ENCODER_SUFFIX, harness.EMULATED
 FIELDS = ("candidate", "path", "phase", "load", "concurrency", "throughput", "avg_ms", "p50_ms", "p99_ms", "n", "errors",
           "unanswered", "avg_batch", "front_batch", "queue_ms", "compute_ms", "server_cores", "text_cores", "gen_cores",
           "server_rate", "server_in_flight", "server_failures", "ramp_s", "warmup_s", "window_s", "max_queue_size",
-          "queue_timeout_us", "text_instances", "pool_max_pending", "pool_timeout_us", "first_error")
+          "queue_timeout_us", "text_instances", "pool_max_pending", "pool_timeout_us", "loop_lag_ms", "loop_lag_max_ms",
+          "first_error")
 KEYS = {"delay": "delay_us", "preferred": "preferred", "split": "split_overhead_tokens", "mif": "max_in_flight",
         "ti": "text_instances"}
 

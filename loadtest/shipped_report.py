@@ -156,19 +156,26 @@ def _generator(run) -> list[str]:
            "Unanswered = requests the server never answered (counted grace_s after the window; "
            "docs/loadtest.md, \"The peak sweep\"). Per peak row: the client's texts/s against "
            "the server's (Triton's success count of the called model over the same window), and the requests "
-           "inside Triton on average (Little: Triton's summed request time / window seconds); the generator held C "
-           "in flight when that is close to C. Queue policy of the called model as loaded (the text endpoint: "
+           "inside Triton on average (Little: Triton's summed request time / window seconds). That count ends when "
+           "a model's execute returns, so it misses texts waiting in the text endpoint's scheduler (answered later "
+           "through response senders); the client side bounds what it holds back: an answer waits unread while the "
+           "generator's event loop is busy (the lateness of a 10 ms timer), so about texts/s x that lag requests are "
+           "out of the server, and C minus them are in it. Queue policy of the called model as loaded (the text endpoint: "
            "Triton's queue, then its scheduler's pool per instance, max_pending texts / pending_timeout_s), and what "
            "it implies for C users (`loadtest.targets.queue_check`).", "",
-           "| candidate | path | C | client texts/s | server texts/s | in flight at the server | generator cores | "
+           "| candidate | path | C | client texts/s | server texts/s | in flight at the server (Triton's count) | "
+           "generator loop lag ms, mean / max | held in flight (C - texts/s x mean lag) | generator cores | "
            "max_queue_size / timeout s | queue policy at C | errors | unanswered | first error |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in run.rows:
         if r["phase"] != "peak":
             continue
         note = _queue_note(r)
         out.append(f"| {r['candidate']} | {r['path']} | {r['concurrency']} | {r['throughput']:.0f} | "
-                   f"{_f(r['server_rate'], 0)} | {_f(r['server_in_flight'], 0)} | {_f(r['gen_cores'], 2)} | "
+                   f"{_f(r['server_rate'], 0)} | {_f(r['server_in_flight'], 0)} | "
+                   f"{_f(r.get('loop_lag_ms'), 2)} / {_f(r.get('loop_lag_max_ms'), 1)} | "
+                   f"{_f(r['concurrency'] - r['throughput'] * r.get('loop_lag_ms', float('nan')) / 1000.0, 0)} | "
+                   f"{_f(r['gen_cores'], 2)} | "
                    f"{r['max_queue_size']} / {r['queue_timeout_us'] / 1e6:g}"
                    + (f"; pool {r['pool_max_pending']} / {r['pool_timeout_us'] / 1e6:g}" if r.get("pool_max_pending") else "")
                    + f" | {note} | {r['errors']} | "

@@ -155,7 +155,7 @@ def _row(cand: str, path: str, phase: str, c: int | None, rate: float, errors: i
             "throughput": rate, "p50_ms": 10.0, "p99_ms": 20.0, "avg_batch": 8.0, "front_batch": 40.0, "queue_ms": 1.0,
             "compute_ms": 9.0, "errors": errors, "unanswered": 0, "first_error": "HTTP 503: Request timeout expired" if errors else "",
             "server_cores": 0.5, "text_cores": 0.1, "gen_cores": 0.2, "server_rate": rate, "server_in_flight": c or 1.0,
-            "max_queue_size": 1024, "queue_timeout_us": 2_000_000, "text_instances": 2,
+            "loop_lag_ms": 2.0, "loop_lag_max_ms": 9.0, "max_queue_size": 1024, "queue_timeout_us": 2_000_000, "text_instances": 2,
             **({"pool_max_pending": 600, "pool_timeout_us": 5_000_000} if path == "text" else {})}
 
 
@@ -183,7 +183,9 @@ def test_report_shows_every_c_and_judges_the_saturation_point(tmp_path):
     assert sweep_rows[0].split(" | ")[2:6] == ["704", "**170**", "4.14", f"{704 / ideal(s, run):.2f}"]
     assert sweep_rows[1].split(" | ")[2] == "**1000**"  # the text path's saturation point
     assert f"| peak texts/s / ideal at max batch | >= 0.85 | {1000 / ideal(s, run):.2f} | text C=512 |" in md
-    assert "| committed | tensor_buckets | 1024 | 160 | 160 | 1024 | 0.20 | 1024 / 2 | Triton queue: wait ~C / rate = 6.4 s" in md
+    assert ("| committed | tensor_buckets | 1024 | 160 | 160 | 1024 | 2.00 / 9.0 | 1024 | 0.20 | 1024 / 2 | "
+            "Triton queue: wait ~C / rate = 6.4 s") in md  # 1024 - 160/s x 2 ms = 1024 held
+    assert "| committed | text | 1024 | 960 | 960 | 1024 | 2.00 / 9.0 | 1022 |" in md
     assert "| 300 | 0 | HTTP 503: Request timeout expired |" in md  # errors, unanswered, first error
     assert "- committed, tensor_buckets: the queue policy rejects at C=512, 1024; errors at C=1024." in md
     assert "- committed, text: the queue policy rejects at C=1024; no errors." in md  # the pool: 1024 > 600
@@ -238,6 +240,7 @@ def _spec(server, **kw) -> loadgen.LoadSpec:
 def test_closed_loop_ramps_its_users_in(fake_triton):
     res = loadgen.run(_spec(fake_triton, concurrency=5, warmup_s=0.6, duration_s=0.3, ramp_s=0.5))
     assert res.ok > 0 and res.errors == 0 and res.late == 0
+    assert 0.0 < res.loop_lag_max_ms < 300.0 and res.loop_lag_ms <= res.loop_lag_max_ms  # the lag probe ran
     first = sorted(fake_triton.connect_times)[:5]
     assert first[-1] - first[0] >= 0.3  # user k connects at k/5 x 0.5 s; without the ramp all at once
 

@@ -58,32 +58,32 @@ def _scheduled(run, s, users: int, instances: int, overhead: int) -> float:
     return _scheduled_cached(tuple(run.lengths["all"]), users, max(1, instances), overhead, s.cost)
 
 
-@functools.lru_cache(maxsize=None)
-def _scheduled_cached(lengths: tuple[int, ...], users: int, instances: int, overhead: int, cost) -> float:
+def _endpoint():
+    """The committed text endpoint's settings and its planner / scheduler modules (imported by path, as the stub)."""
+    import importlib
     import sys
 
-    from bge_triton.loadtest.pool_estimate import closed_loop_rate
     from bge_triton.server.repository import TEXT_MODEL_DIR, load_config, text_settings
 
-    sys.path.insert(0, str(TEXT_MODEL_DIR))  # as the python backend stub does for model.py
-    from text_scheduler import choose
+    if str(TEXT_MODEL_DIR) not in sys.path:
+        sys.path.insert(0, str(TEXT_MODEL_DIR))
+    return (text_settings(load_config(TEXT_MODEL_DIR.parent)), importlib.import_module("text_stages"),
+            importlib.import_module("text_scheduler"))
 
-    st = text_settings(load_config(TEXT_MODEL_DIR.parent))
-    return closed_loop_rate(list(lengths), users, cost, choose, instances=instances, budget=st.token_budget,
+
+@functools.lru_cache(maxsize=None)
+def _scheduled_cached(lengths: tuple[int, ...], users: int, instances: int, overhead: int, cost) -> float:
+    from bge_triton.loadtest.pool_estimate import closed_loop_rate
+
+    st, _, scheduler = _endpoint()
+    return closed_loop_rate(list(lengths), users, cost, scheduler.choose, instances=instances, budget=st.token_budget,
                             max_batch=st.sub_batch_max, multiple=st.pad_to_multiple, overhead_tokens=overhead)
 
 
 @functools.lru_cache(maxsize=None)
 def _planned_cached(lengths: tuple[int, ...], n: int, overhead: int, cost) -> float:
-    import sys
-
-    from bge_triton.server.repository import TEXT_MODEL_DIR, load_config, text_settings
-
-    sys.path.insert(0, str(TEXT_MODEL_DIR))  # as the python backend stub does for model.py
-    from text_stages import plan_sub_batches
-
-    st = text_settings(load_config(TEXT_MODEL_DIR.parent))
-    return targets.planned_rate(list(lengths), n, cost, plan_sub_batches, st.token_budget, st.sub_batch_max,
+    st, stages, _ = _endpoint()
+    return targets.planned_rate(list(lengths), n, cost, stages.plan_sub_batches, st.token_budget, st.sub_batch_max,
                                 st.pad_to_multiple, overhead)
 
 
@@ -97,15 +97,14 @@ def _ceiling(run, s) -> list[str]:
         for so in (64, 628):
             rate = _planned(run, s, n, so)
             out.append(f"| {n} | {so} | {rate:.0f} | {rate / ideal(s, run):.2f} |")
-    out += ["", "| candidate | peak at | mean texts per batch (measured) | peak texts/s | planner estimate at that "
-            "batch | measured / estimate |", "|---|---|---|---|---|---|"]
+    out += ["", "| candidate | peak at | text instances | peak texts/s | scheduler estimate at that C | "
+            "measured / estimate | x ideal: measured / estimate |", "|---|---|---|---|---|---|---|"]
     for c in run.candidates:
         pk = _row(run, c.name, "text", "peak")
-        n = round(pk["front_batch"]) if pk["front_batch"] == pk["front_batch"] else 1
         so = c.split_overhead_tokens if c.split_overhead_tokens is not None else _committed_split()
-        cap = _planned(run, s, n, so)
-        out.append(f"| {c.name} | {pk['load']} | {n} | {pk['throughput']:.0f} | {cap:.0f} | "
-                   f"{pk['throughput'] / cap:.2f} |")
+        est = _scheduled(run, s, pk["concurrency"], pk.get("text_instances") or 1, so)
+        out.append(f"| {c.name} | {pk['load']} | {pk.get('text_instances', '-')} | {pk['throughput']:.0f} | {est:.0f} | "
+                   f"{pk['throughput'] / est:.2f} | {pk['throughput'] / ideal(s, run):.2f} / {est / ideal(s, run):.2f} |")
     return out
 
 
@@ -192,9 +191,7 @@ def _generator(run) -> list[str]:
 
 
 def _committed_split() -> int:
-    from bge_triton.server.repository import TEXT_MODEL_DIR, load_config, text_settings
-
-    return text_settings(load_config(TEXT_MODEL_DIR.parent)).split_overhead_tokens
+    return _endpoint()[0].split_overhead_tokens
 
 
 def write(run: "ShippedRun", s: "BenchSettings") -> list[Path]:
@@ -246,10 +243,8 @@ def write(run: "ShippedRun", s: "BenchSettings") -> list[Path]:
               "(text_stages.plan_sub_batches) picks the cheapest split of the texts it holds. Priced by the same cost "
               "model, on the same lengths (`loadtest.targets.planned_rate`, 50 seeded pools each; no server). The "
               "sweep table's scheduler estimate (`loadtest.pool_estimate`) runs the shipped scheduler's policy "
-              "(text_scheduler.choose) in a closed loop of C users over the instances' pools instead. The last table "
-              "prices one Triton batch of the measured mean size: the planning pool of an endpoint that plans each "
-              "Triton batch alone, a lower bound for one whose scheduler pools across batches; candidates at their "
-              "saturation point.", ""] + _ceiling(run, s)
+              "(text_scheduler.choose) in a closed loop of C users over the instances' pools instead; the last table "
+              "sets it beside each candidate's saturation point.", ""] + _ceiling(run, s)
     lines += ["", "## CPU cost of the text endpoint at peak", ""] + _sizing(run, s)
     lines += ["", "![quiet-hour p50 and peak texts/s per candidate](shipped.png)", ""]
     md = out / "shipped.md"

@@ -16,7 +16,7 @@ sys.path.insert(0, str(DEFAULT_CANONICAL / "bge_large_zh" / "1"))  # as the pyth
 
 from text_core import (BadInput, EncoderBackend, EncoderFailed, EncoderOverloaded, TextSettings,  # noqa: E402
                        TooLong, encoder_error)
-from text_scheduler import Job, Scheduler  # noqa: E402
+from text_scheduler import Job, QueuePolicy, Scheduler  # noqa: E402
 from text_stages import TextPipeline, Tokenizers, decode  # noqa: E402
 
 WORDS = ["hello", "world", "fast", "embedding", "##s", "rag", "今", "天", "气", "很", "好", "poison"]
@@ -68,11 +68,11 @@ class FakeEncoder(EncoderBackend):
 class Endpoint:
     """The pipeline and a scheduler wired as model.py wires them; __call__ answers a Triton batch."""
 
-    def __init__(self, backend: EncoderBackend | None = None, **settings) -> None:
+    def __init__(self, backend: EncoderBackend | None = None, policy: QueuePolicy = QueuePolicy(), **settings) -> None:
         self.s = TextSettings(**{"max_length": 12, **settings})
         self.backend = backend or FakeEncoder()
         self.pipeline = TextPipeline(self.s, Tokenizers(tiny_tokenizer(), self.s.max_length))
-        self.scheduler = Scheduler(self.s, self.backend, 0, DIM, self.answer)
+        self.scheduler = Scheduler(self.s, self.backend, 0, DIM, self.answer, policy=policy)
         self.answered: list[Job] = []
         self.cond = threading.Condition()
 

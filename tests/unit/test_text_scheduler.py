@@ -9,7 +9,7 @@ import pytest
 
 from test_text_core_stages import DIM, Endpoint, FakeEncoder, req
 from text_core import EncoderOverloaded, TextSettings
-from text_scheduler import Item, Job, QueryMarker, choose
+from text_scheduler import Item, Job, QueryMarker, QueuePolicy, choose
 
 
 def items(lengths, arrivals=None) -> list[Item]:
@@ -97,16 +97,16 @@ def test_without_recent_queries_bulk_uses_the_full_budget() -> None:
     p.close()
 
 
-def test_max_pending_refuses_with_unavailable_and_keeps_the_rest() -> None:
+def test_max_queue_size_refuses_with_unavailable_and_keeps_the_rest() -> None:
     enc = Gated()
-    p = Endpoint(enc, max_in_flight=1, max_pending=3)
+    p = Endpoint(enc, policy=QueuePolicy(max_queue_size=1), max_in_flight=1)
     held = p.submit([req("hello")])
     taken(p)  # the dispatcher holds it: not pending
     kept = p.submit([req("world", "fast")])
     refused = p.submit([req("rag", "rag", "hello")])
     enc.gate.set()
     p.wait(held + kept + refused)
-    assert isinstance(refused[0].error, EncoderOverloaded) and "max_pending 3" in str(refused[0].error)
+    assert isinstance(refused[0].error, EncoderOverloaded) and "1 requests waiting (max_queue_size 1)" in str(refused[0].error)
     assert held[0].error is None and kept[0].error is None and kept[0].out.shape == (2, DIM)
     p.close()
 
@@ -148,14 +148,21 @@ def test_settings_reject_negative_scheduler_values() -> None:
     for name in ("split_overhead_tokens", "query_window_s", "query_levels"):
         with pytest.raises(ValueError, match=name):
             TextSettings(**{name: -1})
-    with pytest.raises(ValueError, match="max_pending"):
-        TextSettings(max_pending=0)
+    with pytest.raises(ValueError, match="query_token_budget"):
+        TextSettings(query_token_budget=0)
 
 
-def test_a_text_waiting_past_pending_timeout_fails_its_request_unavailable() -> None:
+def test_queue_policy_comes_from_the_config_json() -> None:
+    cfg = {"dynamic_batching": {"default_queue_policy": {"default_timeout_microseconds": "5000000",
+                                                         "max_queue_size": 2048}}}
+    assert QueuePolicy.from_config(cfg) == QueuePolicy(2048, 5.0)
+    assert QueuePolicy.from_config({}) == QueuePolicy(0, 0.0)
+
+
+def test_a_text_waiting_past_the_queue_timeout_fails_its_request_unavailable() -> None:
     now = [100.0]
     enc = Gated()
-    p = Endpoint(enc, max_in_flight=1, pending_timeout_s=5.0)
+    p = Endpoint(enc, policy=QueuePolicy(timeout_s=5.0), max_in_flight=1)
     p.scheduler.clock = lambda: now[0]
     running = p.submit([req("hello")])
     enc.wait_arrived(1)

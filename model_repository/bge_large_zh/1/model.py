@@ -26,7 +26,7 @@ import triton_python_backend_utils as pb_utils
 # model directory to sys.path before it imports `<version>.model` (python_backend r24.10,
 # src/pb_stub.cc, ModelContext::StubSetup), so the modules beside this file import by name.
 from text_core import EncoderBackend, TextError, TextSettings, encoder_error, triton_code
-from text_scheduler import QueryMarker, Scheduler
+from text_scheduler import QueryMarker, QueuePolicy, Scheduler
 from text_stages import TextPipeline, Tokenizers
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -96,7 +96,8 @@ class TritonPythonModel:
         self._metrics(cfg["name"])
         self.scheduler = Scheduler(self.settings, self.backend, tok.pad_id, int(cfg["output"][0]["dims"][-1]),
                                    self._answer, QueryMarker(cfg["name"]),
-                                   on_idle=lambda: self._flush_metrics(force=True))  # counters never lag at idle
+                                   on_idle=lambda: self._flush_metrics(force=True),  # counters never lag at idle
+                                   policy=QueuePolicy.from_config(cfg))  # max_queue_size and timeout hold in the pool
 
     def _metrics(self, model):
         labels = {"model": model}

@@ -180,10 +180,12 @@ class Scheduler:
                     continue
                 limit = self.policy.max_queue_size
                 if self.closing or (limit and len(self.waiting) >= limit):
-                    why = "is unloading" if self.closing else (
-                        f"has {len(self.waiting)} requests waiting (max_queue_size {limit})")
-                    job.error = EncoderOverloaded(f"text endpoint {why}: retry with backoff, or add text-endpoint "
-                                                  "instances / encoder capacity")
+                    # Triton's own words for a full queue, so every client that knows Triton knows this
+                    why = "text endpoint is unloading" if self.closing else (
+                        f"Exceeds maximum queue size: the text endpoint has {len(self.waiting)} requests waiting "
+                        f"(max_queue_size {limit})")
+                    job.error = EncoderOverloaded(f"{why}; retry with backoff, or add text-endpoint instances / "
+                                                  "encoder capacity")
                     rejected.append(job)
                     continue
                 self.waiting[id(job)] = len(ids)
@@ -215,9 +217,9 @@ class Scheduler:
             if items and now - min(it.arrival for it in items) > limit:
                 for it in items:
                     if now - it.arrival > limit and it.job.error is None:
-                        it.job.error = EncoderOverloaded(
-                            f"text endpoint: a text waited {now - it.arrival:.1f} s for the encoder, over the "
-                            f"queue timeout {limit:g} s: retry with backoff, or add encoder capacity")
+                        it.job.error = EncoderOverloaded(  # Triton's own words for a queue timeout
+                            f"Request timeout expired: a text waited {now - it.arrival:.1f} s in the text "
+                            f"endpoint's pool (queue timeout {limit:g} s); retry with backoff, or add encoder capacity")
                         failed[id(it.job)] = it.job
         if failed:
             for level, items in self.levels.items():

@@ -104,7 +104,12 @@ class QueryMarker:
         return struct.unpack("d", raw)[0] if len(raw) == 8 else float("-inf")
 
     def close(self) -> None:
+        """At unload (every instance unloads together): the file goes with the last one open."""
         os.close(self.fd)
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:  # the other instance removed it first
+            pass
 
 
 @dataclass(frozen=True)

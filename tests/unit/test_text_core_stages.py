@@ -120,11 +120,11 @@ TEXTS = ["hello", "hello world", "fast embeddings", "今天天气很好", "rag "
 def test_decode_names_the_bad_text_and_reads_truncate() -> None:
     assert decode(*req("hello", "今天")) == (["hello", "今天"], True, 0)
     assert decode(*req("hello", truncate=False)) == (["hello"], False, 0)
-    assert decode(*req("hello", truncate="false", priority=1)) == (["hello"], False, 1)
+    assert decode(*req("hello", truncate="false", priority_level=1)) == (["hello"], False, 1)
     assert decode(np.array(["already str"], dtype=object)) == (["already str"], True, 0)
     for bad in (-1, "1", True, 1.5):
-        with pytest.raises(BadInput, match="parameter priority="):
-            decode(*req("hello", priority=bad))
+        with pytest.raises(BadInput, match="parameter priority_level="):
+            decode(*req("hello", priority_level=bad))
     for texts, match in (((b"ok", b"\xff\xfe"), "text 1 is not valid UTF-8"), (("a\x00b",), "text 0 contains a NUL"),
                          (("  \n",), "text 0 is empty or whitespace only")):
         with pytest.raises(BadInput, match=match):

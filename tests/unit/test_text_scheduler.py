@@ -79,7 +79,7 @@ def test_a_query_does_not_wait_for_bulk_and_bulk_is_capped_in_query_mode() -> No
     first = p.submit([req("hello")])  # the one general dispatcher runs it (held at the gate)
     enc.wait_arrived(1)
     bulk = p.submit([req("hello world", "fast embeddings", "rag rag", "world fast")])  # waits for that dispatcher
-    query = p.submit([req("今天天气很好", priority=1)])  # the query dispatcher takes it at once
+    query = p.submit([req("今天天气很好", priority_level=1)])  # the query dispatcher takes it at once
     enc.wait_arrived(2)
     assert enc.arrived[1] == (1, 8) and p.scheduler.pending == 4  # the query is at the encoder, bulk still waits
     enc.gate.set()

@@ -8,7 +8,7 @@ and answer each request through its response sender as soon as its last text is 
 mode, python_backend r24.06+). Outputs: `embedding` and `token_count` (tokens per text as embedded).
 A bad request gets its own error response; the rest of the batch is not touched. Error kinds map to
 Triton codes in one place, text_core.triton_code. Request parameter `priority` (the SDK sends Triton's
-priority level here too: the python backend cannot read it) puts queries ahead of bulk passages.
+priority level here too, as `priority_level`: the python backend cannot read it) puts queries ahead.
 
 Parameter `encoder` "bls" (the default) is the deployment. Any other value X loads the backend
 module encoder_X.py beside this file: the local CPU variant (server/cpu_variant.py) renders one

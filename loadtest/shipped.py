@@ -21,16 +21,14 @@ from bge_triton.loadtest import bench, corpus, harness, loadgen, report, sweep, 
 from bge_triton.loadtest.costmodel import DEFAULT as DEFAULT_COST
 from bge_triton.server.cpu_variant import CpuVariant
 from bge_triton.server.repository import (DEFAULT_CANONICAL, ENCODER_SUFFIX, SCENARIOS, Batching, load_config,
-                                          batching_of, text_settings, update_batching_in_place,
-                                          update_text_settings_in_place)
+                                          batching_of, update_batching_in_place, update_text_settings_in_place)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ENC, TXT = harness.EMULATED + ENCODER_SUFFIX, harness.EMULATED
 FIELDS = ("candidate", "path", "phase", "load", "concurrency", "throughput", "avg_ms", "p50_ms", "p99_ms", "n", "errors",
           "unanswered", "avg_batch", "front_batch", "queue_ms", "compute_ms", "server_cores", "text_cores", "gen_cores",
           "server_rate", "server_in_flight", "server_failures", "ramp_s", "warmup_s", "window_s", "max_queue_size",
-          "queue_timeout_us", "text_instances", "pool_max_pending", "pool_timeout_us", "loop_lag_ms", "loop_lag_max_ms",
-          "first_error")
+          "queue_timeout_us", "text_instances", "loop_lag_ms", "loop_lag_max_ms", "first_error")
 KEYS = {"delay": "delay_us", "preferred": "preferred", "split": "split_overhead_tokens", "mif": "max_in_flight",
         "ti": "text_instances"}
 
@@ -111,13 +109,6 @@ def _measure(h, s, model, watch, bodies, mode, rate=0.0, users=64, ramp_s=0.0) -
     return row
 
 
-def _pool_limits(cfg) -> dict:
-    """The text endpoint's own queue (its scheduler's pool per instance, as loaded) beside Triton's."""
-    st = text_settings(cfg)
-    return {"text_instances": cfg.instance_group[0].count, "pool_max_pending": getattr(st, "max_pending", 0),
-            "pool_timeout_us": round(getattr(st, "pending_timeout_s", 0.0) * 1e6)}
-
-
 def _bodies(tokenizer: Path, texts: list[str]) -> tuple[dict, dict]:
     """Request bodies per path, and the token-length profile of the texts."""
     buckets = BucketTokenizer(str(tokenizer), DEFAULT_BUCKETS, max_length=512)
@@ -151,10 +142,11 @@ def run_shipped(s: bench.BenchSettings, candidates: tuple[Candidate, ...],
             ramp_s=ramp_s)
         rows = [_measure(h, s, model, watch, body, "open", rate=s.low_fraction * batch1)]
         rows += sweep.peak_sweep(closed, h.server.http_url, model, peak_at, batch1, s.warmup_s, s.duration_s)
-        knobs, pool = batching_of(cfg), _pool_limits(cfg) if path == "text" else {}
+        knobs = batching_of(cfg)  # the text endpoint's scheduler holds its pools to the same queue policy
+        pools = {"text_instances": cfg.instance_group[0].count} if path == "text" else {}
         for r in rows:
             r.update(candidate=cand, path=path, executor="costmodel", scenario=path,
-                     max_queue_size=knobs.max_queue_size, queue_timeout_us=knobs.queue_timeout_us, **pool)
+                     max_queue_size=knobs.max_queue_size, queue_timeout_us=knobs.queue_timeout_us, **pools)
             print(f"{cand:40s} {report.row_line(r)}  server {r.get('server_rate', float('nan')):.0f}/s "
                   f"in flight {r.get('server_in_flight', float('nan')):.0f}", flush=True)
         return rows

@@ -139,13 +139,9 @@ def _sweep(run, s) -> list[str]:
 
 
 def _queue_note(r: dict) -> str:
-    """targets.queue_check on Triton's queue policy, and on the text endpoint's scheduler pool where it has one."""
-    why = targets.queue_check(r["concurrency"], r["max_queue_size"], r["queue_timeout_us"], r["throughput"])
-    pool = "" if not r.get("pool_max_pending") else targets.queue_check(
-        r["concurrency"], r["pool_max_pending"], r["pool_timeout_us"], r["throughput"], "max_pending",
-        "UNAVAILABLE, max_pending", "UNAVAILABLE, pending_timeout_s")
-    notes = [f"Triton queue: {why}" if why else "", f"scheduler pool: {pool}" if pool else ""]
-    return "; ".join(n for n in notes if n) or "holds C"
+    """targets.queue_check on the called model's queue policy (the text endpoint's pools keep the same one)."""
+    return targets.queue_check(r["concurrency"], r["max_queue_size"], r["queue_timeout_us"], r["throughput"]) or \
+        "holds C"
 
 
 def _generator(run) -> list[str]:
@@ -159,9 +155,9 @@ def _generator(run) -> list[str]:
            "a model's execute returns, so it misses texts waiting in the text endpoint's scheduler (answered later "
            "through response senders); the client side bounds what it holds back: an answer waits unread while the "
            "generator's event loop is busy (the lateness of a 10 ms timer), so about texts/s x that lag requests are "
-           "out of the server, and C minus them are in it. Queue policy of the called model as loaded (the text endpoint: "
-           "Triton's queue, then its scheduler's pool per instance, max_pending texts / pending_timeout_s), and what "
-           "it implies for C users (`loadtest.targets.queue_check`).", "",
+           "out of the server, and C minus them are in it. Queue policy of the called model as loaded (the text "
+           "endpoint's scheduler holds each instance's pool to the same max_queue_size and timeout), and what it "
+           "implies for C users (`loadtest.targets.queue_check`).", "",
            "| candidate | path | C | client texts/s | server texts/s | in flight at the server (Triton's count) | "
            "generator loop lag ms, mean / max | held in flight (C - texts/s x mean lag) | generator cores | "
            "max_queue_size / timeout s | queue policy at C | errors | unanswered | first error |",
@@ -175,9 +171,7 @@ def _generator(run) -> list[str]:
                    f"{_f(r.get('loop_lag_ms'), 2)} / {_f(r.get('loop_lag_max_ms'), 1)} | "
                    f"{_f(r['concurrency'] - r['throughput'] * r.get('loop_lag_ms', float('nan')) / 1000.0, 0)} | "
                    f"{_f(r['gen_cores'], 2)} | "
-                   f"{r['max_queue_size']} / {r['queue_timeout_us'] / 1e6:g}"
-                   + (f"; pool {r['pool_max_pending']} / {r['pool_timeout_us'] / 1e6:g}" if r.get("pool_max_pending") else "")
-                   + f" | {note} | {r['errors']} | "
+                   f"{r['max_queue_size']} / {r['queue_timeout_us'] / 1e6:g} | {note} | {r['errors']} | "
                    f"{r.get('unanswered', '-')} | {r['first_error'][:80] or '-'} |")
     out.append("")
     for key in dict.fromkeys((r["candidate"], r["path"]) for r in run.rows if r["phase"] == "peak"):

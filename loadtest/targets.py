@@ -61,21 +61,18 @@ def verdicts(text_low: dict, text_peaks: list[dict], direct_low: dict, tensor_pe
     ]
 
 
-def queue_check(concurrency: int, max_queue_size: int, timeout_us: int, texts_per_s: float,
-                size_name: str = "max_queue_size", full: str = "Exceeds maximum queue size",
-                expired: str = "Request timeout expired") -> str:
-    """Whether a queue rejects a closed loop of C users: '' = it holds them, else why not (Triton's queue policy
-    by default; size_name/full/expired name another queue, e.g. the text endpoint scheduler's pool).
+def queue_check(concurrency: int, max_queue_size: int, timeout_us: int, texts_per_s: float) -> str:
+    """Whether a queue policy rejects a closed loop of C users: '' = it holds them, else why not, in Triton's words.
 
     All C can sit in the queue at once (between two executions), so C > max_queue_size (0 = unlimited) can
     reject; a request waits about C / texts_per_s (Little), so a longer wait than the timeout (0 = none) expires.
     """
     why = []
     if 0 < max_queue_size < concurrency:
-        why.append(f"C={concurrency} > {size_name} {max_queue_size}: '{full}'")
+        why.append(f"C={concurrency} > max_queue_size {max_queue_size}: 'Exceeds maximum queue size'")
     wait_s = concurrency / texts_per_s if texts_per_s > 0 else math.inf
     if timeout_us > 0 and wait_s > timeout_us / 1e6:
-        why.append(f"wait ~C / rate = {wait_s:.1f} s > timeout {timeout_us / 1e6:g} s: '{expired}'")
+        why.append(f"wait ~C / rate = {wait_s:.1f} s > timeout {timeout_us / 1e6:g} s: 'Request timeout expired'")
     return "; ".join(why)
 
 

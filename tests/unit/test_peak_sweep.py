@@ -119,8 +119,8 @@ def test_queue_check_names_what_would_reject_c_users():
     tensor = targets.queue_check(1024, 1024, 2_000_000, 170.0)  # the encoder's queue, tensor mode's rate
     assert "Request timeout expired" in tensor and "6.0 s > timeout 2 s" in tensor and "Exceeds" not in tensor
     assert "Exceeds maximum queue size" in targets.queue_check(2000, 1024, 0, 1e6)
-    pool = targets.queue_check(5000, 4096, 5_000_000, 900.0, "max_pending", "max_pending", "pending_timeout_s")
-    assert pool.startswith("C=5000 > max_pending 4096") and pool.endswith("timeout 5 s: 'pending_timeout_s'")
+    both = targets.queue_check(5000, 2048, 5_000_000, 900.0)
+    assert both.startswith("C=5000 > max_queue_size 2048") and both.endswith("5.6 s > timeout 5 s: 'Request timeout expired'")
     assert targets.queue_check(5000, 0, 0, 1.0) == ""  # 0 = no limit, no timeout
     assert "timeout" in targets.queue_check(10, 0, 1_000_000, 0.0)  # nothing served: every request expires
 
@@ -155,8 +155,8 @@ def _row(cand: str, path: str, phase: str, c: int | None, rate: float, errors: i
             "throughput": rate, "p50_ms": 10.0, "p99_ms": 20.0, "avg_batch": 8.0, "front_batch": 40.0, "queue_ms": 1.0,
             "compute_ms": 9.0, "errors": errors, "unanswered": 0, "first_error": "HTTP 503: Request timeout expired" if errors else "",
             "server_cores": 0.5, "text_cores": 0.1, "gen_cores": 0.2, "server_rate": rate, "server_in_flight": c or 1.0,
-            "loop_lag_ms": 2.0, "loop_lag_max_ms": 9.0, "max_queue_size": 1024, "queue_timeout_us": 2_000_000, "text_instances": 2,
-            **({"pool_max_pending": 600, "pool_timeout_us": 5_000_000} if path == "text" else {})}
+            "loop_lag_ms": 2.0, "loop_lag_max_ms": 9.0, "max_queue_size": 1024, "queue_timeout_us": 2_000_000,
+            "text_instances": 2}
 
 
 def test_report_shows_every_c_and_judges_the_saturation_point(tmp_path):
@@ -184,12 +184,11 @@ def test_report_shows_every_c_and_judges_the_saturation_point(tmp_path):
     assert sweep_rows[1].split(" | ")[2] == "**1000**"  # the text path's saturation point
     assert f"| peak texts/s / ideal at max batch | >= 0.85 | {1000 / ideal(s, run):.2f} | text C=512 |" in md
     assert ("| committed | tensor_buckets | 1024 | 160 | 160 | 1024 | 2.00 / 9.0 | 1024 | 0.20 | 1024 / 2 | "
-            "Triton queue: wait ~C / rate = 6.4 s") in md  # 1024 - 160/s x 2 ms = 1024 held
+            "wait ~C / rate = 6.4 s") in md  # 1024 - 160/s x 2 ms = 1024 held
     assert "| committed | text | 1024 | 960 | 960 | 1024 | 2.00 / 9.0 | 1022 |" in md
     assert "| 300 | 0 | HTTP 503: Request timeout expired |" in md  # errors, unanswered, first error
     assert "- committed, tensor_buckets: the queue policy rejects at C=512, 1024; errors at C=1024." in md
-    assert "- committed, text: the queue policy rejects at C=1024; no errors." in md  # the pool: 1024 > 600
-    assert "scheduler pool: C=1024 > max_pending 600: 'UNAVAILABLE, max_pending'" in md and "1024 / 2; pool 600 / 5 |" in md
+    assert "- committed, text: the queue policy holds every C of the sweep; no errors." in md
     est = [line.split(" | ")[9:11] for line in sweep_rows]  # the scheduler's closed-loop estimate, text / it
     assert all(float(e) > 0 and float(ratio) > 0 for e, ratio in est)
     assert "| committed | text | 1024 | 960 |" in md and "Request timeout expired" in md

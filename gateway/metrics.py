@@ -30,9 +30,16 @@ class GatewayMetrics:
         self.in_flight = Gauge("gateway_in_flight_requests", "Requests being answered now", registry=r)
         self.ready = Gauge("gateway_ready", "1 while /ready answers 200", registry=r)
 
+        self._children: dict[tuple[str, int], tuple[Counter, Histogram]] = {}
+
     def observe(self, route: str, status: int, seconds: float) -> None:
-        self.requests.labels(route, str(status)).inc()
-        self.latency.labels(route).observe(seconds)
+        """Count one answer and its latency (the labelled children are looked up once per route and status)."""
+        children = self._children.get((route, status))
+        if children is None:
+            children = self._children[(route, status)] = (self.requests.labels(route, str(status)),
+                                                           self.latency.labels(route))
+        children[0].inc()
+        children[1].observe(seconds)
 
     def render(self) -> bytes:
         """The text exposition format."""

@@ -32,6 +32,7 @@ __all__ = ["create_app"]
 
 log = logging.getLogger("bge_triton.gateway")
 PRIORITY_HEADER = "x-priority"
+PRIORITY_HEADER_RAW = PRIORITY_HEADER.encode()
 ROUTES = "POST /v1/embeddings, GET /v1/models, POST /embed, GET /health, /ready, /metrics"
 _JSON = "application/json"
 
@@ -42,6 +43,14 @@ def _json(payload: Any, status: int = 200, headers: dict[str, str] | None = None
 
 def _ms(seconds: float) -> bytes:
     return b"%.3f" % (seconds * 1000)
+
+
+def _header(request: Request, name: bytes) -> str:
+    """One request header ('' if absent) read from the raw ASGI list (header names arrive lower-cased)."""
+    for key, value in request.scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")
+    return ""
 
 
 class Gateway:
@@ -64,7 +73,7 @@ class Gateway:
     async def body(self, request: Request) -> bytes:
         """The request body, refused with 413 as soon as it passes --max-body-bytes."""
         limit = self.s.max_body_bytes
-        declared = request.headers.get("content-length", "")
+        declared = _header(request, b"content-length")
         if declared.isdigit() and int(declared) > limit:
             raise too_large(f"the body has {declared} bytes, the limit is {limit} (--max-body-bytes): "
                             "send fewer or shorter inputs per request")
@@ -79,7 +88,7 @@ class Gateway:
 
     def priority(self, req: EmbeddingsRequest, request: Request) -> int:
         """x-priority: high | low overrides input_type (query -> high, passage -> low)."""
-        header = request.headers.get(PRIORITY_HEADER, "").lower()
+        header = _header(request, PRIORITY_HEADER_RAW).lower()
         if header not in ("", "high", "low"):
             raise GatewayError(f"header {PRIORITY_HEADER}: {header!r}; use high or low", status=400,
                                type_="invalid_request_error", code="invalid_value", param=PRIORITY_HEADER)
@@ -87,8 +96,9 @@ class Gateway:
         return self.s.query_priority if high else self.s.passage_priority
 
     async def embed(self, req: EmbeddingsRequest, request: Request,
-                    timing: dict[str, float]) -> tuple[np.ndarray, np.ndarray]:
-        """Prepare (instruction, truncate), embed (Triton, which counts the tokens), record the timings."""
+                    timing: dict[str, float]) -> tuple[np.ndarray, int]:
+        """Prepare (instruction, truncate), embed (Triton, which counts the tokens), record the timings:
+        the vectors and the request's total tokens."""
         priority = self.priority(req, request)
         t0 = time.perf_counter()
         texts, server_truncate = self.preparer.prepare(req.texts, req.query, req.truncate)
@@ -100,26 +110,24 @@ class Gateway:
                 self.preparer.check_lengths(req.texts, req.query)
             raise
         t2 = time.perf_counter()
-        m = self.metrics
-        m.triton_latency.labels(str(priority)).observe(t2 - t1)
-        m.inputs.observe(len(texts))
-        m.tokens.observe(int(counts.sum()))
+        total = int(counts.sum())
+        self.metrics.embedded(priority, t2 - t1, len(texts), total)
         timing.update(tokenization=t1 - t0, inference=t2 - t1)
-        return vectors, counts
+        return vectors, total
 
 
 def _answer(gw: Gateway, route: str, fn: Callable[[Request, dict[str, float]], Awaitable[Response]],
             *, auth: bool = True, tei: bool = False) -> Callable[[Request], Awaitable[Response]]:
     """Wrap a route: key check, in-flight gauge, metrics, timing headers, errors in the route's shape."""
-    in_flight = gw.metrics.in_flight
+    metrics = gw.metrics
 
     async def handler(request: Request) -> Response:
         start = time.perf_counter()
-        in_flight.inc()
+        metrics.answering += 1
         timing: dict[str, float] = {}
         try:
             if auth:
-                gw.guard.check(request.headers.get("authorization"))
+                gw.guard.check(_header(request, b"authorization") or None)
             response = await fn(request, timing)
         except (GatewayError, KitError) as exc:
             err = from_kit_error(exc, gw.s.retry_after_s)
@@ -127,7 +135,7 @@ def _answer(gw: Gateway, route: str, fn: Callable[[Request, dict[str, float]], A
                 log.warning("%s %s -> %d: %s", request.method, route, err.status, err.message)
             response = _json(tei_body(err) if tei else openai_body(err), err.status, err.headers)
         finally:
-            in_flight.dec()
+            metrics.answering -= 1
         elapsed = time.perf_counter() - start
         raw = response.raw_headers  # appended, not set: nothing here is there already
         raw.append((b"x-total-time", _ms(elapsed)))
@@ -144,12 +152,11 @@ def _routes(gw: Gateway) -> list[Route]:
         data = parse_json(await gw.body(request))
         await gw.connected()
         req = parse_embeddings(data, gw.s.names, gw.backend.dim, gw.s.max_inputs)
-        vectors, counts = await gw.embed(req, request, timing)
+        vectors, total = await gw.embed(req, request, timing)
         if req.base64:
             items: list[Any] = [base64.b64encode(v.tobytes()).decode("ascii") for v in vectors.astype("<f4", copy=False)]
         else:
             items = list(vectors)
-        total = int(counts.sum())
         return _json({"object": "list", "model": req.model,
                       "data": [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(items)],
                       "usage": {"prompt_tokens": total, "total_tokens": total}})

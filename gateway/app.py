@@ -205,7 +205,7 @@ def _routes(gw: Gateway) -> list[Route]:
 
 
 def create_app(settings: GatewaySettings, backend: Backend | None = None,
-               preparer: TextPreparer | None = None) -> Starlette:
+               preparer: TextPreparer | None = None) -> "_Direct":
     """The gateway app; backend and preparer are built from settings unless given (tests pass fakes)."""
     backend = backend or TritonBackend(settings)
     preparer = preparer or TextPreparer(settings.tokenizer_dir, 512, settings.query_instruction)
@@ -226,6 +226,27 @@ def create_app(settings: GatewaySettings, backend: Backend | None = None,
                            code="not_found" if exc.status_code == 404 else "method_not_allowed")
         return _json(openai_body(err), exc.status_code)
 
-    app = Starlette(routes=_routes(gw), lifespan=lifespan, exception_handlers={HTTPException: http_error})
+    routes = _routes(gw)
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
     app.state.gateway = gw
-    return app
+    return _Direct(app, routes)
+
+
+class _Direct:
+    """The Starlette app with a direct way in for the exact-path routes: a request whose method and path
+    name one goes straight to its handler (which answers every error itself); everything else (lifespan,
+    path parameters, 404 / 405) takes Starlette's router. Saves its middleware and routing layers."""
+
+    def __init__(self, app: Starlette, routes: list[Route]) -> None:
+        self.app, self.state = app, app.state
+        self.exact = {(method, r.path): r.endpoint for r in routes if "{" not in r.path for method in r.methods or ()}
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            endpoint = self.exact.get((scope["method"], scope["path"]))
+            if endpoint is not None:
+                scope["app"] = self.app
+                response = await endpoint(Request(scope, receive, send))
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--saturated", type=int, default=1200, help="requests per path at saturation")
     p.add_argument("--concurrency", type=int, default=32, help="callers at saturation")
     p.add_argument("--block", type=int, default=50, help="requests per alternating block (one in flight)")
-    p.add_argument("--rounds", type=int, default=2, help="alternating rounds at saturation")
+    p.add_argument("--rounds", type=int, default=4, help="alternating rounds at saturation (ABBA order)")
     p.add_argument("--gateway-arg", action="append", default=[], metavar="FLAG",
                    help="extra gateway flag, e.g. --gateway-arg=--no-micro-batch (repeatable)")
     p.add_argument("--name", default=None, help="report file stem (default gateway_bench_<encoder>)")
@@ -57,11 +57,17 @@ ENCODERS = {  # --encoder -> the CpuVariant keywords the local server renders
 }
 
 
+def abba(calls: dict[str, Call], k: int) -> list[tuple[str, Call]]:
+    """The paths in turn k: A B, then B A, ... so that a drifting machine favours neither (ABBA order)."""
+    order = list(calls.items())
+    return order[::-1] if k % 2 else order
+
+
 async def serial(calls: dict[str, Call], items: list[str], block: int) -> dict[str, list[float]]:
-    """One request in flight; the paths alternate every `block` requests so drift hits both alike."""
+    """One request in flight; the paths alternate every `block` requests (ABBA) so drift hits both alike."""
     lat: dict[str, list[float]] = {name: [] for name in calls}
-    for start in range(0, len(items), block):
-        for name, call in calls.items():
+    for k, start in enumerate(range(0, len(items), block)):
+        for name, call in abba(calls, k):
             for text in items[start:start + block]:
                 t0 = time.perf_counter()
                 await call(text)
@@ -116,8 +122,8 @@ async def measure(args: argparse.Namespace, grpc_url: str, gateway_url: str, gat
                          "throughput_rps": 1e3 * len(values) / sum(values),
                          "gateway_cpu_ms_per_req": serial_cpu * 1e3 if "gateway" in name else None})
         sat: dict[str, list[tuple[float, list[float], float]]] = {name: [] for name in calls}
-        for _ in range(args.rounds):
-            for name, call in calls.items():
+        for k in range(args.rounds):
+            for name, call in abba(calls, k):
                 c0 = cpu_s(gateway)
                 rps, values = await saturate(call, texts(args.saturated), args.concurrency)
                 sat[name].append((rps, values, (cpu_s(gateway) - c0) / args.saturated))

@@ -109,8 +109,10 @@ class AsyncEmbeddingClient(BaseEmbeddingClient):
         await self.connect()
         timeout = self.settings.timeout_s if timeout_s is None else timeout_s
         n, plan = self._plan(texts, query, truncate, counts)
-        if priority:
-            plan = [(dataclasses.replace(call, priority=int(priority)), idx) for call, idx in plan]
+        if priority:  # Triton's queue priority, and the same level as a parameter for the text endpoint's scheduler
+            plan = [(dataclasses.replace(call, priority=int(priority), parameters={**call.parameters,
+                                                                                   "priority": int(priority)}), idx)
+                    for call, idx in plan]
         if len(plan) == 1:
             results = [await self._one(plan[0][0], timeout)]
         else:

@@ -22,7 +22,7 @@ from tritonclient.utils import InferenceServerException, deserialize_bytes_tenso
 
 from bge_triton.client.core import ClientSettings, InferCall, config_from_json
 from bge_triton.client.errors import InputError
-from bge_triton.client.wire import build_inputs, build_outputs, grpc_request, http_request
+from bge_triton.client.wire import build_inputs, build_outputs, custom_parameters, grpc_request, http_request
 
 __all__ = ["make_sync_transport", "make_async_transport"]
 
@@ -240,7 +240,7 @@ class HttpAsync:
 
     async def infer(self, call: InferCall, timeout_s: float) -> Any:
         coro = self._client().infer(call.model, build_inputs(self.mod, call), outputs=build_outputs(self.mod, call.outputs),
-                                    parameters=call.parameters or None, priority=call.priority)
+                                    parameters=custom_parameters(call), priority=call.priority)
         return await asyncio.wait_for(coro, timeout_s)
 
     async def ready(self, model: str | None, timeout_s: float) -> bool:

@@ -13,8 +13,8 @@ import numpy as np
 from bge_triton.client.core import OUTPUT, TOKEN_COUNT, InferCall
 from bge_triton.client.errors import KitError
 
-__all__ = ["build_inputs", "build_outputs", "decode_embeddings", "decode_token_counts", "grpc_request",
-           "http_request", "raw_contents"]
+__all__ = ["build_inputs", "build_outputs", "custom_parameters", "decode_embeddings", "decode_token_counts",
+           "grpc_request", "http_request", "raw_contents"]
 
 
 def build_inputs(module: ModuleType, call: InferCall) -> list[Any]:
@@ -52,11 +52,21 @@ def raw_contents(dtype: str, arr: np.ndarray) -> bytes:
 
 
 def _checked_parameters(call: InferCall) -> dict[str, Any]:
-    """The call's request parameters; each must be a str, bool, int or float (what both protocols carry)."""
+    """The call's request parameters; each must be a str, bool, int or float (what both protocols carry).
+
+    A `priority` entry is left out: Triton reserves that name for the queue priority (InferCall.priority,
+    sent on its own), consumes it and never hands it to the model; tritonclient refuses it outright."""
     for key, value in call.parameters.items():
         if not isinstance(value, (str, bool, int, float)):
             raise KitError(f"request parameter {key!r} has type {type(value).__name__}: use str, bool, int or float")
+    if "priority" in call.parameters:
+        return {k: v for k, v in call.parameters.items() if k != "priority"}
     return call.parameters
+
+
+def custom_parameters(call: InferCall) -> dict[str, Any] | None:
+    """The parameters tritonclient may carry for this call (None when there are none)."""
+    return _checked_parameters(call) or None
 
 
 def grpc_request(service_pb2: ModuleType, call: InferCall) -> Any:

@@ -38,8 +38,8 @@ TEXT_BACKENDS = {"inprocess": CPU_MODELS / "encoder_inprocess.py"}
 #   arrives after it, and the request then waits for the batcher's 500 ms idle timeout; with a second
 #   instance such a request is taken at once, tokenized while the first instance's run holds the cores, and
 #   run as soon as it ends (ORT was busy 99% of a saturated window in a one-off instrumented run). The
-#   text endpoint holds the lock for a whole Triton batch, so two batches' sub-batches never interleave.
-#   Without the lock, two instances oversubscribe the cores. Real CPU rows (reports/bench vs
+#   text endpoint's dispatcher holds the lock around each sub-batch (max_in_flight 1: one dispatcher, as
+#   ORT already uses every core). Without the lock, two instances oversubscribe the cores. Real CPU rows (reports/bench vs
 #   reports/bench/cpu_no_lock): delay 0 peak p99 131 vs 595 ms; text endpoint low-load p99 93 vs 128 ms.
 # - Sub-batches of at most 8 texts and 2048 tokens: ORT on CPU costs about 140 us per token from B=4 up,
 #   with almost no fixed cost per call, so bigger sub-batches only add padding; a split pays off from

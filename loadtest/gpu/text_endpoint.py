@@ -24,7 +24,7 @@ from bge_triton.loadtest.gpu.tritonproc import BenchError
 
 COMMITTED = Path(__file__).resolve().parents[2] / "model_repository"
 TEXT_MODEL = "bge_large_zh"
-TEXT_ENDPOINT_FILES = ("model.py", "text_core.py", "text_stages.py")
+TEXT_ENDPOINT_FILES = ("model.py", "text_core.py", "text_scheduler.py", "text_stages.py")
 KEY = "text_endpoint"
 PROBE_TEXT = "今天天气很好，适合检索增强生成。"
 
@@ -96,7 +96,8 @@ def token_moments(tokenizer_json: Path, texts: list[str], max_length: int = 512)
 
 
 def _infer(server_url: str, model: str, inputs: list[dict]) -> np.ndarray:
-    req = urllib.request.Request(f"{server_url}/v2/models/{model}/infer", data=json.dumps({"inputs": inputs}).encode(),
+    body = {"inputs": inputs, "outputs": [{"name": "embedding"}]}  # the text endpoint also has token_count
+    req = urllib.request.Request(f"{server_url}/v2/models/{model}/infer", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=120) as r:
         out = json.loads(r.read())["outputs"][0]

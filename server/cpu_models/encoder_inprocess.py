@@ -34,8 +34,8 @@ class InProcessBackend(EncoderBackend):
     """ONNX Runtime on the encoder model's newest model.onnx, on CPU.
 
     With parameter cpu_lock "1", every ORT run of the repository (this and the encoder model's
-    instances) takes turns through one file lock: ORT uses every core for one run. The text endpoint
-    holds it for a whole Triton batch, so the sub-batches of two batches never interleave.
+    instances) takes turns through one file lock: ORT uses every core for one run. The text endpoint's
+    dispatcher holds it around each sub-batch (text_scheduler).
     """
 
     def __init__(self, settings: TextSettings, cfg: dict, args: dict) -> None:

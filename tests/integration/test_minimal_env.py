@@ -150,8 +150,10 @@ def test_text_embeds_through_the_text_endpoint(minimal_server: LocalServer) -> N
     # the HTTP request of docs/gpu.md's quickstart
     out = _post(minimal_server, NAME, {"inputs": [{"name": "text", "shape": [1, 1], "datatype": "BYTES",
                                                    "data": ["今天天气很好"]}]})
-    (emb,) = out["outputs"]
-    assert emb["name"] == "embedding" and emb["shape"] == [1, 1024]
+    outputs = {o["name"]: o for o in out["outputs"]}
+    emb = outputs["embedding"]
+    assert sorted(outputs) == ["embedding", "token_count"] and emb["shape"] == [1, 1024]
+    assert outputs["token_count"]["shape"] == [1, 1] and outputs["token_count"]["data"][0] >= 3  # [CLS] .. [SEP]
     assert abs(float(np.linalg.norm(np.asarray(emb["data"], dtype=np.float32))) - 1.0) < 1e-3
     with EmbeddingClient(minimal_server.grpc_url, model=NAME) as client:
         vecs = client.embed_documents(["检索增强生成", "向量数据库里的一段很长的文本" * 20])

@@ -264,3 +264,15 @@ def test_http_request_rejects_unsupported_parameter_types() -> None:
     call = text_call("m", ["a"], truncate=True)
     with pytest.raises(KitError, match="'when' has type dict"):
         http_request(type(call)(call.model, call.inputs, {"when": {"a": 1}}, call.rows))
+
+
+def test_priority_travels_as_triton_queue_priority_only() -> None:
+    """A `priority` request parameter (the name Triton reserves) is not sent as a custom one: gRPC carries
+    the queue priority as tritonclient does (uint64), HTTP leaves it out of the parameters."""
+    call = dataclasses.replace(text_call("m", ["a"], truncate=True), priority=2,
+                               parameters={"truncate": True, "priority": 2})
+    request = grpc_request(service_pb2, call)
+    assert request.parameters["priority"].WhichOneof("parameter_choice") == "uint64_param"
+    assert request.parameters["priority"].uint64_param == 2 and request.parameters["truncate"].bool_param is True
+    body, header_length = http_request(call)
+    assert b'"parameters":{"truncate":true}' in body[:header_length] and b'"priority"' not in body[:header_length]

@@ -38,7 +38,8 @@ def test_every_committed_config_parses_with_triton_schema() -> None:
         ("input_ids", mc.TYPE_INT64, [-1]), ("attention_mask", mc.TYPE_INT64, [-1])]
     assert [(o.name, o.data_type, list(o.dims)) for o in enc.output] == [("embedding", mc.TYPE_FP32, [1024])]
     assert [(i.name, i.data_type, list(i.dims)) for i in txt.input] == [("text", mc.TYPE_STRING, [1])]
-    assert [(o.name, o.data_type, list(o.dims)) for o in txt.output] == [("embedding", mc.TYPE_FP32, [1024])]
+    assert [(o.name, o.data_type, list(o.dims)) for o in txt.output] == [("embedding", mc.TYPE_FP32, [1024]),
+                                                                         ("token_count", mc.TYPE_INT32, [1])]
 
 
 def test_committed_pair_keeps_its_contract() -> None:

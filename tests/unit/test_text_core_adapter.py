@@ -1,13 +1,15 @@
 """The shipped model.py as a thin adapter: error kinds reach Triton with their codes (fake pb_utils).
 
 The fake triton_python_backend_utils holds only what model.py calls, with python_backend 2.51's
-behaviour where it matters: a BLS response error reads code INTERNAL whatever the encoder said.
+behaviour where it matters: a BLS response error reads code INTERNAL whatever the encoder said, and
+responses go through each request's response sender, once, with the FINAL flag (default mode).
 """
 from __future__ import annotations
 
 import importlib.util
 import json
 import sys
+import threading
 import types
 from pathlib import Path
 
@@ -54,13 +56,42 @@ class InferenceResponse:
         return self.error_
 
 
+FINAL = 1
+
+
+class Sender:
+    """A response sender: exactly one response, with FINAL, as default mode requires."""
+
+    def __init__(self) -> None:
+        self.responses: list[InferenceResponse] = []
+        self.done = threading.Event()
+
+    def send(self, response=None, flags=0) -> None:
+        assert not self.done.is_set(), "a second response for one request"
+        assert flags == FINAL, "default mode sends one response with the FINAL flag"
+        self.responses.append(response)
+        self.done.set()
+
+
 class Request:
     def __init__(self, texts, parameters=None) -> None:
         self.tensor = Tensor("text", np.array([t.encode() for t in texts], dtype=object).reshape(-1, 1))
         self.params = json.dumps(parameters or {})
+        self.sender = Sender()
 
     def parameters(self) -> str:
         return self.params
+
+    def get_response_sender(self) -> Sender:
+        return self.sender
+
+
+def execute(model, requests: list[Request], timeout_s: float = 10.0) -> list[InferenceResponse]:
+    """execute() returns None; each request is answered through its sender (from the dispatchers)."""
+    assert model.execute(requests) is None
+    for r in requests:
+        assert r.sender.done.wait(timeout_s), "a request was never answered"
+    return [r.sender.responses[0] for r in requests]
 
 
 def fake_pb_utils(encoder_answer):
@@ -69,6 +100,7 @@ def fake_pb_utils(encoder_answer):
     pb.TritonError, pb.Tensor, pb.InferenceResponse = TritonError, Tensor, InferenceResponse
     pb.TritonModelException = type("TritonModelException", (Exception,), {})
     pb.TRITONSERVER_MEMORY_CPU = 0
+    pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL = FINAL
     pb.PreferredMemory = lambda kind, device: (kind, device)
     pb.get_input_tensor_by_name = lambda request, name: request.tensor
     pb.get_output_tensor_by_name = lambda response, name: response.output_tensors[0]
@@ -79,9 +111,6 @@ def fake_pb_utils(encoder_answer):
             self.model, self.ids = model_name, inputs[0].as_numpy()
 
         def exec(self):
-            return encoder_answer(self.ids)
-
-        async def async_exec(self):
             return encoder_answer(self.ids)
 
     class MetricFamily:
@@ -119,7 +148,8 @@ def load_model(tmp_path: Path, monkeypatch, encoder_answer, **params):
     spec = importlib.util.spec_from_file_location("m_model", version / "model.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    cfg = {"name": "m", "output": [{"name": "embedding", "dims": [DIM]}],
+    cfg = {"name": f"m{tmp_path.name}", "output": [{"name": "embedding", "dims": [DIM]}],
+           "dynamic_batching": {"priority_levels": 2, "default_priority_level": 2},
            "parameters": {k: {"string_value": str(v)} for k, v in {"max_length": 12, **params}.items()}}
     model = module.TritonPythonModel()
     model.initialize({"model_config": json.dumps(cfg), "model_repository": str(tmp_path / "m"),
@@ -135,30 +165,56 @@ def load_model(tmp_path: Path, monkeypatch, encoder_answer, **params):
 def test_encoder_errors_keep_overload_as_unavailable(tmp_path, monkeypatch, message: str, code: int) -> None:
     answer = lambda ids: InferenceResponse(error=TritonError(message))  # noqa: E731 - code INTERNAL, as 2.51
     model, _ = load_model(tmp_path, monkeypatch, answer)
-    (response,) = model.execute([Request(["hello world"])])
+    (response,) = execute(model, [Request(["hello world"])])
     assert response.error().code() == code
-    assert message in response.error().message() and "m_onnx" in response.error().message()
+    assert message in response.error().message() and f"m{tmp_path.name}_onnx" in response.error().message()
+    model.finalize()
 
 
 def test_bad_input_is_invalid_arg_and_the_rest_are_embedded(tmp_path, monkeypatch) -> None:
     model, pb = load_model(tmp_path, monkeypatch, ok)
-    responses = model.execute([Request(["hello"]), Request([" "]), Request(["hello " * 20], {"truncate": False}),
-                               Request(["今天", "rag"])])
-    assert [r.has_error() for r in responses] == [False, True, True, False]
+    responses = execute(model, [Request(["hello"]), Request([" "]), Request(["hello " * 20], {"truncate": False}),
+                                Request(["今天", "rag"]), Request(["hello"], {"priority": "high"})])
+    assert [r.has_error() for r in responses] == [False, True, True, False, True]
     assert {r.error().code() for r in responses if r.has_error()} == {TritonError.INVALID_ARG}
-    assert responses[3].output_tensors[0].as_numpy().shape == (2, DIM)
+    assert "parameter priority='high'" in responses[4].error().message()
+    embedding, counts = (t.as_numpy() for t in responses[3].output_tensors)
+    assert embedding.shape == (2, DIM) and counts.tolist() == [[4], [3]]  # [CLS] 今 天 [SEP], [CLS] rag [SEP]
     model.finalize()  # sends the summed counters
-    assert pb.sent["kit_rejected_requests_total"] == 2 and pb.sent["kit_texts_total"] == 3
+    assert pb.sent["kit_rejected_requests_total"] == 3 and pb.sent["kit_texts_total"] == 3
     assert pb.sent["kit_padded_tokens_total"] >= pb.sent["kit_real_tokens_total"] == 3 + 4 + 3  # [CLS] hello [SEP], [CLS] 今 天 [SEP], [CLS] rag [SEP]
 
 
-def test_overlapped_sub_batches_answer_from_a_coroutine(tmp_path, monkeypatch) -> None:
-    import asyncio
+def test_the_instance_is_free_at_once_and_a_query_does_not_wait_for_bulk(tmp_path, monkeypatch) -> None:
+    from test_text_core_stages import VOCAB
 
-    model, _ = load_model(tmp_path, monkeypatch, ok, sub_batch_max=1, max_in_flight=2)
-    pending = model.execute([Request(["hello"]), Request(["world", "fast"])])
-    responses = asyncio.run(pending)
-    assert [r.output_tensors[0].as_numpy().shape for r in responses] == [(1, DIM), (2, DIM)]
+    seen: list[np.ndarray] = []
+    gate = threading.Event()
+
+    def slow(ids):
+        seen.append(ids)
+        gate.wait(5)
+        return ok(ids)
+
+    model, _ = load_model(tmp_path, monkeypatch, slow, max_in_flight=1)
+    first = [Request(["hello"])]
+    assert model.execute(first) is None  # returns while its sub-batch runs
+    for _ in range(500):  # the dispatcher has taken it
+        if model.scheduler.pending == 0 and seen:
+            break
+        threading.Event().wait(0.01)
+    second = [Request(["world", "fast"]), Request(["rag"], {"priority": 1})]
+    assert model.execute(second) is None  # the next Triton batch is taken at once
+    for _ in range(500):  # the query dispatcher sent the query while the bulk dispatcher is busy
+        if len(seen) >= 2:
+            break
+        threading.Event().wait(0.01)
+    gate.set()
+    for r in first + second:
+        assert r.sender.done.wait(10)
+    assert [len(a) for a in seen] == [1, 1, 2]  # hello, the query at once, then both bulk texts together
+    assert seen[1][0, 1] == VOCAB["rag"]
+    model.finalize()
 
 
 def test_unknown_encoder_backend_names_the_missing_module(tmp_path, monkeypatch) -> None:

@@ -1,9 +1,10 @@
-"""The text endpoint's stages (text_stages.py) with a real WordPiece tokenizer and a fake encoder."""
+"""The text endpoint's stages and scheduler (text_stages.py, text_scheduler.py): a real WordPiece tokenizer,
+a fake encoder, requests answered end to end as model.py answers them."""
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -15,7 +16,8 @@ sys.path.insert(0, str(DEFAULT_CANONICAL / "bge_large_zh" / "1"))  # as the pyth
 
 from text_core import (BadInput, EncoderBackend, EncoderFailed, EncoderOverloaded, TextSettings,  # noqa: E402
                        TooLong, encoder_error)
-from text_stages import TextPipeline, Tokenizers, decode, pad  # noqa: E402
+from text_scheduler import Job, Scheduler  # noqa: E402
+from text_stages import TextPipeline, Tokenizers, decode  # noqa: E402
 
 WORDS = ["hello", "world", "fast", "embedding", "##s", "rag", "今", "天", "气", "很", "好", "poison"]
 VOCAB = {w: i for i, w in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", *WORDS])}
@@ -36,34 +38,75 @@ def tiny_tokenizer() -> Tokenizer:
 class FakeEncoder(EncoderBackend):
     """Mean of a fixed random table over the real tokens, L2-normalised: padding cannot change it."""
 
-    def __init__(self, overlaps: bool = False, fail: str | None = None) -> None:
+    def __init__(self, fail: str | None = None) -> None:
         self.table = np.random.default_rng(0).standard_normal((len(VOCAB), DIM)).astype(np.float32)
-        self.overlaps, self.fail = overlaps, fail
+        self.fail = fail
         self.shapes: list[tuple[int, int]] = []
         self.holds = self.in_flight = self.peak = 0
+        self.lock = threading.Lock()
 
     def run(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        self.shapes.append(ids.shape)
-        if self.fail and (ids == POISON).any():
-            raise encoder_error("fake_onnx", self.fail)
-        vecs = (self.table[ids] * mask[..., None]).sum(axis=1) / mask.sum(axis=1, keepdims=True)
-        return vecs / np.linalg.norm(vecs, axis=1, keepdims=True)
-
-    async def arun(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        self.in_flight += 1
-        self.peak = max(self.peak, self.in_flight)
-        await asyncio.sleep(0.001)  # let the other sub-batches start
-        self.in_flight -= 1
-        return self.run(ids, mask)
+        with self.lock:
+            self.shapes.append(ids.shape)
+            self.in_flight += 1
+            self.peak = max(self.peak, self.in_flight)
+        try:
+            threading.Event().wait(0.002)  # let the other dispatchers start
+            if self.fail and (ids == POISON).any():
+                raise encoder_error("fake_onnx", self.fail)
+            vecs = (self.table[ids] * mask[..., None]).sum(axis=1) / mask.sum(axis=1, keepdims=True)
+            return vecs / np.linalg.norm(vecs, axis=1, keepdims=True)
+        finally:
+            with self.lock:
+                self.in_flight -= 1
 
     def hold(self):
         self.holds += 1
         return super().hold()
 
 
-def pipeline(backend: EncoderBackend | None = None, **settings) -> TextPipeline:
-    s = TextSettings(**{"max_length": 12, **settings})
-    return TextPipeline(s, Tokenizers(tiny_tokenizer(), s.max_length), backend or FakeEncoder(), DIM)
+class Endpoint:
+    """The pipeline and a scheduler wired as model.py wires them; __call__ answers a Triton batch."""
+
+    def __init__(self, backend: EncoderBackend | None = None, **settings) -> None:
+        self.s = TextSettings(**{"max_length": 12, **settings})
+        self.backend = backend or FakeEncoder()
+        self.pipeline = TextPipeline(self.s, Tokenizers(tiny_tokenizer(), self.s.max_length))
+        self.scheduler = Scheduler(self.s, self.backend, 0, DIM, self.answer)
+        self.answered: list[Job] = []
+        self.cond = threading.Condition()
+
+    def answer(self, job: Job) -> None:
+        with self.cond:
+            self.answered.append(job)
+            self.cond.notify_all()
+
+    def submit(self, requests, default_priority: int = 2) -> list:
+        """Per request: a Job (queued) or the input error that answers it at once."""
+        batch = self.pipeline.encode_pre(requests)
+        out: list = list(batch.errors)
+        jobs = []
+        for r, start, n in batch.slots:
+            out[r] = self.scheduler.new_job(n, batch.priorities[r] or default_priority)
+            jobs.append((out[r], batch.ids[start:start + n]))
+        self.scheduler.submit(jobs)
+        return out
+
+    def wait(self, jobs, timeout_s: float = 10.0) -> None:
+        with self.cond:
+            assert self.cond.wait_for(lambda: all(j in self.answered for j in jobs), timeout_s), "unanswered"
+
+    def __call__(self, requests) -> list:
+        out = self.submit(requests)
+        self.wait([j for j in out if isinstance(j, Job)])
+        return [(j.error or j.out) if isinstance(j, Job) else j for j in out]
+
+    def close(self) -> None:
+        self.scheduler.close()
+
+
+def pipeline(backend: EncoderBackend | None = None, **settings) -> Endpoint:
+    return Endpoint(backend, **settings)
 
 
 def req(*texts, **params):
@@ -75,10 +118,13 @@ TEXTS = ["hello", "hello world", "fast embeddings", "今天天气很好", "rag "
 
 
 def test_decode_names_the_bad_text_and_reads_truncate() -> None:
-    assert decode(*req("hello", "今天")) == (["hello", "今天"], True)
-    assert decode(*req("hello", truncate=False)) == (["hello"], False)
-    assert decode(*req("hello", truncate="false")) == (["hello"], False)
-    assert decode(np.array(["already str"], dtype=object)) == (["already str"], True)
+    assert decode(*req("hello", "今天")) == (["hello", "今天"], True, 0)
+    assert decode(*req("hello", truncate=False)) == (["hello"], False, 0)
+    assert decode(*req("hello", truncate="false", priority=1)) == (["hello"], False, 1)
+    assert decode(np.array(["already str"], dtype=object)) == (["already str"], True, 0)
+    for bad in (-1, "1", True, 1.5):
+        with pytest.raises(BadInput, match="parameter priority="):
+            decode(*req("hello", priority=bad))
     for texts, match in (((b"ok", b"\xff\xfe"), "text 1 is not valid UTF-8"), (("a\x00b",), "text 0 contains a NUL"),
                          (("  \n",), "text 0 is empty or whitespace only")):
         with pytest.raises(BadInput, match=match):
@@ -95,15 +141,9 @@ def test_tokenizers_truncate_or_count_exactly() -> None:
     assert tok.pad_id == VOCAB["[PAD]"]
 
 
-def test_pad_builds_ids_and_mask() -> None:
-    ids, mask = pad([[2, 4, 3], [2, 3], [2, 5, 6, 3]], [1, 2], 8, 0)
-    assert ids.shape == mask.shape == (2, 8) and ids.dtype == np.int64
-    assert ids[0].tolist() == [2, 3, 0, 0, 0, 0, 0, 0] and mask[1].tolist() == [1, 1, 1, 1, 0, 0, 0, 0]
-
-
-@pytest.mark.parametrize("overlaps, max_in_flight", [(False, 1), (True, 2)])
-def test_batch_of_n_equals_n_singles(overlaps: bool, max_in_flight: int) -> None:
-    enc = FakeEncoder(overlaps=overlaps)
+@pytest.mark.parametrize("max_in_flight", [1, 2])
+def test_batch_of_n_equals_n_singles(max_in_flight: int) -> None:
+    enc = FakeEncoder()
     p = pipeline(enc, sub_batch_max=2, token_budget=64, max_in_flight=max_in_flight)
     singles = [p([req(t)])[0] for t in TEXTS]
     batch = p([req(t) for t in TEXTS[:4]] + [req(*TEXTS[4:])])  # four requests of one text, one of two
@@ -111,20 +151,30 @@ def test_batch_of_n_equals_n_singles(overlaps: bool, max_in_flight: int) -> None
     assert got.shape == (len(TEXTS), DIM)
     np.testing.assert_allclose(got, np.concatenate(singles), atol=1e-6)
     assert len(enc.shapes) > len(TEXTS)  # the batch ran as several sub-batches
-    if overlaps:
-        assert enc.peak == max_in_flight  # sub-batches overlapped, never more than max_in_flight
+    p.close()
+
+
+def test_dispatchers_overlap_up_to_max_in_flight() -> None:
+    enc = FakeEncoder()
+    p = pipeline(enc, sub_batch_max=1, max_in_flight=3)
+    p([req(*TEXTS)])
+    assert enc.peak == 3  # three sub-batches at the encoder at once, never more
+    p.close()
 
 
 def test_sub_batches_keep_budget_size_and_padding_multiple() -> None:
     enc = FakeEncoder()
-    p = pipeline(enc, sub_batch_max=3, token_budget=24, pad_to_multiple=4, split_overhead_tokens=0)
-    batch = p.encode_pre([req(*TEXTS)])
-    p.encode_core(batch)
-    assert enc.holds == 1  # the backend is held once for the whole Triton batch
+    p = pipeline(enc, sub_batch_max=3, token_budget=24, pad_to_multiple=4, split_overhead_tokens=0, max_in_flight=1)
+    out = p([req(*TEXTS)])
+    assert out[0].shape == (len(TEXTS), DIM)
+    assert enc.holds == len(enc.shapes)  # the backend is held around each sub-batch
     for rows, length in enc.shapes:
         assert length % 4 == 0 and rows <= 3 and (rows == 1 or rows * length <= 24)
     assert sum(rows for rows, _ in enc.shapes) == len(TEXTS)
-    assert batch.real_tokens == sum(len(r) for r in batch.ids) < batch.padded_tokens
+    counts = p.scheduler.counters.take()
+    assert counts["texts"] == len(TEXTS) and counts["subs"] == len(enc.shapes)
+    assert counts["real"] < counts["padded"] == sum(r * n for r, n in enc.shapes)
+    p.close()
 
 
 def test_a_bad_request_fails_alone() -> None:
@@ -137,23 +187,24 @@ def test_a_bad_request_fails_alone() -> None:
     assert isinstance(out[4], TooLong) and "text 0 has 22 tokens, over the limit of 12" in out[4].message
     for got, r in zip((out[0], out[2], out[5]), good):
         np.testing.assert_allclose(got, p([r])[0], atol=1e-6)
-    assert p.encode_pre([bad[0], good[0], bad[2]]).rejected == 2
+    assert p.pipeline.encode_pre([bad[0], good[0], bad[2]]).rejected == 2
     assert isinstance(p([req("hello " * 20)])[0], np.ndarray)  # truncate=true (default) embeds it
+    p.close()
 
 
-@pytest.mark.parametrize("overlaps", [False, True])
 @pytest.mark.parametrize("message, kind", [("Exceeds maximum queue size", EncoderOverloaded),
                                            ("onnxruntime error: bad input", EncoderFailed)])
-def test_a_failed_sub_batch_fails_only_its_requests(overlaps: bool, message: str, kind: type) -> None:
-    p = pipeline(FakeEncoder(overlaps=overlaps, fail=message), sub_batch_max=1, max_in_flight=2)
+def test_a_failed_sub_batch_fails_only_its_requests(message: str, kind: type) -> None:
+    p = pipeline(FakeEncoder(fail=message), sub_batch_max=1, max_in_flight=2)
     out = p([req("hello"), req("poison"), req("world", "fast"), req("rag", "poison")])
     assert isinstance(out[1], kind) and isinstance(out[3], kind) and message in out[1].message
     assert out[0].shape == (1, DIM) and out[2].shape == (2, DIM)
+    p.close()
 
 
 def test_no_encodable_request_runs_nothing() -> None:
     enc = FakeEncoder()
     p = pipeline(enc)
-    batch = p.encode_pre([req(" "), req(b"\xff")])
-    assert not batch.plans and not p.overlapped(batch)
-    assert all(isinstance(r, BadInput) for r in p.encode_post(batch)) and enc.shapes == []
+    out = p([req(" "), req(b"\xff")])
+    assert all(isinstance(r, BadInput) for r in out) and enc.shapes == []
+    p.close()

@@ -1,11 +1,14 @@
 """Text endpoint of the kit (Triton python backend): text in, normalised embedding out.
 
-A thin adapter over the pure stages beside it (text_stages.py, text_core.py): one Triton batch of
-requests (each `text` BYTES [n, 1]) is decoded, tokenized at once, sorted by length, cut into
-sub-batches under a token budget, padded to a multiple of 8 and sent to the encoder model through
-BLS (async_exec when sub-batches overlap, at most `max_in_flight` at the encoder), then scattered
-back, one response per request. A bad request gets its own error response; the rest of the batch
-is not touched. Error kinds map to Triton codes in one place, text_core.triton_code.
+A thin adapter over the pure stages beside it (text_stages.py, text_scheduler.py, text_core.py):
+execute() decodes and tokenizes one Triton batch (each request's `text` BYTES [n, 1]) and hands the
+texts to this instance's scheduler, then returns at once; the scheduler's dispatcher threads cut
+sub-batches of similar lengths from every text waiting, send them to the encoder model through BLS,
+and answer each request through its response sender as soon as its last text is embedded (default
+mode, python_backend r24.06+). Outputs: `embedding` and `token_count` (tokens per text as embedded).
+A bad request gets its own error response; the rest of the batch is not touched. Error kinds map to
+Triton codes in one place, text_core.triton_code. Request parameter `priority` (the SDK sends Triton's
+priority level here too: the python backend cannot read it) puts queries ahead of bulk passages.
 
 Parameter `encoder` "bls" (the default) is the deployment. Any other value X loads the backend
 module encoder_X.py beside this file: the local CPU variant (server/cpu_variant.py) renders one
@@ -14,6 +17,7 @@ there; this file runs unchanged in both.
 import importlib
 import json
 import os
+import threading
 import time
 
 import triton_python_backend_utils as pb_utils
@@ -22,22 +26,20 @@ import triton_python_backend_utils as pb_utils
 # model directory to sys.path before it imports `<version>.model` (python_backend r24.10,
 # src/pb_stub.cc, ModelContext::StubSetup), so the modules beside this file import by name.
 from text_core import EncoderBackend, TextError, TextSettings, encoder_error, triton_code
+from text_scheduler import QueryMarker, Scheduler
 from text_stages import TextPipeline, Tokenizers
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
 class BlsBackend(EncoderBackend):
-    """The encoder model reached through BLS (exec, or async_exec for overlapped sub-batches)."""
-
-    overlaps = True
+    """The encoder model reached through BLS (exec, from the scheduler's dispatcher threads)."""
 
     def __init__(self, model: str) -> None:
         self.model = model
 
     def run(self, ids, mask):
         return self._result(self._request(ids, mask).exec())
-
-    async def arun(self, ids, mask):
-        return self._result(await self._request(ids, mask).async_exec())
 
     def _request(self, ids, mask):
         return pb_utils.InferenceRequest(
@@ -75,7 +77,7 @@ def _backend(settings: TextSettings, cfg: dict, args: dict) -> EncoderBackend:
 
 
 class TritonPythonModel:
-    """Decode, tokenize, plan, run, scatter (text_stages) with BLS to the encoder."""
+    """Decode and tokenize (text_stages), then the scheduler plans, runs through BLS and answers."""
 
     def initialize(self, args):
         cfg = json.loads(args["model_config"])
@@ -88,8 +90,13 @@ class TritonPythonModel:
             self.backend = _backend(self.settings, cfg, args)
         except (ValueError, FileNotFoundError) as exc:
             raise pb_utils.TritonModelException(f"{cfg['name']}: {exc}") from exc
-        self.pipeline = TextPipeline(self.settings, tok, self.backend, int(cfg["output"][0]["dims"][-1]))
+        self.pipeline = TextPipeline(self.settings, tok)
+        # requests without a `priority` parameter take the config's default level, as in Triton's queue
+        self.default_priority = int(cfg.get("dynamic_batching", {}).get("default_priority_level", 0) or 0)
         self._metrics(cfg["name"])
+        self.scheduler = Scheduler(self.settings, self.backend, tok.pad_id, int(cfg["output"][0]["dims"][-1]),
+                                   self._answer, QueryMarker(cfg["name"]),
+                                   on_idle=lambda: self._flush_metrics(force=True))  # counters never lag at idle
 
     def _metrics(self, model):
         labels = {"model": model}
@@ -111,52 +118,50 @@ class TritonPythonModel:
         }
         # Each increment is a round trip from this stub to the server (about 50 us), so counts are summed
         # here and sent together at most every metrics_flush_s (and at unload): ratios stay exact.
-        self.pending = dict.fromkeys(self.counters, 0)
+        self.pending = dict.fromkeys(("batches", "bad"), 0)
         self.last_flush = float("-inf")
+        self.flush_lock = threading.Lock()
 
     def _flush_metrics(self, force=False):
-        now = time.monotonic()
-        if not force and now - self.last_flush < self.settings.metrics_flush_s:
-            return
-        self.last_flush = now
-        for key, value in self.pending.items():
-            if value:
-                self.counters[key].increment(value)
-                self.pending[key] = 0
+        with self.flush_lock:
+            now = time.monotonic()
+            if not force and now - self.last_flush < self.settings.metrics_flush_s:
+                return
+            self.last_flush = now
+            counts = {**self.scheduler.counters.take(), **self.pending}
+            self.pending = dict.fromkeys(self.pending, 0)
+            for key, value in counts.items():
+                if value:
+                    self.counters[key].increment(value)
 
     def finalize(self):
+        self.scheduler.close()
         self._flush_metrics(force=True)
         self.backend.close()
 
     def execute(self, requests):
-        """Answer one Triton batch: the responses, or a coroutine when BLS sub-batches overlap.
-
-        The python backend awaits a returned coroutine on its event loop; a plain list skips that
-        hand-off, so a single sub-batch, max_in_flight 1 and in-process encoding stay synchronous.
-        """
+        """Tokenize one Triton batch, answer its bad requests, queue the rest; the scheduler answers them."""
         batch = self.pipeline.encode_pre([(pb_utils.get_input_tensor_by_name(r, "text").as_numpy(),
                                            r.parameters()) for r in requests])
-        if self.pipeline.overlapped(batch):
-            return self._execute_overlapped(batch)
-        if batch.plans:
-            self.pipeline.encode_core(batch)
-        return self._respond(batch)
-
-    async def _execute_overlapped(self, batch):
-        await self.pipeline.encode_core_async(batch)
-        return self._respond(batch)
-
-    def _respond(self, batch):
-        self.pending["bad"] += batch.rejected
-        if batch.plans:
-            for key, value in (("real", batch.real_tokens), ("padded", batch.padded_tokens), ("batches", 1),
-                               ("texts", len(batch.ids) - len(batch.row_errors)), ("subs", len(batch.plans))):
-                self.pending[key] += value
-        responses = []
-        for result in self.pipeline.encode_post(batch):
-            if isinstance(result, TextError):
-                responses.append(pb_utils.InferenceResponse(error=_triton_error(result)))
-            else:
-                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("embedding", result)]))
+        senders = [r.get_response_sender() for r in requests]
+        for sender, error in zip(senders, batch.errors):
+            if error is not None:
+                sender.send(pb_utils.InferenceResponse(error=_triton_error(error)), flags=FINAL)
+        jobs = [(self.scheduler.new_job(n, batch.priorities[r] or self.default_priority, senders[r]),
+                 batch.ids[start:start + n]) for r, start, n in batch.slots]
+        with self.flush_lock:
+            self.pending["batches"] += 1
+            self.pending["bad"] += batch.rejected
+        self.scheduler.submit(jobs)
         self._flush_metrics()
-        return responses
+        return None
+
+    def _answer(self, job):
+        """Send one request's response (from a dispatcher thread, or from submit when it is refused)."""
+        if job.error is not None:
+            response = pb_utils.InferenceResponse(error=_triton_error(job.error))
+        else:
+            response = pb_utils.InferenceResponse([pb_utils.Tensor("embedding", job.out),
+                                                   pb_utils.Tensor("token_count", job.tokens.reshape(-1, 1))])
+        job.context.send(response, flags=FINAL)
+        self._flush_metrics()

@@ -32,19 +32,28 @@ class TextSettings:
     sub_batch_max: int = 64  # texts per sub-batch: at most the encoder's max_batch_size
     pad_to_multiple: int = 8  # sub-batches are padded to a multiple of this
     split_overhead_tokens: int = 64  # the planner's fixed cost of one encoder call, in tokens (a / b)
-    # Sub-batches queued at the encoder at once per instance. 2 keeps the encoder busy (one runs, one
-    # waits) without letting its dynamic batcher merge equal-shape sub-batches past the token budget.
+    # Dispatcher threads per instance = sub-batches at the encoder at once from this instance. 2 keeps the
+    # encoder busy (one runs, one waits) without letting its batcher merge sub-batches past the token budget.
     max_in_flight: int = 2
+    max_pending: int = 4096  # texts waiting in one instance's pool; a request past it is answered UNAVAILABLE
+    pending_timeout_s: float = 5.0  # a text waiting longer fails its request UNAVAILABLE (Triton's queue timeout)
+    query_levels: int = 1  # priority levels 1..query_levels are queries: served first, never held
+    query_window_s: float = 1.0  # query mode lasts this long after the last query (any instance)
+    # In query mode bulk sub-batches are capped at this many tokens, one at a time across the instances,
+    # so a query waits behind at most one short bulk sub-batch (the GPU does not preempt).
+    query_token_budget: int = 2048
     encoder: str = "bls"  # "bls", or X: the backend module encoder_X.py beside model.py (CPU variant)
     metrics_flush_s: float = 0.25  # counters are sent to the server at most this often
 
     def __post_init__(self) -> None:
-        for name in ("max_length", "token_budget", "sub_batch_max", "pad_to_multiple", "max_in_flight"):
+        for name in ("max_length", "token_budget", "sub_batch_max", "pad_to_multiple", "max_in_flight", "max_pending",
+                     "query_token_budget"):
             if getattr(self, name) < 1:
                 raise ValueError(f"parameter {name}={getattr(self, name)}: must be >= 1")
-        if self.split_overhead_tokens < 0 or self.metrics_flush_s < 0:
-            raise ValueError(f"parameters split_overhead_tokens={self.split_overhead_tokens}, metrics_flush_s="
-                             f"{self.metrics_flush_s}: must be >= 0")
+        for name in ("split_overhead_tokens", "metrics_flush_s", "query_levels", "query_window_s",
+                     "pending_timeout_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"parameter {name}={getattr(self, name)}: must be >= 0")
         if not self.encoder.strip():
             raise ValueError("parameter encoder is empty: use 'bls' (the default)")
 
@@ -141,18 +150,13 @@ def encoder_error(model: str, message: str, unavailable: bool = False) -> TextEr
 class EncoderBackend:
     """What the run stage talks to: one padded sub-batch in, [B, dim] float32 embeddings out.
 
-    run() blocks; arun() lets up to max_in_flight sub-batches wait at the encoder at once when
-    `overlaps` is true. Failures raise TextError (encoder_error). hold() is entered around a whole
-    Triton batch (e.g. a lock on shared compute); close() is called at unload.
+    run() blocks; the scheduler's max_in_flight dispatcher threads call it at once. Failures raise
+    TextError (encoder_error). hold() is entered around each sub-batch (e.g. a lock on shared compute);
+    close() is called at unload.
     """
-
-    overlaps = False
 
     def run(self, ids: Any, mask: Any) -> Any:
         raise NotImplementedError
-
-    async def arun(self, ids: Any, mask: Any) -> Any:
-        return self.run(ids, mask)
 
     def hold(self) -> ContextManager[object]:
         return contextlib.nullcontext()

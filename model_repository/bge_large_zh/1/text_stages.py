@@ -1,12 +1,11 @@
-"""The text endpoint's stages on one Triton batch: decode -> tokenize -> plan -> run -> scatter.
+"""The text endpoint's first stages on one Triton batch: decode -> validate -> tokenize.
 
 Pure (numpy and tokenizers only, no Triton): model.py feeds it each request's raw `text` array and
-parameters and turns what comes back into responses. encode_pre / encode_core / encode_post follow
-Infinity's split of an embedding model (tokenize / forward / per-request output).
+parameters, and hands the token ids to text_scheduler (plan -> pad -> run -> answer). plan_sub_batches
+is the per-batch planner the bench's estimates price (loadtest.targets).
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 from dataclasses import dataclass, field
@@ -15,15 +14,18 @@ from typing import Any, Sequence
 import numpy as np
 from tokenizers import Tokenizer
 
-from text_core import BadInput, EncoderBackend, TextError, TextSettings, TooLong, truthy
+from text_core import BadInput, TextError, TextSettings, TooLong, truthy
 
-__all__ = ["decode", "Tokenizers", "plan_sub_batches", "pad", "Batch", "TextPipeline"]
+__all__ = ["decode", "Tokenizers", "plan_sub_batches", "Batch", "TextPipeline"]
 
 
-def decode(raw: np.ndarray, parameters: str | None = None) -> tuple[list[str], bool]:
-    """One request's texts and its `truncate` flag (default true); BadInput names the bad text."""
+def decode(raw: np.ndarray, parameters: str | None = None) -> tuple[list[str], bool, int]:
+    """One request's texts, its `truncate` flag (default true) and `priority` (0: none); BadInput names the bad part."""
     params = json.loads(parameters or "{}")
     truncate = truthy(params.get("truncate", True))
+    priority = params.get("priority", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int) or priority < 0:
+        raise BadInput(f"parameter priority={priority!r}: send an integer priority level >= 1 (1 = highest), or none")
     texts = []
     for j, item in enumerate(np.asarray(raw, dtype=object).reshape(-1)):
         if isinstance(item, str):
@@ -39,7 +41,7 @@ def decode(raw: np.ndarray, parameters: str | None = None) -> tuple[list[str], b
         if not text.strip():
             raise BadInput(f"text {j} is empty or whitespace only: send at least one visible character")
         texts.append(text)
-    return texts, truncate
+    return texts, truncate, priority
 
 
 class Tokenizers:
@@ -100,34 +102,14 @@ def plan_sub_batches(lengths: Sequence[int], budget: int, max_batch: int, multip
     return plans[::-1]
 
 
-def pad(ids: Sequence[Sequence[int]], rows: Sequence[int], pad_len: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """input_ids and attention_mask [len(rows), pad_len] int64 for the texts `rows` of `ids`."""
-    out = np.full((len(rows), pad_len), pad_id, dtype=np.int64)
-    mask = np.zeros((len(rows), pad_len), dtype=np.int64)
-    for k, i in enumerate(rows):
-        out[k, :len(ids[i])] = ids[i]
-        mask[k, :len(ids[i])] = 1
-    return out, mask
-
-
 @dataclass
 class Batch:
-    """One Triton batch between the stages: per-request errors, token ids, the plan, the output."""
+    """One Triton batch after the first stages: per-request errors, priorities, and the token ids."""
 
     errors: list[TextError | None]  # per request; None = encoded (slots says where)
+    priorities: list[int] = field(default_factory=list)  # per request (0 = none sent)
     slots: list[tuple[int, int, int]] = field(default_factory=list)  # (request, first row, rows)
     ids: list[list[int]] = field(default_factory=list)  # one row per text of the encoded requests
-    plans: list[tuple[list[int], int]] = field(default_factory=list)  # (rows, padded length)
-    out: np.ndarray | None = None
-    row_errors: dict[int, TextError] = field(default_factory=dict)  # rows of failed sub-batches
-
-    @property
-    def real_tokens(self) -> int:
-        return sum(len(row) for row in self.ids)
-
-    @property
-    def padded_tokens(self) -> int:
-        return sum(len(rows) * pad_len for rows, pad_len in self.plans)
 
     @property
     def rejected(self) -> int:
@@ -136,18 +118,18 @@ class Batch:
 
 
 class TextPipeline:
-    """The stages with their settings, tokenizers and encoder backend; one instance per model instance."""
+    """The first stages with their settings and tokenizers; one per model instance."""
 
-    def __init__(self, settings: TextSettings, tokenizers: Tokenizers, backend: EncoderBackend, dim: int) -> None:
-        self.settings, self.tok, self.backend, self.dim = settings, tokenizers, backend, dim
+    def __init__(self, settings: TextSettings, tokenizers: Tokenizers) -> None:
+        self.settings, self.tok = settings, tokenizers
 
     def encode_pre(self, requests: Sequence[tuple[np.ndarray, str | None]]) -> Batch:
-        """Decode and validate every request, tokenize the batch (one call per truncate mode), plan it."""
-        batch = Batch(errors=[None] * len(requests))
+        """Decode and validate every request, tokenize the batch (one call per truncate mode)."""
+        batch = Batch(errors=[None] * len(requests), priorities=[0] * len(requests))
         decoded: list[tuple[int, list[str], bool]] = []
         for r, (raw, parameters) in enumerate(requests):
             try:
-                texts, truncate = decode(raw, parameters)
+                texts, truncate, batch.priorities[r] = decode(raw, parameters)
             except BadInput as exc:
                 batch.errors[r] = exc
                 continue
@@ -169,55 +151,4 @@ class TextPipeline:
                 continue
             batch.slots.append((r, len(batch.ids), len(texts)))
             batch.ids.extend(encoded[r])
-        if batch.ids:
-            s = self.settings
-            batch.plans = plan_sub_batches([len(row) for row in batch.ids], s.token_budget, s.sub_batch_max,
-                                           s.pad_to_multiple, s.split_overhead_tokens)
         return batch
-
-    def overlapped(self, batch: Batch) -> bool:
-        """True when the run stage should keep several sub-batches in flight (encode_core_async)."""
-        return self.backend.overlaps and len(batch.plans) > 1 and self.settings.max_in_flight > 1
-
-    def encode_core(self, batch: Batch) -> None:
-        """Run every sub-batch, one after another; a failed sub-batch fails only its own rows."""
-        batch.out = np.empty((len(batch.ids), self.dim), dtype=np.float32)
-        with self.backend.hold():
-            for rows, pad_len in batch.plans:
-                try:
-                    batch.out[rows] = self.backend.run(*pad(batch.ids, rows, pad_len, self.tok.pad_id))
-                except TextError as exc:
-                    batch.row_errors.update((i, exc) for i in rows)
-
-    async def encode_core_async(self, batch: Batch) -> None:
-        """encode_core with up to max_in_flight sub-batches waiting at the encoder at once."""
-        batch.out = np.empty((len(batch.ids), self.dim), dtype=np.float32)
-        window = asyncio.Semaphore(self.settings.max_in_flight)
-
-        async def run(rows: list[int], pad_len: int) -> None:
-            ids, mask = pad(batch.ids, rows, pad_len, self.tok.pad_id)
-            async with window:
-                try:
-                    batch.out[rows] = await self.backend.arun(ids, mask)
-                except TextError as exc:
-                    batch.row_errors.update((i, exc) for i in rows)
-
-        with self.backend.hold():
-            await asyncio.gather(*(run(rows, pad_len) for rows, pad_len in batch.plans))
-
-    def encode_post(self, batch: Batch) -> list[Any]:
-        """Per request, in order: its [n, dim] embeddings, or the TextError that answers it."""
-        results: list[Any] = list(batch.errors)
-        for r, start, count in batch.slots:
-            failed = [batch.row_errors[i] for i in range(start, start + count) if i in batch.row_errors]
-            results[r] = failed[0] if failed else batch.out[start:start + count]
-        return results
-
-    def __call__(self, requests: Sequence[tuple[np.ndarray, str | None]]) -> list[Any]:
-        """All stages, synchronously (tests and callers without an event loop)."""
-        batch = self.encode_pre(requests)
-        if self.overlapped(batch):
-            asyncio.run(self.encode_core_async(batch))
-        elif batch.plans:
-            self.encode_core(batch)
-        return self.encode_post(batch)

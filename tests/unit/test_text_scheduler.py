@@ -1,0 +1,169 @@
+"""The text endpoint's scheduler (text_scheduler.py): the run it picks, priorities, query mode, limits."""
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+import pytest
+
+from test_text_core_stages import DIM, Endpoint, FakeEncoder, req
+from text_core import EncoderOverloaded, TextSettings
+from text_scheduler import Item, Job, QueryMarker, choose
+
+
+def items(lengths, arrivals=None) -> list[Item]:
+    job = Job(len(lengths), 2, np.zeros((len(lengths), DIM), np.float32), np.zeros(len(lengths), np.int32))
+    arrivals = arrivals or [0.0] * len(lengths)
+    return [Item(job, i, [1] * n, -(-n // 8) * 8, t) for i, (n, t) in enumerate(zip(lengths, arrivals))]
+
+
+def taken(p: Endpoint) -> None:
+    """Wait until the dispatchers took every pending text."""
+    for _ in range(500):
+        if p.scheduler.pending == 0:
+            return
+        threading.Event().wait(0.01)
+    raise AssertionError("the dispatcher never took the pending texts")
+
+
+def test_choose_sends_the_run_of_the_oldest_text_from_the_whole_pool_plan() -> None:
+    pool = items([100, 12, 9, 15, 200, 14, 10], arrivals=[0.5, 0.4, 0.3, 0.2, 0.6, 0.1, 0.7])
+    run = choose(pool, budget=8192, max_batch=4, overhead=64)
+    lengths = sorted(it.padded for it in run)
+    assert lengths == [16] * 4 and 14 in [len(it.ids) for it in run]  # the oldest (14 tokens) and 3 of its kind
+    long_first = items([100, 12, 9, 15, 200, 14, 10], arrivals=[0.0, 0.4, 0.3, 0.2, 0.6, 0.1, 0.7])
+    assert [it.padded for it in choose(long_first, 8192, 4, 64)] == [104]  # not padded together with short ones
+
+
+def test_choose_keeps_the_token_budget_and_runs_a_lone_long_text() -> None:
+    pool = items([120, 120, 120, 500])
+    run = choose(pool, budget=256, max_batch=64, overhead=1000)
+    assert len(run) == 2 and all(it.padded == 120 for it in run)  # 3 x 120 would pass 256 tokens
+    assert [it.padded for it in choose(items([500]), 256, 64, 1000)] == [504]
+
+
+def test_a_bigger_pool_plans_fuller_runs() -> None:
+    import random
+
+    rng = random.Random(0)
+    lengths = [rng.choice([12, 20, 33, 48, 71, 90, 130, 250]) for _ in range(256)]
+    small = choose(items(lengths[:8]), 8192, 64, 628)
+    big = choose(items(lengths), 8192, 64, 628)
+    assert len(big) > len(small)
+
+
+class Gated(FakeEncoder):
+    """Records each call's shape as it arrives, then waits for the gate."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate, self.arrived = threading.Event(), []
+
+    def run(self, ids, mask):
+        self.arrived.append(ids.shape)
+        self.gate.wait(5)
+        return super().run(ids, mask)
+
+    def wait_arrived(self, n: int) -> None:
+        for _ in range(500):
+            if len(self.arrived) >= n:
+                return
+            threading.Event().wait(0.01)
+        raise AssertionError(f"{len(self.arrived)} encoder calls arrived, expected {n}")
+
+
+def test_a_query_does_not_wait_for_bulk_and_bulk_is_capped_in_query_mode() -> None:
+    enc = Gated()
+    p = Endpoint(enc, max_in_flight=1, query_token_budget=16, sub_batch_max=64)
+    first = p.submit([req("hello")])  # the one general dispatcher runs it (held at the gate)
+    enc.wait_arrived(1)
+    bulk = p.submit([req("hello world", "fast embeddings", "rag rag", "world fast")])  # waits for that dispatcher
+    query = p.submit([req("今天天气很好", priority=1)])  # the query dispatcher takes it at once
+    enc.wait_arrived(2)
+    assert enc.arrived[1] == (1, 8) and p.scheduler.pending == 4  # the query is at the encoder, bulk still waits
+    enc.gate.set()
+    p.wait(first + bulk + query)
+    assert all(rows * length <= 16 for rows, length in enc.arrived[2:])  # bulk capped while queries are recent
+    assert len(enc.arrived) == 2 + 2  # four bulk texts of 8 padded tokens: two runs of two
+    p.close()
+
+
+def test_without_recent_queries_bulk_uses_the_full_budget() -> None:
+    enc = FakeEncoder()
+    p = Endpoint(enc, max_in_flight=1, query_token_budget=16, query_window_s=0.0)
+    p([req("hello world", "fast embeddings", "rag rag", "world fast")])
+    assert enc.shapes == [(4, 8)]
+    p.close()
+
+
+def test_max_pending_refuses_with_unavailable_and_keeps_the_rest() -> None:
+    enc = Gated()
+    p = Endpoint(enc, max_in_flight=1, max_pending=3)
+    held = p.submit([req("hello")])
+    taken(p)  # the dispatcher holds it: not pending
+    kept = p.submit([req("world", "fast")])
+    refused = p.submit([req("rag", "rag", "hello")])
+    enc.gate.set()
+    p.wait(held + kept + refused)
+    assert isinstance(refused[0].error, EncoderOverloaded) and "max_pending 3" in str(refused[0].error)
+    assert held[0].error is None and kept[0].error is None and kept[0].out.shape == (2, DIM)
+    p.close()
+
+
+def test_close_answers_what_is_still_waiting() -> None:
+    enc = Gated()
+    p = Endpoint(enc, max_in_flight=1)
+    running = p.submit([req("hello")])
+    taken(p)
+    waiting = p.submit([req("world")])
+    threading.Timer(0.2, enc.gate.set).start()
+    p.close()
+    p.wait(running + waiting)
+    assert running[0].error is None
+    assert isinstance(waiting[0].error, EncoderOverloaded) and "unloading" in str(waiting[0].error)
+
+
+def test_query_marker_is_shared_through_its_file() -> None:
+    a, b = QueryMarker("m/odd name", server_pid=424242), QueryMarker("m/odd name", server_pid=424242)
+    try:
+        assert a.path == b.path and "m_odd_name_424242" in a.path
+        a.mark(12.5)
+        assert b.last() == 12.5
+        assert a.try_bulk()
+        other = QueryMarker.__new__(QueryMarker)  # a second open file description: another instance
+        other.fd = os.open(a.path, os.O_RDWR)
+        assert not other.try_bulk()
+        a.release_bulk()
+        assert other.try_bulk()
+        other.release_bulk()
+        os.close(other.fd)
+    finally:
+        a.close()
+        b.close()
+        os.unlink(a.path)
+
+
+def test_settings_reject_negative_scheduler_values() -> None:
+    for name in ("split_overhead_tokens", "query_window_s", "query_levels"):
+        with pytest.raises(ValueError, match=name):
+            TextSettings(**{name: -1})
+    with pytest.raises(ValueError, match="max_pending"):
+        TextSettings(max_pending=0)
+
+
+def test_a_text_waiting_past_pending_timeout_fails_its_request_unavailable() -> None:
+    now = [100.0]
+    enc = Gated()
+    p = Endpoint(enc, max_in_flight=1, pending_timeout_s=5.0)
+    p.scheduler.clock = lambda: now[0]
+    running = p.submit([req("hello")])
+    enc.wait_arrived(1)
+    late = p.submit([req("world", "fast")])
+    now[0] += 6.0  # the encoder is stuck on the first sub-batch for 6 s
+    enc.gate.set()
+    p.wait(running + late)
+    assert running[0].error is None
+    assert isinstance(late[0].error, EncoderOverloaded) and "waited 6.0 s" in str(late[0].error)
+    assert p.answered.count(late[0]) == 1 and p.scheduler.pending == 0
+    p.close()

@@ -63,15 +63,20 @@ def abba(calls: dict[str, Call], k: int) -> list[tuple[str, Call]]:
     return order[::-1] if k % 2 else order
 
 
-async def serial(calls: dict[str, Call], items: list[str], block: int) -> dict[str, list[float]]:
-    """One request in flight; the paths alternate every `block` requests (ABBA) so drift hits both alike."""
+async def serial(calls: dict[str, Call], items: list[str], block: int, meter: Callable[[], float] | None = None,
+                 cpu: dict[str, float] | None = None) -> dict[str, list[float]]:
+    """One request in flight; the paths alternate every `block` requests (ABBA) so drift hits both alike.
+    With a meter (the gateway's CPU seconds), cpu[path] sums what it read across that path's own blocks."""
     lat: dict[str, list[float]] = {name: [] for name in calls}
     for k, start in enumerate(range(0, len(items), block)):
         for name, call in abba(calls, k):
+            c0 = meter() if meter else 0.0
             for text in items[start:start + block]:
                 t0 = time.perf_counter()
                 await call(text)
                 lat[name].append((time.perf_counter() - t0) * 1e3)
+            if meter and cpu is not None:
+                cpu[name] = cpu.get(name, 0.0) + meter() - c0
     return lat
 
 
@@ -124,9 +129,9 @@ async def measure(args: argparse.Namespace, grpc_url: str, gateway_url: str, gat
 
 async def _serial_rows(args: argparse.Namespace, calls: dict[str, Call], gateway: psutil.Process
                        ) -> list[dict[str, Any]]:
-    c0 = cpu_s(gateway)
-    lat = await serial(calls, texts(args.serial), args.block)
-    serial_cpu = (cpu_s(gateway) - c0) / args.serial
+    cpu: dict[str, float] = {}  # the gateway's CPU during its own blocks, not while the SDK's run
+    lat = await serial(calls, texts(args.serial), args.block, lambda: cpu_s(gateway), cpu)
+    serial_cpu = cpu[GATEWAY] / args.serial
     return [{"load": "one in flight", "path": name, "requests": len(values), "p50_ms": percentile(values, 50),
              "p99_ms": percentile(values, 99), "throughput_rps": 1e3 * len(values) / sum(values),
              "gateway_cpu_ms_per_req": serial_cpu * 1e3 if name == GATEWAY else None} for name, values in lat.items()]

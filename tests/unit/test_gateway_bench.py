@@ -24,6 +24,21 @@ def test_serial_alternates_blocks_between_paths() -> None:
     assert [t for n, t in order if n == "b"] == items and len(lat["a"]) == len(lat["b"]) == 5
 
 
+def test_serial_meters_each_path_over_its_own_blocks() -> None:
+    """The meter is read around each block, so a path's CPU excludes the other path's turns."""
+    clock = [0.0]
+
+    def call(cost: float):
+        async def run(text: str) -> None:
+            clock[0] += cost  # the metered process spends `cost` per request of this path
+        return run
+
+    cpu: dict[str, float] = {}
+    asyncio.run(bench.serial({"a": call(1.0), "b": call(0.0)}, [f"t{i}" for i in range(6)], 2,
+                             lambda: clock[0], cpu))
+    assert cpu == {"a": 6.0, "b": 0.0}
+
+
 def test_saturate_sends_every_item_once() -> None:
     seen: list[str] = []
 

@@ -5,6 +5,7 @@ metrics, timing headers and the mapping of every error to its status and JSON sh
 """
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import logging
@@ -31,6 +32,7 @@ from bge_triton.gateway.texts import TextPreparer
 __all__ = ["create_app"]
 
 log = logging.getLogger("bge_triton.gateway")
+THREAD_ABOVE = 16  # texts: tokenize larger requests (START, NONE's error path) in a worker thread
 PRIORITY_HEADER = "x-priority"
 PRIORITY_HEADER_RAW = PRIORITY_HEADER.encode()
 ROUTES = "POST /v1/embeddings, GET /v1/models, POST /embed, GET /health, /ready, /metrics"
@@ -101,19 +103,26 @@ class Gateway:
         the vectors and the request's total tokens."""
         priority = self.priority(req, request)
         t0 = time.perf_counter()
-        texts, server_truncate = self.preparer.prepare(req.texts, req.query, req.truncate)
+        big = len(req.texts) > THREAD_ABOVE
+        texts, server_truncate = await _maybe_in_thread(big and req.truncate == "START", self.preparer.prepare,
+                                                        req.texts, req.query, req.truncate)
         t1 = time.perf_counter()
         try:
             vectors, counts = await self.backend.embed(texts, priority=priority, truncate=server_truncate)
         except InputError:
             if req.truncate == "NONE":  # the text endpoint refused an over-long text: name it as OpenAI does
-                self.preparer.check_lengths(req.texts, req.query)
+                await _maybe_in_thread(big, self.preparer.check_lengths, req.texts, req.query)
             raise
         t2 = time.perf_counter()
         total = int(counts.sum())
         self.metrics.embedded(priority, t2 - t1, len(texts), total)
         timing.update(tokenization=t1 - t0, inference=t2 - t1)
         return vectors, total
+
+
+async def _maybe_in_thread(thread: bool, fn: Callable[..., Any], *args: Any) -> Any:
+    """fn(*args), in a worker thread when it tokenizes many texts, so the event loop keeps serving meanwhile."""
+    return await asyncio.to_thread(fn, *args) if thread else fn(*args)
 
 
 def _answer(gw: Gateway, route: str, fn: Callable[[Request, dict[str, float]], Awaitable[Response]],

@@ -167,6 +167,23 @@ def test_truncate_modes(gw) -> None:
     assert short.status_code == 200 and backend.calls[-1]["truncate"] is False
 
 
+def test_truncate_start_and_none_of_many_texts() -> None:
+    """More than THREAD_ABOVE texts: START cuts and NONE names the over-long input off the event loop too."""
+    client, backend, preparer = make(max_inputs=32)
+    long_text = " ".join(f"w{i}" for i in range(40))
+    texts = [f"short {i}" for i in range(20)]
+    texts[17] = long_text
+    with client:
+        err = assert_error(post(client, {"model": "minilm", "input": texts, "truncate": "NONE"}), 400,
+                           "context_length_exceeded", "input")
+        assert f"input[17] has {len(preparer._full.encode(long_text).ids)} tokens" in err["message"]
+        r = post(client, {"model": "minilm", "input": texts, "truncate": "START"})
+        assert r.status_code == 200 and len(r.json()["data"]) == 20
+        sent = backend.calls[-1]["texts"]
+        assert sent[:17] == texts[:17] and long_text.endswith(sent[17]) and sent[17] != long_text
+        assert len(preparer._full.encode(sent[17]).ids) <= MAX_LENGTH
+
+
 @pytest.mark.parametrize("body,param,code", [
     ({"model": "minilm", "input": [[101, 7592, 102]]}, "input", "unsupported_input"),
     ({"model": "minilm", "input": [1, 2, 3]}, "input", "unsupported_input"),

@@ -109,10 +109,11 @@ class AsyncEmbeddingClient(BaseEmbeddingClient):
         await self.connect()
         timeout = self.settings.timeout_s if timeout_s is None else timeout_s
         n, plan = self._plan(texts, query, truncate, counts)
-        if priority:  # Triton's queue priority, and the same level as a parameter for the text endpoint's scheduler
+        if priority:  # Triton's queue priority, and the same level for the text endpoint's scheduler: the python
+            # backend cannot read a request's Triton priority, and Triton reserves the parameter name "priority"
             plan = [(dataclasses.replace(call, priority=int(priority), parameters={**call.parameters,
-                                                                                   "priority": int(priority)}), idx)
-                    for call, idx in plan]
+                                                                                   "priority_level": int(priority)}),
+                     idx) for call, idx in plan]
         if len(plan) == 1:
             results = [await self._one(plan[0][0], timeout)]
         else:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import fcntl
 import os
+import threading
 import urllib.request
 from pathlib import Path
 
@@ -57,13 +58,27 @@ def reference(minilm_repo: Path):
     return ref
 
 
+def kit_counters(metrics_url: str, model: str) -> dict[str, float]:
+    """The text endpoint's own counters, once they settle (Triton's batch_stats stay empty: it answers through
+    senders). The stub sends them when its scheduler goes idle, just after the last answer: read until two
+    reads 0.3 s apart (more than metrics_flush_s) agree."""
+    def read() -> dict[str, float]:
+        with urllib.request.urlopen(metrics_url, timeout=10) as resp:
+            return {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in resp.read().decode().splitlines()
+                    if line.startswith("kit_") and f'model="{model}"' in line}
+
+    last = read()
+    for _ in range(20):
+        threading.Event().wait(0.3)
+        now = read()
+        if now == last:
+            return now
+        last = now
+    raise AssertionError(f"the kit's counters of {model} never settled: {last}")
+
+
 def kit_counter(metrics_url: str, name: str, model: str) -> float:
-    """One of the text endpoint's own counters (Triton's batch_stats stay empty: it answers through senders)."""
-    with urllib.request.urlopen(metrics_url, timeout=10) as resp:
-        for line in resp.read().decode().splitlines():
-            if line.startswith(name + "{") and f'model="{model}"' in line:
-                return float(line.rsplit(" ", 1)[1])
-    return 0.0
+    return kit_counters(metrics_url, model).get(name, 0.0)
 
 
 def test_cpu_variant_loads_and_is_ready(triton_server) -> None:
@@ -124,14 +139,15 @@ def test_text_endpoint_matches_onnxruntime_singles_and_batch(triton_server, refe
 def test_concurrent_different_lengths_are_batched_unchanged(triton_server, reference) -> None:
     want = reference(TEXTS)
     url = triton_server.metrics_url
-    before = [kit_counter(url, name, "minilm") for name in ("kit_texts_total", "kit_sub_batches_total")]
+    names = ("kit_texts_total", "kit_sub_batches_total")
+    before = [kit_counters(url, "minilm").get(name, 0.0) for name in names]
     jobs = [i % len(TEXTS) for i in range(96)]
     with cf.ThreadPoolExecutor(24) as pool:
         outs = list(pool.map(lambda i: embed_text(triton_server.grpc_url, "minilm", [TEXTS[i]])[0], jobs))
     for i, out in zip(jobs, outs):
         assert float(out @ want[i]) >= 0.999
-    texts, subs = (kit_counter(url, name, "minilm") - b
-                   for name, b in zip(("kit_texts_total", "kit_sub_batches_total"), before))
+    after = kit_counters(url, "minilm")
+    texts, subs = (after.get(name, 0.0) - b for name, b in zip(names, before))
     assert texts == 96 and subs < texts, (texts, subs)  # texts of different requests shared encoder calls
 
 
@@ -235,11 +251,24 @@ def test_full_queue_answers_unavailable_and_503(held_server) -> None:
 
 def test_custom_metrics_exported(triton_server) -> None:
     embed_text(triton_server.grpc_url, "minilm", TEXTS)
-    with urllib.request.urlopen(triton_server.metrics_url, timeout=10) as resp:
-        text = resp.read().decode()
-    values = {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-              if line.startswith("kit_") and 'model="minilm"' in line}
+    values = kit_counters(triton_server.metrics_url, "minilm")
     assert values["kit_real_tokens_total"] > 0
     assert values["kit_padded_tokens_total"] >= values["kit_real_tokens_total"]
     assert values["kit_texts_total"] >= values["kit_sub_batches_total"] >= 1  # sub-batches pool texts across batches
     assert values["kit_text_batches_total"] >= 1
+
+
+def test_priority_reaches_the_text_endpoint_and_a_bad_level_is_named(triton_server) -> None:
+    import asyncio
+
+    from bge_triton.client import AsyncEmbeddingClient
+
+    async def both() -> tuple[np.ndarray, np.ndarray]:
+        async with AsyncEmbeddingClient(triton_server.grpc_url, model="minilm") as c:
+            return (await c.embed_documents(TEXTS[:2], priority=1), await c.embed_documents(TEXTS[:2]))
+
+    high, default = asyncio.run(both())  # Triton's priority and priority_level together: accepted
+    np.testing.assert_allclose(high, default, atol=1e-5)
+    with pytest.raises(InferenceServerException, match="parameter priority_level='1'") as err:
+        embed_text(triton_server.grpc_url, "minilm", TEXTS[:1], priority_level="1")
+    assert err.value.status() == "StatusCode.INVALID_ARGUMENT"

@@ -174,10 +174,10 @@ def test_encoder_errors_keep_overload_as_unavailable(tmp_path, monkeypatch, mess
 def test_bad_input_is_invalid_arg_and_the_rest_are_embedded(tmp_path, monkeypatch) -> None:
     model, pb = load_model(tmp_path, monkeypatch, ok)
     responses = execute(model, [Request(["hello"]), Request([" "]), Request(["hello " * 20], {"truncate": False}),
-                                Request(["今天", "rag"]), Request(["hello"], {"priority": "high"})])
+                                Request(["今天", "rag"]), Request(["hello"], {"priority_level": "high"})])
     assert [r.has_error() for r in responses] == [False, True, True, False, True]
     assert {r.error().code() for r in responses if r.has_error()} == {TritonError.INVALID_ARG}
-    assert "parameter priority='high'" in responses[4].error().message()
+    assert "parameter priority_level='high'" in responses[4].error().message()
     embedding, counts = (t.as_numpy() for t in responses[3].output_tensors)
     assert embedding.shape == (2, DIM) and counts.tolist() == [[4], [3]]  # [CLS] 今 天 [SEP], [CLS] rag [SEP]
     model.finalize()  # sends the summed counters
@@ -203,7 +203,7 @@ def test_the_instance_is_free_at_once_and_a_query_does_not_wait_for_bulk(tmp_pat
         if model.scheduler.pending == 0 and seen:
             break
         threading.Event().wait(0.01)
-    second = [Request(["world", "fast"]), Request(["rag"], {"priority": 1})]
+    second = [Request(["world", "fast"]), Request(["rag"], {"priority_level": 1})]
     assert model.execute(second) is None  # the next Triton batch is taken at once
     for _ in range(500):  # the query dispatcher sent the query while the bulk dispatcher is busy
         if len(seen) >= 2:

@@ -16,7 +16,7 @@ sys.path.insert(0, str(DEFAULT_CANONICAL / "bge_large_zh" / "1"))  # as the pyth
 
 from text_core import (BadInput, EncoderBackend, EncoderFailed, EncoderOverloaded, TextSettings,  # noqa: E402
                        TooLong, encoder_error)
-from text_scheduler import Job, Scheduler  # noqa: E402
+from text_scheduler import Job, QueuePolicy, Scheduler  # noqa: E402
 from text_stages import TextPipeline, Tokenizers, decode  # noqa: E402
 
 WORDS = ["hello", "world", "fast", "embedding", "##s", "rag", "今", "天", "气", "很", "好", "poison"]
@@ -68,11 +68,11 @@ class FakeEncoder(EncoderBackend):
 class Endpoint:
     """The pipeline and a scheduler wired as model.py wires them; __call__ answers a Triton batch."""
 
-    def __init__(self, backend: EncoderBackend | None = None, **settings) -> None:
+    def __init__(self, backend: EncoderBackend | None = None, policy: QueuePolicy = QueuePolicy(), **settings) -> None:
         self.s = TextSettings(**{"max_length": 12, **settings})
         self.backend = backend or FakeEncoder()
         self.pipeline = TextPipeline(self.s, Tokenizers(tiny_tokenizer(), self.s.max_length))
-        self.scheduler = Scheduler(self.s, self.backend, 0, DIM, self.answer)
+        self.scheduler = Scheduler(self.s, self.backend, 0, DIM, self.answer, policy=policy)
         self.answered: list[Job] = []
         self.cond = threading.Condition()
 
@@ -120,11 +120,11 @@ TEXTS = ["hello", "hello world", "fast embeddings", "今天天气很好", "rag "
 def test_decode_names_the_bad_text_and_reads_truncate() -> None:
     assert decode(*req("hello", "今天")) == (["hello", "今天"], True, 0)
     assert decode(*req("hello", truncate=False)) == (["hello"], False, 0)
-    assert decode(*req("hello", truncate="false", priority=1)) == (["hello"], False, 1)
+    assert decode(*req("hello", truncate="false", priority_level=1)) == (["hello"], False, 1)
     assert decode(np.array(["already str"], dtype=object)) == (["already str"], True, 0)
     for bad in (-1, "1", True, 1.5):
-        with pytest.raises(BadInput, match="parameter priority="):
-            decode(*req("hello", priority=bad))
+        with pytest.raises(BadInput, match="parameter priority_level="):
+            decode(*req("hello", priority_level=bad))
     for texts, match in (((b"ok", b"\xff\xfe"), "text 1 is not valid UTF-8"), (("a\x00b",), "text 0 contains a NUL"),
                          (("  \n",), "text 0 is empty or whitespace only")):
         with pytest.raises(BadInput, match=match):

@@ -9,7 +9,7 @@ import pytest
 
 from test_text_core_stages import DIM, Endpoint, FakeEncoder, req
 from text_core import EncoderOverloaded, TextSettings
-from text_scheduler import Item, Job, QueryMarker, choose
+from text_scheduler import Item, Job, QueryMarker, QueuePolicy, choose
 
 
 def items(lengths, arrivals=None) -> list[Item]:
@@ -79,7 +79,7 @@ def test_a_query_does_not_wait_for_bulk_and_bulk_is_capped_in_query_mode() -> No
     first = p.submit([req("hello")])  # the one general dispatcher runs it (held at the gate)
     enc.wait_arrived(1)
     bulk = p.submit([req("hello world", "fast embeddings", "rag rag", "world fast")])  # waits for that dispatcher
-    query = p.submit([req("今天天气很好", priority=1)])  # the query dispatcher takes it at once
+    query = p.submit([req("今天天气很好", priority_level=1)])  # the query dispatcher takes it at once
     enc.wait_arrived(2)
     assert enc.arrived[1] == (1, 8) and p.scheduler.pending == 4  # the query is at the encoder, bulk still waits
     enc.gate.set()
@@ -97,16 +97,16 @@ def test_without_recent_queries_bulk_uses_the_full_budget() -> None:
     p.close()
 
 
-def test_max_pending_refuses_with_unavailable_and_keeps_the_rest() -> None:
+def test_max_queue_size_refuses_with_unavailable_and_keeps_the_rest() -> None:
     enc = Gated()
-    p = Endpoint(enc, max_in_flight=1, max_pending=3)
+    p = Endpoint(enc, policy=QueuePolicy(max_queue_size=1), max_in_flight=1)
     held = p.submit([req("hello")])
     taken(p)  # the dispatcher holds it: not pending
     kept = p.submit([req("world", "fast")])
     refused = p.submit([req("rag", "rag", "hello")])
     enc.gate.set()
     p.wait(held + kept + refused)
-    assert isinstance(refused[0].error, EncoderOverloaded) and "max_pending 3" in str(refused[0].error)
+    assert isinstance(refused[0].error, EncoderOverloaded) and str(refused[0].error).startswith("Exceeds maximum queue size")
     assert held[0].error is None and kept[0].error is None and kept[0].out.shape == (2, DIM)
     p.close()
 
@@ -140,22 +140,29 @@ def test_query_marker_is_shared_through_its_file() -> None:
         os.close(other.fd)
     finally:
         a.close()
-        b.close()
-        os.unlink(a.path)
+        b.close()  # the second close finds the file gone: fine
+    assert not os.path.exists(a.path)
 
 
 def test_settings_reject_negative_scheduler_values() -> None:
     for name in ("split_overhead_tokens", "query_window_s", "query_levels"):
         with pytest.raises(ValueError, match=name):
             TextSettings(**{name: -1})
-    with pytest.raises(ValueError, match="max_pending"):
-        TextSettings(max_pending=0)
+    with pytest.raises(ValueError, match="query_token_budget"):
+        TextSettings(query_token_budget=0)
 
 
-def test_a_text_waiting_past_pending_timeout_fails_its_request_unavailable() -> None:
+def test_queue_policy_comes_from_the_config_json() -> None:
+    cfg = {"dynamic_batching": {"default_queue_policy": {"default_timeout_microseconds": "5000000",
+                                                         "max_queue_size": 2048}}}
+    assert QueuePolicy.from_config(cfg) == QueuePolicy(2048, 5.0)
+    assert QueuePolicy.from_config({}) == QueuePolicy(0, 0.0)
+
+
+def test_a_text_waiting_past_the_queue_timeout_fails_its_request_unavailable() -> None:
     now = [100.0]
     enc = Gated()
-    p = Endpoint(enc, max_in_flight=1, pending_timeout_s=5.0)
+    p = Endpoint(enc, policy=QueuePolicy(timeout_s=5.0), max_in_flight=1)
     p.scheduler.clock = lambda: now[0]
     running = p.submit([req("hello")])
     enc.wait_arrived(1)
@@ -164,6 +171,6 @@ def test_a_text_waiting_past_pending_timeout_fails_its_request_unavailable() -> 
     enc.gate.set()
     p.wait(running + late)
     assert running[0].error is None
-    assert isinstance(late[0].error, EncoderOverloaded) and "waited 6.0 s" in str(late[0].error)
+    assert isinstance(late[0].error, EncoderOverloaded) and str(late[0].error).startswith("Request timeout expired: a text waited 6.0 s")
     assert p.answered.count(late[0]) == 1 and p.scheduler.pending == 0
     p.close()

@@ -8,7 +8,7 @@ and answer each request through its response sender as soon as its last text is 
 mode, python_backend r24.06+). Outputs: `embedding` and `token_count` (tokens per text as embedded).
 A bad request gets its own error response; the rest of the batch is not touched. Error kinds map to
 Triton codes in one place, text_core.triton_code. Request parameter `priority` (the SDK sends Triton's
-priority level here too: the python backend cannot read it) puts queries ahead of bulk passages.
+priority level here too, as `priority_level`: the python backend cannot read it) puts queries ahead.
 
 Parameter `encoder` "bls" (the default) is the deployment. Any other value X loads the backend
 module encoder_X.py beside this file: the local CPU variant (server/cpu_variant.py) renders one
@@ -26,7 +26,7 @@ import triton_python_backend_utils as pb_utils
 # model directory to sys.path before it imports `<version>.model` (python_backend r24.10,
 # src/pb_stub.cc, ModelContext::StubSetup), so the modules beside this file import by name.
 from text_core import EncoderBackend, TextError, TextSettings, encoder_error, triton_code
-from text_scheduler import QueryMarker, Scheduler
+from text_scheduler import QueryMarker, QueuePolicy, Scheduler
 from text_stages import TextPipeline, Tokenizers
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -96,7 +96,8 @@ class TritonPythonModel:
         self._metrics(cfg["name"])
         self.scheduler = Scheduler(self.settings, self.backend, tok.pad_id, int(cfg["output"][0]["dims"][-1]),
                                    self._answer, QueryMarker(cfg["name"]),
-                                   on_idle=lambda: self._flush_metrics(force=True))  # counters never lag at idle
+                                   on_idle=lambda: self._flush_metrics(force=True),  # counters never lag at idle
+                                   policy=QueuePolicy.from_config(cfg))  # max_queue_size and timeout hold in the pool
 
     def _metrics(self, model):
         labels = {"model": model}

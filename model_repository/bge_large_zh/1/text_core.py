@@ -35,8 +35,6 @@ class TextSettings:
     # Dispatcher threads per instance = sub-batches at the encoder at once from this instance. 2 keeps the
     # encoder busy (one runs, one waits) without letting its batcher merge sub-batches past the token budget.
     max_in_flight: int = 2
-    max_pending: int = 4096  # texts waiting in one instance's pool; a request past it is answered UNAVAILABLE
-    pending_timeout_s: float = 5.0  # a text waiting longer fails its request UNAVAILABLE (Triton's queue timeout)
     query_levels: int = 1  # priority levels 1..query_levels are queries: served first, never held
     query_window_s: float = 1.0  # query mode lasts this long after the last query (any instance)
     # In query mode bulk sub-batches are capped at this many tokens, one at a time across the instances,
@@ -46,12 +44,11 @@ class TextSettings:
     metrics_flush_s: float = 0.25  # counters are sent to the server at most this often
 
     def __post_init__(self) -> None:
-        for name in ("max_length", "token_budget", "sub_batch_max", "pad_to_multiple", "max_in_flight", "max_pending",
+        for name in ("max_length", "token_budget", "sub_batch_max", "pad_to_multiple", "max_in_flight",
                      "query_token_budget"):
             if getattr(self, name) < 1:
                 raise ValueError(f"parameter {name}={getattr(self, name)}: must be >= 1")
-        for name in ("split_overhead_tokens", "metrics_flush_s", "query_levels", "query_window_s",
-                     "pending_timeout_s"):
+        for name in ("split_overhead_tokens", "metrics_flush_s", "query_levels", "query_window_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"parameter {name}={getattr(self, name)}: must be >= 0")
         if not self.encoder.strip():

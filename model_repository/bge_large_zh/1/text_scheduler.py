@@ -29,7 +29,7 @@ import numpy as np
 from text_core import EncoderBackend, EncoderOverloaded, TextError, TextSettings
 from text_stages import plan_sub_batches
 
-__all__ = ["Job", "Item", "choose", "QueryMarker", "Scheduler"]
+__all__ = ["Job", "Item", "choose", "QueryMarker", "QueuePolicy", "Scheduler"]
 
 
 @dataclass(eq=False)
@@ -104,7 +104,27 @@ class QueryMarker:
         return struct.unpack("d", raw)[0] if len(raw) == 8 else float("-inf")
 
     def close(self) -> None:
+        """At unload (every instance unloads together): the file goes with the last one open."""
         os.close(self.fd)
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:  # the other instance removed it first
+            pass
+
+
+@dataclass(frozen=True)
+class QueuePolicy:
+    """The text endpoint's own dynamic_batching.default_queue_policy, applied to its pool (Triton's queue
+    stays empty: execute returns at once). 0 = no limit, as in Triton."""
+
+    max_queue_size: int = 0  # requests with texts waiting
+    timeout_s: float = 0.0  # a text waiting longer fails its request UNAVAILABLE
+
+    @classmethod
+    def from_config(cls, cfg: dict) -> "QueuePolicy":
+        policy = cfg.get("dynamic_batching", {}).get("default_queue_policy", {})
+        return cls(int(policy.get("max_queue_size", 0) or 0),
+                   int(policy.get("default_timeout_microseconds", 0) or 0) / 1e6)
 
 
 @dataclass
@@ -130,11 +150,13 @@ class Scheduler:
 
     def __init__(self, settings: TextSettings, backend: EncoderBackend, pad_id: int, dim: int,
                  respond: Callable[[Job], None], marker: QueryMarker | None = None,
-                 on_idle: Callable[[], None] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
-        self.s, self.backend, self.pad_id, self.dim = settings, backend, pad_id, dim
+                 on_idle: Callable[[], None] | None = None, clock: Callable[[], float] = time.monotonic,
+                 policy: QueuePolicy = QueuePolicy()) -> None:
+        self.s, self.backend, self.pad_id, self.dim, self.policy = settings, backend, pad_id, dim, policy
         self.respond, self.marker, self.on_idle, self.clock = respond, marker, on_idle, clock
         self.levels: dict[int, list[Item]] = {}
-        self.pending = 0
+        self.pending = 0  # texts waiting
+        self.waiting: dict[int, int] = {}  # id(job) -> its texts still waiting (the requests in the queue)
         self.running = 0  # sub-batches at the encoder
         self.bulk_running = 0
         self.last_query = float("-inf")
@@ -154,21 +176,24 @@ class Scheduler:
                    context=context)
 
     def submit(self, jobs: Sequence[tuple[Job, Sequence[list[int]]]]) -> None:
-        """Queue each job's token ids; a job that would pass max_pending texts is answered UNAVAILABLE now."""
+        """Queue each job's token ids; past the queue policy's max_queue_size a job is answered UNAVAILABLE now."""
         now, rejected = self.clock(), []
         with self.cond:
             for job, ids in jobs:
                 if not ids:  # nothing to embed (a request of zero texts): answered now, empty
                     rejected.append(job)
                     continue
-                if self.closing or self.pending + len(ids) > self.s.max_pending:
-                    why = "is unloading" if self.closing else (
-                        f"has {self.pending} texts waiting and this request brings {len(ids)} (max_pending "
-                        f"{self.s.max_pending})")
-                    job.error = EncoderOverloaded(f"text endpoint {why}: retry with backoff, or add text-endpoint "
-                                                  "instances / encoder capacity")
+                limit = self.policy.max_queue_size
+                if self.closing or (limit and len(self.waiting) >= limit):
+                    # Triton's own words for a full queue, so every client that knows Triton knows this
+                    why = "text endpoint is unloading" if self.closing else (
+                        f"Exceeds maximum queue size: the text endpoint has {len(self.waiting)} requests waiting "
+                        f"(max_queue_size {limit})")
+                    job.error = EncoderOverloaded(f"{why}; retry with backoff, or add text-endpoint instances / "
+                                                  "encoder capacity")
                     rejected.append(job)
                     continue
+                self.waiting[id(job)] = len(ids)
                 m = self.s.pad_to_multiple
                 level = self.levels.setdefault(job.priority, [])
                 for row, tok in enumerate(ids):
@@ -189,21 +214,25 @@ class Scheduler:
         return now - last <= self.s.query_window_s
 
     def _expire(self, now: float) -> list[Job]:
-        """Under the lock: drop the texts that waited pending_timeout_s; their jobs fail UNAVAILABLE."""
-        limit, failed = self.s.pending_timeout_s, {}
+        """Under the lock: drop the texts that waited past the queue timeout; their jobs fail UNAVAILABLE."""
+        limit, failed = self.policy.timeout_s, {}
+        if not limit:
+            return []
         for level, items in self.levels.items():
             if items and now - min(it.arrival for it in items) > limit:
                 for it in items:
                     if now - it.arrival > limit and it.job.error is None:
-                        it.job.error = EncoderOverloaded(
-                            f"text endpoint: a text waited {now - it.arrival:.1f} s for the encoder, over "
-                            f"pending_timeout_s {limit:g}: retry with backoff, or add encoder capacity")
+                        it.job.error = EncoderOverloaded(  # Triton's own words for a queue timeout
+                            f"Request timeout expired: a text waited {now - it.arrival:.1f} s in the text "
+                            f"endpoint's pool (queue timeout {limit:g} s); retry with backoff, or add encoder capacity")
                         failed[id(it.job)] = it.job
         if failed:
             for level, items in self.levels.items():
                 kept = [it for it in items if id(it.job) not in failed]
                 self.pending -= len(items) - len(kept)
                 self.levels[level] = kept
+            for key in failed:
+                self.waiting.pop(key, None)
         return list(failed.values())
 
     def _take(self, queries_only: bool = False) -> tuple[list[Item], bool, bool] | None:
@@ -226,6 +255,11 @@ class Scheduler:
         chosen = set(map(id, picked))
         self.levels[level] = [it for it in self.levels[level] if id(it) not in chosen]
         self.pending -= len(picked)
+        for it in picked:
+            key = id(it.job)
+            self.waiting[key] -= 1
+            if not self.waiting[key]:
+                del self.waiting[key]
         return picked, query, slot
 
     def _dispatch(self, queries_only: bool) -> None:
@@ -308,6 +342,7 @@ class Scheduler:
             left = {id(it.job): it.job for items in self.levels.values() for it in items}
             self.levels.clear()
             self.pending = 0
+            self.waiting.clear()
             self.cond.notify_all()
         for job in left.values():
             job.error = EncoderOverloaded("text endpoint is unloading: retry on another replica")

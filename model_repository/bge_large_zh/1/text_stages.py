@@ -20,12 +20,13 @@ __all__ = ["decode", "Tokenizers", "plan_sub_batches", "Batch", "TextPipeline"]
 
 
 def decode(raw: np.ndarray, parameters: str | None = None) -> tuple[list[str], bool, int]:
-    """One request's texts, its `truncate` flag (default true) and `priority` (0: none); BadInput names the bad part."""
+    """One request's texts, its `truncate` flag (default true) and `priority_level` (0: none); BadInput names the bad part."""
     params = json.loads(parameters or "{}")
     truncate = truthy(params.get("truncate", True))
-    priority = params.get("priority", 0)
+    priority = params.get("priority_level", 0)  # Triton keeps its own "priority" from the model: the SDK sends both
     if isinstance(priority, bool) or not isinstance(priority, int) or priority < 0:
-        raise BadInput(f"parameter priority={priority!r}: send an integer priority level >= 1 (1 = highest), or none")
+        raise BadInput(f"parameter priority_level={priority!r}: send an integer priority level >= 1 (1 = highest), "
+                       "or none")
     texts = []
     for j, item in enumerate(np.asarray(raw, dtype=object).reshape(-1)):
         if isinstance(item, str):

@@ -7,7 +7,7 @@ EXTRAS = {
     "export": ("torch", "optimum", "onnx", "onnxruntime", "transformers"),
     "server": ("pytriton", "onnxruntime", "psutil"),
     "loadtest": ("locust", "matplotlib", "snownlp", "psutil"),
-    "gateway": ("fastapi", "uvicorn", "orjson", "prometheus_client"),
+    "gateway": ("starlette", "uvicorn", "orjson", "prometheus_client"),
     "langchain": ("langchain_core",),
     "llamaindex": ("llama_index",),
 }

@@ -9,7 +9,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from bge_triton.client.base import BaseEmbeddingClient
-from bge_triton.client.core import CANARY_TEXT, InferCall, decode_embeddings
+from bge_triton.client.core import CANARY_TEXT, Embedded, InferCall
 from bge_triton.client.errors import classify
 from bge_triton.client.retry import acall_with_retry
 from bge_triton.client.transport import make_async_transport
@@ -80,42 +80,55 @@ class AsyncEmbeddingClient(BaseEmbeddingClient):
         """Embed passages: float32 [n, dim], L2-normalised, in input order.
 
         priority: Triton priority level of the requests (1 = highest; 0 = the model's default level)."""
-        return await self._embed(texts, False, timeout_s, truncate, priority)
+        return (await self._embed(texts, False, timeout_s, truncate, priority))[0]
 
     async def embed_queries(self, texts: Sequence[str], *, timeout_s: float | None = None,
                             truncate: bool | None = None, priority: int = 0) -> np.ndarray:
         """Embed search queries (the query instruction prepended): float32 [n, dim]."""
-        return await self._embed(texts, True, timeout_s, truncate, priority)
+        return (await self._embed(texts, True, timeout_s, truncate, priority))[0]
 
-    async def _one(self, call: InferCall, timeout: float) -> np.ndarray:
+    async def embed_with_counts(self, texts: Sequence[str], *, query: bool = False, timeout_s: float | None = None,
+                                truncate: bool | None = None, priority: int = 0) -> Embedded:
+        """Embeddings and each text's token count as the model embedded it (Embedded(vectors, token_counts)):
+        usage accounting with the server's own tokenizer and no tokenizing here. ModelConfigError if the
+        text endpoint does not declare its `token_count` output."""
+        vectors, counts = await self._embed(texts, query, timeout_s, truncate, priority, counts=True)
+        assert counts is not None
+        return Embedded(vectors, counts)
+
+    async def _one(self, call: InferCall, timeout: float) -> tuple[np.ndarray, np.ndarray | None]:
         s = self.settings
         where = f"infer '{call.model}' ({call.rows} texts) at {s.url}"
         result = await acall_with_retry(lambda t: self._transport.infer(call, t), s.retry, timeout, where,
                                        budget=self._retry_budget)
-        return decode_embeddings(result, call.rows, self.spec.dim)
+        return self._decode(call, result)
 
     async def _embed(self, texts: Sequence[str], query: bool, timeout_s: float | None,
-                     truncate: bool | None, priority: int = 0) -> np.ndarray:
+                     truncate: bool | None, priority: int = 0,
+                     counts: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
         await self.connect()
         timeout = self.settings.timeout_s if timeout_s is None else timeout_s
-        n, plan = self._plan(texts, query, truncate)
+        n, plan = self._plan(texts, query, truncate, counts)
         if priority:  # Triton's queue priority, and the same level for the text endpoint's scheduler: the python
             # backend cannot read a request's Triton priority, and Triton reserves the parameter name "priority"
             plan = [(dataclasses.replace(call, priority=int(priority), parameters={**call.parameters,
                                                                                    "priority_level": int(priority)}),
                      idx) for call, idx in plan]
         if len(plan) == 1:
-            call, idx = plan[0]
-            return self._assemble(n, [(idx, await self._one(call, timeout))])
-        tasks = [asyncio.ensure_future(self._one(call, timeout)) for call, _ in plan]
-        try:
-            results = await asyncio.gather(*tasks)
-        except BaseException:
-            for task in tasks:  # one request failed (or we were cancelled): stop the others
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            raise
-        return self._assemble(n, [(idx, emb) for (_, idx), emb in zip(plan, results)])
+            results = [await self._one(plan[0][0], timeout)]
+        else:
+            tasks = [asyncio.ensure_future(self._one(call, timeout)) for call, _ in plan]
+            try:
+                results = await asyncio.gather(*tasks)
+            except BaseException:
+                for task in tasks:  # one request failed (or we were cancelled): stop the others
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                raise
+        vectors = self._assemble(n, [(idx, emb) for (_, idx), (emb, _) in zip(plan, results)])
+        if not counts:
+            return vectors, None
+        return vectors, self._assemble_counts(n, [(idx, c) for (_, idx), (_, c) in zip(plan, results)])
 
     # -- health -----------------------------------------------------------------------------
     async def health(self) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from bge_triton.client.core import (
+    MASK_INPUT,
     ClientSettings,
     InferCall,
     ModelSpec,
@@ -21,9 +22,10 @@ from bge_triton.client.core import (
     text_call,
     validate_model_config,
 )
-from bge_triton.client.errors import KitError
+from bge_triton.client.errors import KitError, ModelConfigError
 from bge_triton.client.retry import RetryBudget, RetryPolicy
 from bge_triton.client.tokens import BucketTokenizer, pad_to_bucket
+from bge_triton.client.wire import decode_embeddings, decode_token_counts
 
 __all__ = ["BaseEmbeddingClient", "Plan"]
 
@@ -84,16 +86,21 @@ class BaseEmbeddingClient:
             self._tokenizer = BucketTokenizer(self.settings.tokenizer, self.settings.buckets, max_length)
         self._spec = spec
 
-    def _plan(self, texts: Sequence[str], query: bool, truncate: bool | None = None) -> tuple[int, Plan]:
-        """Build the requests for one embed call; returns (n, plan)."""
+    def _plan(self, texts: Sequence[str], query: bool, truncate: bool | None = None,
+              counts: bool = False) -> tuple[int, Plan]:
+        """Build the requests for one embed call; returns (n, plan). counts: also ask for token counts."""
         s = self.settings
+        if counts and not self.spec.token_counts:
+            raise ModelConfigError(f"model '{self.spec.name}' does not declare the output 'token_count' (INT32 "
+                                   "dims [1]) that token counts come from: deploy the kit's current text endpoint "
+                                   "(model_repository/bge_large_zh), or call embed_documents without counts")
         prepared = prepare_texts(texts, s.query_instruction if query else None)
         truncate = s.truncate if truncate is None else truncate
         n, max_batch = len(prepared), self.spec.max_batch_size
         plan: Plan = []
         if s.mode == "text":
             for sl in chunk_slices(n, max_batch):
-                plan.append((text_call(self.spec.name, prepared[sl], truncate), np.arange(n)[sl]))
+                plan.append((text_call(self.spec.name, prepared[sl], truncate, counts), np.arange(n)[sl]))
             return n, plan
         assert self._tokenizer is not None
         ids = self._tokenizer.token_ids(prepared, truncate)
@@ -104,9 +111,25 @@ class BaseEmbeddingClient:
             plan.append((tensor_call(self.spec.name, input_ids, mask), idx))
         return n, plan
 
+    def _decode(self, call: InferCall, result: Any) -> tuple[np.ndarray, np.ndarray | None]:
+        """One answer's embeddings, and its token counts where the call asked for them (text mode) or
+        sent them (tensor mode: the attention mask's row sums)."""
+        vectors = decode_embeddings(result, call.rows, self.spec.dim)
+        if self.settings.mode == "tensor":
+            mask = next(arr for name, _, arr in call.inputs if name == MASK_INPUT)
+            return vectors, mask.sum(axis=1).astype(np.int32)
+        return vectors, decode_token_counts(result, call.rows) if len(call.outputs) > 1 else None
+
     def _assemble(self, n: int, parts: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
         """Put each request's rows back at their input positions: float32 [n, dim]."""
         out = np.empty((n, self.spec.dim), dtype=np.float32)
         for idx, emb in parts:
             out[idx] = emb
+        return out
+
+    def _assemble_counts(self, n: int, parts: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+        """Token counts back at their input positions: int32 [n]."""
+        out = np.zeros(n, dtype=np.int32)
+        for idx, counts in parts:
+            out[idx] = counts
         return out

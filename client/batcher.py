@@ -24,7 +24,7 @@ from bge_triton.client.errors import InputError, KitError, Overloaded
 
 __all__ = ["MicroBatcher"]
 
-EmbedFn = Callable[[Sequence[str]], Awaitable[np.ndarray]]
+EmbedFn = Callable[[Sequence[str]], Awaitable[Sequence[Any]]]  # one row per text: a vector, or e.g. (vector, tokens)
 
 
 @dataclasses.dataclass
@@ -35,7 +35,8 @@ class _Item:
 
 
 class MicroBatcher:
-    """`await batcher.embed(text)` -> float32 [dim]; batches are sent through `embed_fn(texts)`."""
+    """`await batcher.embed(text)` -> float32 [dim] (the text's row of `embed_fn(texts)`, the function that
+    sends each batch)."""
 
     def __init__(self, embed_fn: EmbedFn, *, max_batch: int = 32, max_wait_s: float = 0.005,
                  max_queue: int = 1024, max_in_flight: int = 2, queue_timeout_s: float | None = None,

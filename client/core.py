@@ -1,14 +1,13 @@
-"""The sans-I/O core shared by the sync and async clients: settings, request building,
-response decoding, error mapping and the check of the server's model config.
+"""The sans-I/O core shared by the sync and async clients: settings, the protocol-neutral request
+(InferCall), error mapping and the check of the server's model config.
 
-Nothing here opens a socket; the transports (client/transport.py) do the I/O and call in here.
+Nothing here opens a socket; client/wire.py turns an InferCall into each protocol's bytes and reads
+the answers, the transports (client/transport.py) do the I/O.
 """
 from __future__ import annotations
 
 import dataclasses
-import json
-from types import ModuleType
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 from google.protobuf import json_format
@@ -21,14 +20,12 @@ __all__ = [
     "BGE_QUERY_INSTRUCTION",
     "DEFAULT_BUCKETS",
     "ClientSettings",
+    "Embedded",
     "InferCall",
     "ModelSpec",
-    "build_inputs",
-    "build_outputs",
     "chunk_slices",
     "classify",
     "config_from_json",
-    "decode_embeddings",
     "prepare_texts",
     "text_call",
     "tensor_call",
@@ -39,7 +36,9 @@ BGE_QUERY_INSTRUCTION = "为这个句子生成表示以用于检索相关文章�
 DEFAULT_BUCKETS: tuple[int, ...] = (32, 64, 128, 256, 512)
 CANARY_TEXT = "canary 健康检查"  # health() embeds it: readiness alone misses a dead python stub
 TEXT_INPUT, IDS_INPUT, MASK_INPUT, OUTPUT = "text", "input_ids", "attention_mask", "embedding"
-_DTYPE = {mc.TYPE_STRING: "TYPE_STRING", mc.TYPE_INT64: "TYPE_INT64", mc.TYPE_FP32: "TYPE_FP32"}
+TOKEN_COUNT = "token_count"  # text endpoint output: tokens of each text as embedded ([CLS]/[SEP] in, truncated)
+_DTYPE = {mc.TYPE_STRING: "TYPE_STRING", mc.TYPE_INT64: "TYPE_INT64", mc.TYPE_FP32: "TYPE_FP32",
+          mc.TYPE_INT32: "TYPE_INT32"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +91,7 @@ class ModelSpec:
     dim: int
     max_batch_size: int
     parameters: dict[str, str]
+    token_counts: bool = False  # the model answers each text's token count (text endpoint `token_count`)
 
     @property
     def max_length(self) -> int | None:
@@ -108,7 +108,16 @@ class InferCall:
     inputs: tuple[tuple[str, str, np.ndarray], ...]  # (name, Triton datatype, array)
     parameters: dict[str, Any]
     rows: int
-    priority: int = 0  # Triton priority level (1 = highest; 0 = the model's default); async transports send it
+    priority: int = 0  # Triton priority level (1 = highest; 0 = the model's default)
+    outputs: tuple[str, ...] = (OUTPUT,)  # the outputs requested
+
+
+class Embedded(NamedTuple):
+    """Embeddings and the token count of each text as the model embedded it (special tokens included,
+    after truncation): what `usage` reports. `vectors, counts = await client.embed_with_counts(...)`."""
+
+    vectors: np.ndarray  # float32 [n, dim]
+    token_counts: np.ndarray  # int32 [n]
 
 
 def config_from_json(payload: dict[str, Any]) -> mc.ModelConfig:
@@ -162,7 +171,12 @@ def validate_model_config(config: mc.ModelConfig, settings: ClientSettings) -> M
         raise ModelConfigError(f"model '{config.name}' returns {dim}-dim embeddings, the caller expects "
                                f"{settings.expected_dim} (expected_dim=); point model= at the right model")
     params = {k: v.string_value for k, v in config.parameters.items()}
-    return ModelSpec(config.name or settings.target_model, settings.mode, dim, int(config.max_batch_size), params)
+    counts = settings.mode == "tensor"  # tensor mode counts the tokens it sends (attention mask)
+    if settings.mode == "text" and any(o.name == TOKEN_COUNT for o in config.output):
+        _expect_io(config, "output", TOKEN_COUNT, mc.TYPE_INT32, [1])
+        counts = True
+    return ModelSpec(config.name or settings.target_model, settings.mode, dim, int(config.max_batch_size), params,
+                     counts)
 
 
 def prepare_texts(texts: Sequence[str] | str, instruction: str | None = None) -> list[str]:
@@ -184,8 +198,9 @@ def chunk_slices(n: int, max_batch: int) -> list[slice]:
     return [slice(i, min(i + max_batch, n)) for i in range(0, n, max_batch)]
 
 
-def text_call(model: str, texts: Sequence[str], truncate: bool) -> InferCall:
-    """Text mode: BYTES [n, 1] utf-8 strings to the text endpoint, with the `truncate` parameter."""
+def text_call(model: str, texts: Sequence[str], truncate: bool, counts: bool = False) -> InferCall:
+    """Text mode: BYTES [n, 1] utf-8 strings to the text endpoint, with the `truncate` parameter;
+    counts: ask for `token_count` too."""
     encoded = []
     for i, text in enumerate(texts):
         try:
@@ -194,7 +209,8 @@ def text_call(model: str, texts: Sequence[str], truncate: bool) -> InferCall:
             raise InputError(f"text {i} is not valid UTF-8 text ({exc.reason} at position {exc.start}, "
                              f"e.g. a lone surrogate {text[exc.start]!r}): fix the string before sending") from None
     arr = np.array(encoded, dtype=np.object_).reshape(-1, 1)
-    return InferCall(model, ((TEXT_INPUT, "BYTES", arr),), {"truncate": bool(truncate)}, len(texts))
+    return InferCall(model, ((TEXT_INPUT, "BYTES", arr),), {"truncate": bool(truncate)}, len(texts),
+                     outputs=(OUTPUT, TOKEN_COUNT) if counts else (OUTPUT,))
 
 
 def tensor_call(model: str, input_ids: np.ndarray, attention_mask: np.ndarray) -> InferCall:
@@ -202,107 +218,3 @@ def tensor_call(model: str, input_ids: np.ndarray, attention_mask: np.ndarray) -
     ids = np.ascontiguousarray(input_ids, dtype=np.int64)
     mask = np.ascontiguousarray(attention_mask, dtype=np.int64)
     return InferCall(model, ((IDS_INPUT, "INT64", ids), (MASK_INPUT, "INT64", mask)), {}, ids.shape[0])
-
-
-def build_inputs(module: ModuleType, call: InferCall) -> list[Any]:
-    """Turn an InferCall into tritonclient InferInput objects of `module` (tritonclient.grpc or .http)."""
-    is_http = module.__name__.startswith("tritonclient.http")
-    inputs = []
-    for name, dtype, arr in call.inputs:
-        tensor = module.InferInput(name, list(arr.shape), dtype)
-        if is_http:
-            tensor.set_data_from_numpy(arr, binary_data=True)
-        else:
-            tensor.set_data_from_numpy(arr)
-        inputs.append(tensor)
-    return inputs
-
-
-def raw_contents(dtype: str, arr: np.ndarray) -> bytes:
-    """One input tensor in Triton's raw wire format: BYTES as 4-byte little-endian length + bytes per
-    element (row-major), every other datatype as its contiguous little-endian buffer."""
-    if dtype == "BYTES":
-        parts = []
-        for item in arr.reshape(-1):
-            data = item if isinstance(item, bytes) else str(item).encode("utf-8")
-            parts.append(len(data).to_bytes(4, "little"))
-            parts.append(data)
-        return b"".join(parts)
-    return np.ascontiguousarray(arr).astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
-
-
-def _checked_parameters(call: InferCall) -> dict[str, Any]:
-    """The call's request parameters; each must be a str, bool, int or float (what both protocols carry)."""
-    for key, value in call.parameters.items():
-        if not isinstance(value, (str, bool, int, float)):
-            raise KitError(f"request parameter {key!r} has type {type(value).__name__}: use str, bool, int or float")
-    return call.parameters
-
-
-def grpc_request(service_pb2: ModuleType, call: InferCall) -> Any:
-    """The ModelInferRequest for an InferCall, built directly (raw contents, `embedding` requested).
-
-    Same message as tritonclient.grpc's infer builds from InferInput objects (a unit test compares
-    them), without those objects: the sync gRPC client sends it on the generated stub.
-    """
-    request = service_pb2.ModelInferRequest(model_name=call.model)
-    for name, dtype, arr in call.inputs:
-        tensor = request.inputs.add()
-        tensor.name = name
-        tensor.datatype = dtype
-        tensor.shape.extend(int(d) for d in arr.shape)
-        request.raw_input_contents.append(raw_contents(dtype, arr))
-    for key, value in _checked_parameters(call).items():
-        if isinstance(value, str):
-            request.parameters[key].string_param = value
-        elif isinstance(value, bool):
-            request.parameters[key].bool_param = value
-        elif isinstance(value, int):
-            request.parameters[key].int64_param = value
-        else:
-            request.parameters[key].double_param = value
-    request.outputs.add().name = OUTPUT
-    return request
-
-
-_COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))  # as tritonclient.http writes it (rapidjson)
-
-
-def http_request(call: InferCall) -> tuple[bytes, int]:
-    """The body of Triton's HTTP infer request for an InferCall, and the length of its JSON header.
-
-    Every input travels in binary after the JSON header (binary tensor extension) and `embedding` is
-    asked for in binary: the same bytes as tritonclient.http's generate_request_body (a unit test
-    compares them), built without InferInput objects for the lean sync HTTP transport.
-    """
-    parameters = _checked_parameters(call)
-    raws = [raw_contents(dtype, arr) for _, dtype, arr in call.inputs]
-    request: dict[str, Any] = {
-        "inputs": [{"name": name, "shape": [int(d) for d in arr.shape], "datatype": dtype,
-                    "parameters": {"binary_data_size": len(raw)}}
-                   for (name, dtype, arr), raw in zip(call.inputs, raws)],
-        "outputs": [{"name": OUTPUT, "parameters": {"binary_data": True}}],
-    }
-    if parameters:
-        request["parameters"] = dict(parameters)
-    header = _COMPACT_JSON.encode(request).encode()
-    return b"".join([header, *raws]), len(header)
-
-
-def build_outputs(module: ModuleType) -> list[Any]:
-    """Ask for the `embedding` output (binary over HTTP)."""
-    if module.__name__.startswith("tritonclient.http"):
-        return [module.InferRequestedOutput(OUTPUT, binary_data=True)]
-    return [module.InferRequestedOutput(OUTPUT)]
-
-
-def decode_embeddings(result: Any, rows: int, dim: int) -> np.ndarray:
-    """Read `embedding` from an InferResult and check it is float32 [rows, dim]."""
-    arr = result.as_numpy(OUTPUT)
-    if arr is None:
-        raise KitError(f"response has no '{OUTPUT}' output; check the model's outputs (docs/architecture.md)")
-    arr = np.asarray(arr, dtype=np.float32)
-    if arr.shape != (rows, dim):
-        raise KitError(f"response '{OUTPUT}' has shape {arr.shape}, expected ({rows}, {dim}); "
-                       "the server model does not follow the contract - re-export it")
-    return arr

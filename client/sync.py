@@ -7,7 +7,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from bge_triton.client.base import BaseEmbeddingClient
-from bge_triton.client.core import CANARY_TEXT, decode_embeddings
+from bge_triton.client.core import CANARY_TEXT, Embedded
 from bge_triton.client.errors import classify
 from bge_triton.client.retry import call_with_retry
 from bge_triton.client.transport import make_sync_transport
@@ -69,26 +69,36 @@ class EmbeddingClient(BaseEmbeddingClient):
     def embed_documents(self, texts: Sequence[str], *, timeout_s: float | None = None,
                         truncate: bool | None = None) -> np.ndarray:
         """Embed passages: float32 [n, dim], L2-normalised, in input order."""
-        return self._embed(texts, query=False, timeout_s=timeout_s, truncate=truncate)
+        return self._embed(texts, query=False, timeout_s=timeout_s, truncate=truncate)[0]
 
     def embed_queries(self, texts: Sequence[str], *, timeout_s: float | None = None,
                       truncate: bool | None = None) -> np.ndarray:
         """Embed search queries (the query instruction prepended): float32 [n, dim]."""
-        return self._embed(texts, query=True, timeout_s=timeout_s, truncate=truncate)
+        return self._embed(texts, query=True, timeout_s=timeout_s, truncate=truncate)[0]
+
+    def embed_with_counts(self, texts: Sequence[str], *, query: bool = False, timeout_s: float | None = None,
+                          truncate: bool | None = None) -> Embedded:
+        """Embeddings and each text's token count as the model embedded it (Embedded(vectors, token_counts));
+        ModelConfigError if the text endpoint does not declare its `token_count` output."""
+        vectors, counts = self._embed(texts, query=query, timeout_s=timeout_s, truncate=truncate, counts=True)
+        assert counts is not None
+        return Embedded(vectors, counts)
 
     def _embed(self, texts: Sequence[str], query: bool, timeout_s: float | None,
-               truncate: bool | None) -> np.ndarray:
+               truncate: bool | None, counts: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
         self.connect()
         s = self.settings
         timeout = s.timeout_s if timeout_s is None else timeout_s
-        n, plan = self._plan(texts, query, truncate)
-        parts = []
+        n, plan = self._plan(texts, query, truncate, counts)
+        parts, count_parts = [], []
         for call, idx in plan:
             where = f"infer '{call.model}' ({call.rows} texts) at {s.url}"
             result = call_with_retry(lambda t, c=call: self._transport.infer(c, t), s.retry, timeout, where,
                                     budget=self._retry_budget)
-            parts.append((idx, decode_embeddings(result, call.rows, self.spec.dim)))
-        return self._assemble(n, parts)
+            vectors, row_counts = self._decode(call, result)
+            parts.append((idx, vectors))
+            count_parts.append((idx, row_counts))
+        return self._assemble(n, parts), self._assemble_counts(n, count_parts) if counts else None
 
     # -- health -----------------------------------------------------------------------------
     def health(self) -> dict[str, Any]:

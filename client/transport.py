@@ -1,7 +1,8 @@
 """The I/O edge: four thin adapters (gRPC / HTTP x sync / asyncio).
 
-Sync gRPC calls grpc's generated stub for Triton's service (see GrpcSync), sync HTTP a lean keep-alive
-connection (see HttpSync); the asyncio adapters wrap tritonclient.
+Both gRPC adapters call grpc's generated stub for Triton's service with the request client.wire builds
+(see GrpcSync, GrpcAsync), sync HTTP a lean keep-alive connection (see HttpSync); asyncio HTTP wraps
+tritonclient.http.aio.
 
 Each adapter exposes the same four calls - model_config, infer, ready, close - with a per-call
 timeout, and lets transport exceptions escape untouched: client.retry classifies them.
@@ -19,9 +20,9 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.utils import InferenceServerException, deserialize_bytes_tensor, triton_to_np_dtype
 
-from bge_triton.client.core import (ClientSettings, InferCall, build_inputs, build_outputs, config_from_json, grpc_request,
-                         http_request)
+from bge_triton.client.core import ClientSettings, InferCall, config_from_json
 from bge_triton.client.errors import InputError
+from bge_triton.client.wire import build_inputs, build_outputs, custom_parameters, grpc_request, http_request
 
 __all__ = ["make_sync_transport", "make_async_transport"]
 
@@ -43,7 +44,7 @@ GRPC_CHANNEL_ARGS = [
 class GrpcSync:
     """grpc's generated stub for Triton's service, on one channel: thread-safe; deadlines per call.
 
-    infer sends the ModelInferRequest that client.core.grpc_request builds straight from the InferCall:
+    infer sends the ModelInferRequest that client.wire.grpc_request builds straight from the InferCall:
     tritonclient's InferInput objects cost about 0.1-0.2 ms of client CPU per call, and a one-text call
     at quiet hours pays all of it. RpcErrors become tritonclient's InferenceServerException through its
     own get_error_grpc, so client.errors classifies them as for every other adapter.
@@ -87,7 +88,7 @@ class HttpSync:
     """Triton's HTTP/REST protocol on client.http1's lean keep-alive connection; thread-safe (calls take
     turns on the connection: use gRPC for many calls in flight from one client); deadlines per call.
 
-    Sends the body client.core.http_request builds (tritonclient.http's bytes, unit-tested) and reads
+    Sends the body client.wire.http_request builds (tritonclient.http's bytes, unit-tested) and reads
     the answer with HttpInferResult, with no per-call objects beyond those. Error answers become
     tritonclient's InferenceServerException with the HTTP status, as tritonclient.http raises them, so
     client.errors classifies them as for every other adapter.
@@ -178,30 +179,42 @@ class HttpInferResult:
 
 
 class GrpcAsync:
-    """tritonclient.grpc.aio: deadlines through client_timeout."""
+    """grpc.aio on the generated stub, one channel; deadlines per call. The asyncio twin of GrpcSync:
+    the same directly built ModelInferRequest (no InferInput objects), the same error conversion."""
 
     def __init__(self, url: str) -> None:
+        import grpc
+        import grpc.aio
         import tritonclient.grpc as mod
-        import tritonclient.grpc.aio as aio
+        from tritonclient.grpc import service_pb2, service_pb2_grpc
 
         self.mod = mod
-        self.client = aio.InferenceServerClient(url=url, channel_args=GRPC_CHANNEL_ARGS)
+        self._grpc = grpc
+        self._pb = service_pb2
+        self._channel = grpc.aio.insecure_channel(url, options=GRPC_CHANNEL_ARGS)
+        self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
+
+    async def _call(self, method: str, request: Any, timeout_s: float) -> Any:
+        from tritonclient.grpc._utils import get_error_grpc
+
+        try:
+            return await getattr(self._stub, method)(request, timeout=timeout_s)
+        except self._grpc.RpcError as exc:
+            raise get_error_grpc(exc) from None
 
     async def model_config(self, name: str, timeout_s: float) -> mc.ModelConfig:
-        return (await self.client.get_model_config(name, client_timeout=timeout_s)).config
+        return (await self._call("ModelConfig", self._pb.ModelConfigRequest(name=name), timeout_s)).config
 
     async def infer(self, call: InferCall, timeout_s: float) -> Any:
-        return await self.client.infer(call.model, build_inputs(self.mod, call), outputs=build_outputs(self.mod),
-                                       parameters=call.parameters or None, priority=call.priority,
-                                       client_timeout=timeout_s)
+        return self.mod.InferResult(await self._call("ModelInfer", grpc_request(self._pb, call), timeout_s))
 
     async def ready(self, model: str | None, timeout_s: float) -> bool:
         if model is None:
-            return bool(await self.client.is_server_ready(client_timeout=timeout_s))
-        return bool(await self.client.is_model_ready(model, client_timeout=timeout_s))
+            return bool((await self._call("ServerReady", self._pb.ServerReadyRequest(), timeout_s)).ready)
+        return bool((await self._call("ModelReady", self._pb.ModelReadyRequest(name=model), timeout_s)).ready)
 
     async def close(self) -> None:
-        await self.client.close()
+        await self._channel.close()
 
 
 class HttpAsync:
@@ -226,8 +239,8 @@ class HttpAsync:
         return config_from_json(await asyncio.wait_for(self._client().get_model_config(name), timeout_s))
 
     async def infer(self, call: InferCall, timeout_s: float) -> Any:
-        coro = self._client().infer(call.model, build_inputs(self.mod, call), outputs=build_outputs(self.mod),
-                                    parameters=call.parameters or None, priority=call.priority)
+        coro = self._client().infer(call.model, build_inputs(self.mod, call), outputs=build_outputs(self.mod, call.outputs),
+                                    parameters=custom_parameters(call), priority=call.priority)
         return await asyncio.wait_for(coro, timeout_s)
 
     async def ready(self, model: str | None, timeout_s: float) -> bool:

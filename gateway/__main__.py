@@ -35,7 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.info("gateway -> Triton %s model %s; OpenAI base_url http://%s:%d/v1", settings.triton, settings.model,
              settings.host, settings.port)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False,
-                loop="asyncio", timeout_graceful_shutdown=5)  # grpc.aio runs on asyncio's own loop
+                loop="auto", http="auto", timeout_graceful_shutdown=5)  # uvloop + httptools where installed
     return 0
 
 

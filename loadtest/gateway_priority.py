@@ -13,15 +13,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
-import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from bge_triton.loadtest.gateway_bench import start_gateway, texts, write_csv
-from bge_triton.server.launcher import free_ports
+from bge_triton.loadtest.gateway_harness import bench_main, gateway_process, local_server, texts, write_csv
 from bge_triton.loadtest.stack_bench import machine
 from bge_triton.loadtest.stats import percentile
 
@@ -90,24 +87,15 @@ async def measure(args: argparse.Namespace, url: str) -> dict[str, Any]:
 
 def _run(args: argparse.Namespace, tmp: Path) -> list[dict[str, Any]]:
     from bge_triton.server.cpu_variant import CpuVariant
-    from bge_triton.server.launcher import LocalServer, ServerSettings
 
-    http, grpc, metrics, port = free_ports(4)
-    settings = ServerSettings(repository=args.repository, http_port=http, grpc_port=grpc, metrics_port=metrics,
-                              state_dir=tmp / "server", variant=CpuVariant(executor="costmodel"))
     rows = []
-    with LocalServer(settings) as srv:
+    with local_server(args.repository, CpuVariant(executor="costmodel"), tmp / "server") as srv:
         for label, flags in (("queries level 1, passages level 2 (shipped)", []),
                              ("one level for all (--query-priority 2)", ["--query-priority=2"])):
-            gw_args = argparse.Namespace(model=args.model, repository=args.repository,
-                                         gateway_arg=["--max-in-flight=4096", *flags])
-            gateway = start_gateway(gw_args, srv.grpc_url, port, tmp / f"gateway-{len(rows)}.log")
-            try:
+            with gateway_process(srv.grpc_url, tmp / f"gateway-{len(rows)}.log", model=args.model,
+                                 repository=args.repository, flags=flags) as (_, url):
                 print(f"[bench_priority] {label} ...", flush=True)
-                rows.append({"gateway": label, **asyncio.run(measure(args, f"http://127.0.0.1:{port}"))})
-            finally:
-                gateway.terminate()
-                gateway.wait(timeout=15)
+                rows.append({"gateway": label, **asyncio.run(measure(args, url))})
     return rows
 
 
@@ -132,14 +120,7 @@ def write_report(args: argparse.Namespace, rows: list[dict[str, Any]], command: 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    args.repository = args.repository.resolve()
-    command = "python -m bge_triton.loadtest.gateway_priority " + " ".join(sys.argv[1:] if argv is None else argv)
-    load = f"{os.getloadavg()[0]:.1f}"
-    with tempfile.TemporaryDirectory(prefix="gateway-priority-") as tmp:
-        rows = _run(args, Path(tmp))
-    print(write_report(args, rows, command, load).read_text(encoding="utf-8"))
-    return 0
+    return bench_main("bge_triton.loadtest.gateway_priority", build_parser(), argv, _run, write_report)
 
 
 if __name__ == "__main__":

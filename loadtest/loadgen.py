@@ -1,5 +1,5 @@
 """The kit's one HTTP load generator (bench, tuner, Locust bodies, GPU bench): asyncio keep-alive HTTP with
-Triton's binary tensor extension; the request bytes are the SDK's own (client.core.http_request).
+Triton's binary tensor extension; the request bytes are the SDK's own (client.wire.http_request).
 
 Closed loop (peak: C users, each sends when its last answer came) or open loop (Poisson arrivals
 at a fixed rate, latency counted from the SCHEDULED send time so coordinated omission cannot
@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bge_triton.client.core import InferCall, http_request, tensor_call, text_call
+from bge_triton.client.core import InferCall, tensor_call, text_call
+from bge_triton.client.wire import http_request
 from bge_triton.errors import InputError
 
 
 def request_body(call: InferCall) -> bytes:
-    """The SDK's own HTTP body for `call` (client.core.http_request), its header length framed in front."""
+    """The SDK's own HTTP body for `call` (client.wire.http_request), its header length framed in front."""
     body, header_len = http_request(call)
     return header_len.to_bytes(8, "little") + body
 

@@ -16,7 +16,7 @@ import pytest
 
 import openai as openai
 import httpx as httpx
-import fastapi  # noqa: F401 - the extra this test needs
+import starlette  # noqa: F401 - the extra this test needs
 
 from tokenizers import Tokenizer  # noqa: E402
 

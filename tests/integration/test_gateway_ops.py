@@ -10,7 +10,7 @@ import time
 import pytest
 
 import httpx as httpx
-import fastapi  # noqa: F401 - the extra this test needs
+import starlette  # noqa: F401 - the extra this test needs
 
 from test_gateway_openai import NAME, start  # noqa: E402
 

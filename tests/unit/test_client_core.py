@@ -1,6 +1,8 @@
 """Unit tests of the client's sans-I/O core: config checks, request building, decoding, planning."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -13,17 +15,20 @@ import bge_triton.client as client
 from bge_triton.client.base import BaseEmbeddingClient
 from bge_triton.client.core import (
     ClientSettings,
-    build_inputs,
-    build_outputs,
     chunk_slices,
     config_from_json,
-    decode_embeddings,
-    grpc_request,
-    http_request,
     prepare_texts,
     tensor_call,
     text_call,
     validate_model_config,
+)
+from bge_triton.client.wire import (
+    build_inputs,
+    build_outputs,
+    decode_embeddings,
+    decode_token_counts,
+    grpc_request,
+    http_request,
 )
 from bge_triton.client.errors import InputError, KitError, ModelConfigError
 
@@ -32,6 +37,9 @@ name: "minilm" backend: "python" max_batch_size: 8
 input { name: "text" data_type: TYPE_STRING dims: 1 }
 output { name: "embedding" data_type: TYPE_FP32 dims: 4 }
 parameters { key: "max_length" value { string_value: "128" } }
+"""
+COUNT_OUT = """
+output { name: "token_count" data_type: TYPE_INT32 dims: 1 }
 """
 ONNX_CFG = """
 name: "minilm_onnx" backend: "onnxruntime" max_batch_size: 3
@@ -71,9 +79,18 @@ def test_settings_defaults_and_errors() -> None:
 
 def test_validate_text_and_tensor_configs() -> None:
     spec = validate_model_config(cfg(TEXT_CFG), ClientSettings(model="minilm"))
-    assert (spec.dim, spec.max_batch_size, spec.max_length) == (4, 8, 128)
+    assert (spec.dim, spec.max_batch_size, spec.max_length, spec.token_counts) == (4, 8, 128, False)
     spec = validate_model_config(cfg(ONNX_CFG), ClientSettings(model="minilm", mode="tensor", tokenizer="t"))
-    assert (spec.name, spec.dim, spec.max_batch_size) == ("minilm_onnx", 4, 3)
+    assert (spec.name, spec.dim, spec.max_batch_size, spec.token_counts) == ("minilm_onnx", 4, 3, True)
+
+
+def test_validate_token_count_output() -> None:
+    """A declared token_count output turns counts on; a wrongly typed one is named."""
+    spec = validate_model_config(cfg(TEXT_CFG + COUNT_OUT), ClientSettings(model="minilm"))
+    assert spec.token_counts is True
+    with pytest.raises(ModelConfigError, match="'token_count' TYPE_INT64"):
+        validate_model_config(cfg(TEXT_CFG + COUNT_OUT.replace("TYPE_INT32", "TYPE_INT64")),
+                              ClientSettings(model="minilm"))
 
 
 @pytest.mark.parametrize("edit, fragment", [
@@ -169,6 +186,32 @@ def test_plan_splits_at_max_batch_and_assembles_in_order() -> None:
     np.testing.assert_array_equal(out[:, 0], np.arange(19))
 
 
+def test_plan_with_counts_requests_token_count_or_names_the_fix() -> None:
+    c = _Planner(model="minilm")
+    c._accept_config(cfg(TEXT_CFG), None)
+    with pytest.raises(ModelConfigError, match="does not declare the output 'token_count'"):
+        c._plan(["a"], query=False, counts=True)
+    assert c._plan(["a"], query=False)[1][0][0].outputs == ("embedding",)
+    c._accept_config(cfg(TEXT_CFG + COUNT_OUT), None)
+    assert c._plan(["a"], query=False, counts=True)[1][0][0].outputs == ("embedding", "token_count")
+
+
+def test_decode_token_counts_and_assemble() -> None:
+    resp = service_pb2.ModelInferResponse(model_name="m")
+    resp.outputs.add(name="token_count", datatype="INT32", shape=[3, 1])
+    resp.raw_output_contents.append(np.array([[5], [7], [2]], dtype="<i4").tobytes())
+    counts = decode_token_counts(grpcclient.InferResult(resp), 3)
+    assert counts.dtype == np.int32 and counts.tolist() == [5, 7, 2]
+    with pytest.raises(KitError, match=r"expected \(4, 1\)"):
+        decode_token_counts(grpcclient.InferResult(resp), 4)
+    with pytest.raises(KitError, match="no 'token_count' output"):
+        decode_token_counts(_grpc_result(np.zeros((3, 4))), 3)
+    c = _Planner(model="minilm")
+    c._accept_config(cfg(TEXT_CFG), None)
+    out = c._assemble_counts(4, [(np.array([2, 0]), np.array([9, 8])), (np.array([1, 3]), np.array([7, 6]))])
+    assert out.tolist() == [8, 7, 9, 6]
+
+
 def test_spec_needs_connect() -> None:
     with pytest.raises(KitError, match="not connected"):
         _ = _Planner(model="minilm").spec
@@ -178,6 +221,8 @@ def test_spec_needs_connect() -> None:
 WIRE_CALLS = [
     text_call("bge_large_zh", ["今天天气很好", "", "hello\x00world", "向量" * 300], truncate=True),
     text_call("bge_large_zh", ["x"], truncate=False),
+    text_call("bge_large_zh", ["with counts"], truncate=True, counts=True),
+    dataclasses.replace(text_call("bge_large_zh", ["a query"], truncate=True, counts=True), priority=1),
     tensor_call("bge_large_zh_onnx", np.array([[101, 7592, 102, 0]], dtype=np.int64),
                 np.array([[1, 1, 1, 0]], dtype=np.int32)),
 ]
@@ -190,7 +235,8 @@ def test_grpc_request_is_the_message_tritonclient_builds(call) -> None:
 
     want = _get_inference_request(
         model_name=call.model, inputs=build_inputs(grpcclient, call), model_version="", request_id="",
-        outputs=build_outputs(grpcclient), sequence_id=0, sequence_start=False, sequence_end=False, priority=0,
+        outputs=build_outputs(grpcclient, call.outputs), sequence_id=0, sequence_start=False, sequence_end=False,
+        priority=call.priority,
         timeout=None, parameters=call.parameters or None)
     got = grpc_request(service_pb2, call)
     assert got == want
@@ -208,7 +254,8 @@ def test_grpc_request_rejects_unsupported_parameter_types() -> None:
 def test_http_request_is_the_body_tritonclient_builds(call) -> None:
     """The directly built HTTP body (JSON header + binary inputs) equals tritonclient.http's, byte for byte."""
     want, want_json = httpclient.InferenceServerClient.generate_request_body(
-        build_inputs(httpclient, call), outputs=build_outputs(httpclient), parameters=call.parameters or None)
+        build_inputs(httpclient, call), outputs=build_outputs(httpclient, call.outputs),
+        parameters=call.parameters or None)
     got, got_json = http_request(call)
     assert got == want and got_json == want_json
 
@@ -217,3 +264,15 @@ def test_http_request_rejects_unsupported_parameter_types() -> None:
     call = text_call("m", ["a"], truncate=True)
     with pytest.raises(KitError, match="'when' has type dict"):
         http_request(type(call)(call.model, call.inputs, {"when": {"a": 1}}, call.rows))
+
+
+def test_priority_travels_as_triton_queue_priority_only() -> None:
+    """A `priority` request parameter (the name Triton reserves) is not sent as a custom one: gRPC carries
+    the queue priority as tritonclient does (uint64), HTTP leaves it out of the parameters."""
+    call = dataclasses.replace(text_call("m", ["a"], truncate=True), priority=2,
+                               parameters={"truncate": True, "priority": 2})
+    request = grpc_request(service_pb2, call)
+    assert request.parameters["priority"].WhichOneof("parameter_choice") == "uint64_param"
+    assert request.parameters["priority"].uint64_param == 2 and request.parameters["truncate"].bool_param is True
+    body, header_length = http_request(call)
+    assert b'"parameters":{"truncate":true}' in body[:header_length] and b'"priority"' not in body[:header_length]

@@ -27,6 +27,7 @@ CONFIG = f"""
 name: "fake" backend: "python" max_batch_size: 4
 input {{ name: "text" data_type: TYPE_STRING dims: 1 }}
 output {{ name: "embedding" data_type: TYPE_FP32 dims: {DIM} }}
+output {{ name: "token_count" data_type: TYPE_INT32 dims: 1 }}
 """
 
 
@@ -39,6 +40,10 @@ def free_port() -> int:
             except OSError:
                 continue
     pytest.skip("no free port in 18000-18099")
+
+
+def fake_count(text: str) -> int:
+    return len(text.split()) + 2  # words + [CLS] + [SEP]: the fake server's token count
 
 
 def fake_vector(text: str) -> list[float]:
@@ -58,6 +63,7 @@ class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
     def __init__(self) -> None:
         self.failures: list[tuple[grpc.StatusCode, str]] = []
         self.requests: list[tuple[list[str], bool]] = []
+        self.outputs: list[tuple[list[str], int]] = []  # (requested outputs, priority) per request
         self.delay_s = 0.0
         self.lock = threading.Lock()
 
@@ -80,13 +86,18 @@ class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
         time.sleep(self.delay_s)
         texts = decode_bytes(request.raw_input_contents[0])
         truncate = request.parameters["truncate"].bool_param
+        outputs = [o.name for o in request.outputs]
         with self.lock:
             self.requests.append((texts, truncate))
+            self.outputs.append((outputs, request.parameters["priority"].uint64_param))
         if any("TOO LONG" in t for t in texts) and not truncate:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "text has 900 tokens, the limit is 512")
         resp = service_pb2.ModelInferResponse(model_name="fake")
         resp.outputs.add(name="embedding", datatype="FP32", shape=[len(texts), DIM])
         resp.raw_output_contents.append(np.array([fake_vector(t) for t in texts], np.float32).tobytes())
+        if "token_count" in outputs:
+            resp.outputs.add(name="token_count", datatype="INT32", shape=[len(texts), 1])
+            resp.raw_output_contents.append(np.array([[fake_count(t)] for t in texts], "<i4").tobytes())
         return resp
 
 
@@ -131,6 +142,32 @@ def test_async_equals_sync(fake) -> None:
 
     with EmbeddingClient(url, model="fake") as c:
         np.testing.assert_array_equal(asyncio.run(main()), c.embed_documents(texts))
+
+
+def test_token_counts_sync_async_split_and_priority(fake) -> None:
+    """embed_with_counts asks for token_count only when called, keeps input order across split requests,
+    and the async client's priority reaches the server."""
+    servicer, url = fake
+    texts = [f"doc {'w ' * i}{i}" for i in range(9)]  # 3 requests at max_batch_size 4
+    want = [fake_count(t) for t in texts]
+
+    async def main() -> tuple:
+        async with AsyncEmbeddingClient(url, model="fake", retry=FAST, query_instruction="Q: ") as c:
+            plain = await c.embed_documents(texts[:2], priority=1)
+            return plain, await c.embed_with_counts(texts, priority=2), await c.embed_with_counts(["a b"], query=True)
+
+    servicer.outputs.clear()
+    plain, got, query = asyncio.run(main())
+    assert [o for o, _ in servicer.outputs] == [["embedding"]] + [["embedding", "token_count"]] * 4
+    assert [p for _, p in servicer.outputs] == [1, 2, 2, 2, 0]
+    np.testing.assert_array_equal(got.vectors, [fake_vector(t) for t in texts])
+    assert got.token_counts.dtype == np.int32 and got.token_counts.tolist() == want
+    np.testing.assert_array_equal(plain, got.vectors[:2])
+    assert query.token_counts.tolist() == [fake_count("Q: a b")]
+    with EmbeddingClient(url, model="fake", retry=FAST) as c:
+        vectors, counts = c.embed_with_counts(texts)
+    np.testing.assert_array_equal(vectors, got.vectors)
+    assert counts.tolist() == want
 
 
 def test_retry_on_full_queue_then_success(fake) -> None:

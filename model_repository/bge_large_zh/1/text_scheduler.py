@@ -145,15 +145,13 @@ class Counters:
 
 
 class Scheduler:
-    """The pool and its dispatcher threads; respond(job) is called once per job (error or embeddings),
-    on_idle() whenever the last sub-batch at the encoder returns and nothing waits."""
+    """The pool and its dispatcher threads; respond(job) is called once per job (error or embeddings)."""
 
     def __init__(self, settings: TextSettings, backend: EncoderBackend, pad_id: int, dim: int,
                  respond: Callable[[Job], None], marker: QueryMarker | None = None,
-                 on_idle: Callable[[], None] | None = None, clock: Callable[[], float] = time.monotonic,
-                 policy: QueuePolicy = QueuePolicy()) -> None:
+                 clock: Callable[[], float] = time.monotonic, policy: QueuePolicy = QueuePolicy()) -> None:
         self.s, self.backend, self.pad_id, self.dim, self.policy = settings, backend, pad_id, dim, policy
-        self.respond, self.marker, self.on_idle, self.clock = respond, marker, on_idle, clock
+        self.respond, self.marker, self.clock = respond, marker, clock
         self.levels: dict[int, list[Item]] = {}
         self.pending = 0  # texts waiting
         self.waiting: dict[int, int] = {}  # id(job) -> its texts still waiting (the requests in the queue)
@@ -296,10 +294,7 @@ class Scheduler:
                     self.running -= 1
                     if not query:
                         self.bulk_running -= 1
-                    idle = self.running == 0 and self.pending == 0
                     self.cond.notify_all()
-                if idle and self.on_idle is not None:
-                    self.on_idle()
 
     def run_inline(self, jobs: Sequence[tuple[Job, Sequence[list[int]]]]) -> bool:
         """Quiet hours: when nothing waits or runs and the jobs make one sub-batch, run it in the caller's
@@ -323,12 +318,8 @@ class Scheduler:
         try:
             self._run(picked, answer=False)
         finally:
-            with self.cond:
+            with self.cond:  # nothing waits on this (the pool did not change): no notify
                 self.running -= 1
-                idle = self.running == 0 and self.pending == 0
-                self.cond.notify_all()
-            if idle and self.on_idle is not None:
-                self.on_idle()
         return True
 
     def _run(self, picked: list[Item], answer: bool = True) -> None:

@@ -256,6 +256,7 @@ def test_custom_metrics_exported(triton_server) -> None:
     assert values["kit_padded_tokens_total"] >= values["kit_real_tokens_total"]
     assert values["kit_texts_total"] >= values["kit_sub_batches_total"] >= 1  # sub-batches pool texts across batches
     assert values["kit_text_batches_total"] >= 1
+    assert values["kit_queue_requests_total"] >= 1 and "kit_queue_duration_us_total" in values  # the pool wait
 
 
 def test_priority_reaches_the_text_endpoint_and_a_bad_level_is_named(triton_server) -> None:

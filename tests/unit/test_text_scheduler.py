@@ -195,3 +195,28 @@ def test_run_inline_only_when_idle_one_sub_batch_and_not_bulk_in_query_mode() ->
     assert not p.scheduler.run_inline([(job(1), [[2, 3]])])  # bulk in query mode: to the pool, capped
     assert p.scheduler.run_inline([(job(1, prio=1), [[2, 3]])])  # a query still may
     p.close()
+
+
+def test_queue_time_counts_the_wait_in_the_pool() -> None:
+    now = [100.0]
+    enc = Gated()
+    p = Endpoint(enc, max_in_flight=1)
+    p.scheduler.clock = lambda: now[0]
+    first = p.submit([req("hello")])
+    enc.wait_arrived(1)  # taken at once: waited 0
+    second = p.submit([req("world", "fast")])
+    now[0] += 0.5  # the encoder holds the first sub-batch for half a second
+    enc.gate.set()
+    p.wait(first + second)
+    counts = p.scheduler.counters.take()
+    assert counts["queued"] == 2 and counts["queue_us"] == 500_000
+    inline = p.scheduler.new_job(1, 2)
+    for _ in range(500):  # the dispatcher is done: the next one-sub-batch request runs inline
+        if p.scheduler.running == 0:
+            break
+        threading.Event().wait(0.01)
+    now[0] += 0.5
+    assert p.scheduler.run_inline([(inline, [[2, 5, 3]])])
+    counts = p.scheduler.counters.take()
+    assert counts["queued"] == 1 and counts["queue_us"] == 0 and counts["texts"] == 1
+    p.close()

@@ -116,6 +116,10 @@ class TritonPythonModel:
             "texts": counter("kit_texts_total", "Texts embedded (tokens per batch = real tokens / batches)"),
             "subs": counter("kit_sub_batches_total", "Encoder sub-batches (per batch = sub_batches / batches)"),
             "bad": counter("kit_rejected_requests_total", "Requests answered with an input error"),
+            "queued": counter("kit_queue_requests_total", "Requests whose texts all left the scheduler's pool for "
+                              "the encoder"),
+            "queue_us": counter("kit_queue_duration_us_total", "Microseconds those requests waited in the pool "
+                                "(the text endpoint's queue time: Triton's own stays near 0)"),
         }
         # Each increment is a round trip from this stub to the server (about 50 us), so counts are summed
         # here and sent every metrics_flush_s by a thread of their own (and at unload): the request path

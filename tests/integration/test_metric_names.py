@@ -8,6 +8,8 @@ with no metric (it holds its replica count) or a dashboard panel empty, and noth
 from __future__ import annotations
 
 import importlib.util
+import re
+import time
 import urllib.request
 from pathlib import Path
 
@@ -55,13 +57,19 @@ def scraped(minilm_repo: Path, server_factory) -> tuple[dict[str, list], dict]:
     text = next(name for name, c in configs.items() if get_param(c, "onnx_model"))
     with EmbeddingClient(srv.grpc_url, model=text) as client:
         client.embed_documents([f"度量 {i}: metric names test" for i in range(8)])
-    body = urllib.request.urlopen(srv.metrics_url, timeout=10).read().decode()
+    for _ in range(50):  # the text endpoint sends its own counters every metrics_flush_s from a thread
+        body = urllib.request.urlopen(srv.metrics_url, timeout=10).read().decode()
+        if re.search(r"^kit_queue_requests_total\{[^}]*\} [1-9]", body, re.M):
+            break
+        time.sleep(0.1)
+    # the parser names a counter family without _total and its samples with it; Prometheus stores the names
+    # as exposed (Triton's nv_* counters without _total, the kit's with it): the # TYPE lines have them
+    exposed = {name.removesuffix("_total"): name for name in re.findall(r"^# TYPE (\S+) counter$", body, re.M)}
     samples: dict[str, list] = {}
     for family in text_string_to_metric_families(body):
         samples.setdefault(family.name, [])
         for s in family.samples:
-            # the parser names counter samples the OpenMetrics way (+ _total); Prometheus stores Triton's as exposed
-            name = family.name if family.type == "counter" else s.name
+            name = exposed.get(family.name, family.name) if family.type == "counter" else s.name
             samples.setdefault(name, []).append(s)
             if name != family.name:  # a summary's _count/_sum also count as the family's
                 samples[family.name].append(s)
@@ -74,7 +82,8 @@ def queried() -> dict[str, set[str]]:
 
 def test_the_rules_and_dashboard_query_the_hpa_signal_at_all() -> None:
     names = queried()
-    assert {"nv_inference_queue_duration_us", "nv_inference_compute_infer_duration_us"} <= set(names)
+    assert {"nv_inference_queue_duration_us", "nv_inference_compute_infer_duration_us",
+            "kit_queue_duration_us_total", "kit_queue_requests_total"} <= set(names)
     assert {n for n in names if n.startswith("nv_gpu_")} <= set(GPU_ONLY), "list new GPU-only names in GPU_ONLY"
 
 
@@ -103,3 +112,7 @@ def test_hpa_series_exist_for_both_models_and_count_the_inference(scraped) -> No
     assert count >= 8
     compute = [s.value for s in samples["nv_inference_compute_infer_duration_us"] if s.labels["model"] == models["text"]]
     assert compute[0] > 0
+    # the text endpoint's pool wait (triton_text_queue_ms), its own counters, labelled with the model's name
+    (requests,) = [s.value for s in samples["kit_queue_requests_total"] if s.labels["model"] == models["text"]]
+    assert requests >= 1
+    assert [s.labels["model"] for s in samples["kit_queue_duration_us_total"]] == [models["text"]]

@@ -246,12 +246,20 @@ def test_hpa_scales_on_the_adapter_rules_queue_signals(gpu: list[dict]) -> None:
         query = rules[name]["metricsQuery"]
         tree = promql_parser.parse(query.replace("<<.LabelMatchers>>,", "").replace("<<.GroupBy>>", "pod"))
         assert isinstance(tree, promql_parser.BinaryExpr) and str(tree.op) == "/", query
-        assert cm.promql_metric_names(str(tree.lhs)) == {"nv_inference_queue_duration_us"}
         if name in capacity.RATIO_METRICS:  # NVIDIA's tutorial: queue over compute-infer time, target 1
+            assert cm.promql_metric_names(str(tree.lhs)) == {"nv_inference_queue_duration_us"}
             assert cm.promql_metric_names(str(tree.rhs)) == {"nv_inference_compute_infer_duration_us"}
             assert target["averageValue"] == "1"
-        else:  # queue time per successful request, in ms
-            assert cm.promql_metric_names(str(tree.rhs)) == {"nv_inference_request_success"}
+        else:  # (Triton's queue per successful request + the scheduler pool's wait per request) / 1000: ms
+            assert str(tree.rhs) == "1000", query
+            total = tree.lhs.expr if isinstance(tree.lhs, promql_parser.ParenExpr) else tree.lhs
+            assert isinstance(total, promql_parser.BinaryExpr) and str(total.op) == "+", query
+            triton, pool = total.lhs, total.rhs
+            assert str(triton.op) == str(pool.op) == "/", query
+            assert [cm.promql_metric_names(str(e)) for e in (triton.lhs, triton.rhs, pool.lhs, pool.rhs)] == [
+                {"nv_inference_queue_duration_us"}, {"nv_inference_request_success"},
+                {"kit_queue_duration_us_total"}, {"kit_queue_requests_total"}], query
+            assert rules[name]["name"]["matches"] == "^kit_queue_duration_us_total$"
         models |= set(re.findall(r'model="([^"]+)"', query))
     assert models == {TEXT.name, ENCODER.name}
 
@@ -296,7 +304,7 @@ def test_cli_renders_and_validates_both_trees() -> None:
     proc = subprocess.run([sys.executable, str(K8S / "check_manifests.py")], cwd=REPO, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert "Deployment/triton: valid" in proc.stdout and "nv_inference_queue_duration_us" in proc.stdout
+    assert "Deployment/triton: valid" in proc.stdout and "kit_queue_duration_us_total" in proc.stdout
 
 
 def test_model_pvc_component_replaces_the_init_container_with_one_export_job(gpu: list[dict], tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import json
 import sys
 import threading
 import types
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -117,20 +118,26 @@ def fake_pb_utils(encoder_answer):
         def exec(self):
             return encoder_answer(self.ids)
 
+    pb.alive = weakref.WeakSet()  # the MetricFamily and Metric objects not deleted yet
+
     class MetricFamily:
         COUNTER = "counter"
 
         def __init__(self, name, description, kind) -> None:
             self.name = name
+            pb.alive.add(self)
 
         def Metric(self, labels):  # noqa: N802 - pb_utils' name
-            family = self
+            metric = Metric(self.name)
+            pb.alive.add(metric)
+            return metric
 
-            class Metric:
-                def increment(self, value):
-                    pb.sent[family.name] = pb.sent.get(family.name, 0) + value
+    class Metric:  # holds its family's name, not the family: deleting the family's last reference deletes it
+        def __init__(self, name) -> None:
+            self.name = name
 
-            return Metric()
+        def increment(self, value):
+            pb.sent[self.name] = pb.sent.get(self.name, 0) + value
 
     pb.InferenceRequest, pb.MetricFamily = InferenceRequest, MetricFamily
     return pb
@@ -187,6 +194,19 @@ def test_bad_input_is_invalid_arg_and_the_rest_are_embedded(tmp_path, monkeypatc
     model.finalize()  # sends the summed counters
     assert pb.sent["kit_rejected_requests_total"] == 3 and pb.sent["kit_texts_total"] == 3
     assert pb.sent["kit_padded_tokens_total"] >= pb.sent["kit_real_tokens_total"] == 3 + 4 + 3  # [CLS] hello [SEP], [CLS] 今 天 [SEP], [CLS] rag [SEP]
+
+
+def test_finalize_deletes_the_custom_metrics_while_the_model_lives(tmp_path, monkeypatch) -> None:
+    """A pb_utils Metric deleted after finalize dies with the stub, after its shared memory (Triton 2.51's stub
+    then segfaults in Metric::SaveToSharedMemory at every unload): finalize sends the counts, then deletes
+    every Metric and MetricFamily itself, while the model object is still referenced."""
+    model, pb = load_model(tmp_path, monkeypatch, ok)
+    execute(model, [Request(["hello"])])
+    families = [m.name for m in pb.alive if isinstance(m, pb.MetricFamily)]
+    assert {"kit_texts_total", "kit_queue_duration_us_total"} <= set(families) and len(pb.alive) == 2 * len(families)
+    model.finalize()
+    assert pb.sent["kit_texts_total"] == 1  # sent before the delete
+    assert not list(pb.alive), f"still alive after finalize: {list(pb.alive)}"
 
 
 def test_an_idle_instance_answers_one_sub_batch_inline(tmp_path, monkeypatch) -> None:

@@ -146,6 +146,11 @@ class TritonPythonModel:
         self.flusher.join(5)
         self._flush_metrics()
         self.backend.close()
+        # Delete the custom metrics now, while the stub still runs. Left to the end, they die with the stub
+        # (pb_stub's ~Stub drops this model object after its shared memory is gone), and a Metric's delete
+        # request then saves itself into that memory: a segfault in Metric::SaveToSharedMemory at every unload.
+        self.counters.clear()
+        self.families.clear()
 
     def execute(self, requests):
         """Tokenize one Triton batch, answer its bad requests, queue the rest; the scheduler answers them."""

@@ -118,6 +118,12 @@ class Harness:
         return CpuVariant(executor=executor, **{**kwargs, **overrides})
 
     def stop(self) -> None:
+        """Close our HTTP connection first: Triton waits up to 30 s for open connections before it unloads the
+        models (finalize), and the launcher's SIGKILL at 20 s would skip the unload."""
+        client = getattr(self, "client", None)
+        if client is not None:
+            client.close()
+            self.client = None
         if self.server is not None:
             self.server.stop()
             self.server = None

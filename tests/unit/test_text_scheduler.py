@@ -1,14 +1,16 @@
 """The text endpoint's scheduler (text_scheduler.py): the run it picks, priorities, query mode, limits."""
 from __future__ import annotations
 
+import gc
 import os
 import threading
+import weakref
 
 import numpy as np
 import pytest
 
 from test_text_core_stages import DIM, Endpoint, FakeEncoder, req
-from text_core import EncoderOverloaded, TextSettings
+from text_core import EncoderOverloaded, TextSettings, encoder_error
 from text_scheduler import Item, Job, QueryMarker, QueuePolicy, choose
 
 
@@ -220,3 +222,40 @@ def test_queue_time_counts_the_wait_in_the_pool() -> None:
     counts = p.scheduler.counters.take()
     assert counts["queued"] == 1 and counts["queue_us"] == 0 and counts["texts"] == 1
     p.close()
+
+
+class Failing(FakeEncoder):
+    """Holds a stand-in for the encoder's response (pb_utils objects in shared memory) in its frame, then
+    fails as BlsBackend does on an error response."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.responses: list[weakref.ref] = []
+
+    def run(self, ids, mask):
+        response = Response()
+        self.responses.append(weakref.ref(response))
+        raise encoder_error("fake_onnx", "Exceeds maximum queue size")
+
+
+class Response:
+    pass
+
+
+def test_an_encoder_error_keeps_no_frame_alive() -> None:
+    """The encoder's response goes when its job is answered, by reference counting alone. An error kept with
+    its traceback holds the raising frames in a cycle, and the 2.51 stub segfaults when such a pb object is
+    freed by the interpreter's last collection, after the stub's shared memory (model.py finalize also
+    collects)."""
+    enc = Failing()
+    p = Endpoint(enc, max_in_flight=1)
+    gc.disable()
+    try:
+        jobs = p.submit([req("hello")]) + p.submit([req("world", "rag")])
+        p.wait(jobs)
+        assert all(isinstance(j.error, EncoderOverloaded) for j in jobs) and enc.responses
+        assert all(j.error.__traceback__ is None for j in jobs)
+        assert [r() for r in enc.responses] == [None] * len(enc.responses), "a response outlived its job's answer"
+    finally:
+        gc.enable()
+        p.close()

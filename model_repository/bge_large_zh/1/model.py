@@ -14,6 +14,7 @@ Parameter `encoder` "bls" (the default) is the deployment. Any other value X loa
 module encoder_X.py beside this file: the local CPU variant (server/cpu_variant.py) renders one
 there; this file runs unchanged in both.
 """
+import gc
 import importlib
 import json
 import os
@@ -146,11 +147,15 @@ class TritonPythonModel:
         self.flusher.join(5)
         self._flush_metrics()
         self.backend.close()
-        # Delete the custom metrics now, while the stub still runs. Left to the end, they die with the stub
-        # (pb_stub's ~Stub drops this model object after its shared memory is gone), and a Metric's delete
-        # request then saves itself into that memory: a segfault in Metric::SaveToSharedMemory at every unload.
+        # Delete every pb_utils object now, while the stub still runs. Left to the end, they die with the stub
+        # (2.51's ~Stub drops this model object, and the interpreter's last collection the garbage cycles,
+        # after the stub's shared memory is gone): a Metric's delete request then saves itself into that
+        # memory (a segfault in Metric::SaveToSharedMemory at every unload), and a tensor or response kept
+        # alive by a cycle (an exception's traceback) frees its buffer there (a segfault in
+        # pthread_mutex_lock). So: the metrics, then one collection.
         self.counters.clear()
         self.families.clear()
+        gc.collect()
 
     def execute(self, requests):
         """Tokenize one Triton batch, answer its bad requests, queue the rest; the scheduler answers them."""

@@ -349,7 +349,7 @@ class Scheduler:
             with self.backend.hold():
                 out = self.backend.run(ids, mask)
         except TextError as exc:
-            error = exc
+            error = exc.with_traceback(None)  # its frames hold the encoder's response: no cycle through this one
         except Exception as exc:  # noqa: BLE001 - a bug in a backend must answer its rows, not kill the thread
             error = TextError(f"encoder call failed: {type(exc).__name__}: {exc}")
         done = []

@@ -174,6 +174,17 @@ def free_ports(count: int = 3, pool: range = range(18000, 18500), avoid: tuple[i
     raise ServerNotReady(f"fewer than {count} free ports in {pool.start}-{pool.stop - 1}: stop old servers")
 
 
+def _listening(port: int) -> bool:
+    """Something accepts TCP connections on 127.0.0.1:port."""
+    import socket
+
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
 def _ready(port: int) -> bool:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=2) as resp:
@@ -265,7 +276,10 @@ class LocalServer:
                 self._forget()
                 raise ServerNotReady(f"tritonserver exited with code {self.proc.returncode} during start-up.\n"
                                      f"{_failure(self.log_path)}")
-            if _ready(self.settings.http_port):
+            # Triton starts its gRPC, HTTP and metrics listeners one after the other (metrics ~40 ms after
+            # HTTP here): ready means HTTP's readiness and the other two accepting connections.
+            if _ready(self.settings.http_port) and all(
+                    _listening(port) for port in (self.settings.grpc_port, self.settings.metrics_port)):
                 return
             time.sleep(0.25)
         self.stop()

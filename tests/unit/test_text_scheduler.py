@@ -199,6 +199,16 @@ def test_run_inline_only_when_idle_one_sub_batch_and_not_bulk_in_query_mode() ->
     p.close()
 
 
+def test_a_query_run_inline_opens_query_mode_too() -> None:
+    """An idle instance runs a lone query inline: bulk right after it is still capped, as after a submitted one."""
+    enc = Gated()
+    enc.gate.set()
+    p = Endpoint(enc, max_in_flight=1)
+    assert p.scheduler.run_inline([(p.scheduler.new_job(1, 1), [[2, 7, 3]])])  # the query, inline
+    assert not p.scheduler.run_inline([(p.scheduler.new_job(1, 2), [[2, 3]])])  # bulk: to the pool, capped
+    p.close()
+
+
 def test_queue_time_counts_the_wait_in_the_pool() -> None:
     now = [100.0]
     enc = Gated()

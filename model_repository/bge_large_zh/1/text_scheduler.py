@@ -43,7 +43,6 @@ class Job:
     remaining: int = 0
     error: TextError | None = None
     context: object = None  # the adapter's handle (the response sender)
-    arrival: float = 0.0  # when it entered the pool
 
     def __post_init__(self) -> None:
         self.remaining = self.rows
@@ -198,12 +197,7 @@ class Scheduler:
                     rejected.append(job)
                     continue
                 self.waiting[id(job)] = len(ids)
-                job.arrival = now
-                m = self.s.pad_to_multiple
-                level = self.levels.setdefault(job.priority, [])
-                for row, tok in enumerate(ids):
-                    job.tokens[row] = len(tok)
-                    level.append(Item(job, row, tok, -(-len(tok) // m) * m, now))
+                self.levels.setdefault(job.priority, []).extend(self._items(job, ids, now))
                 self.pending += len(ids)
                 if 1 <= job.priority <= self.s.query_levels:
                     self.last_query = now
@@ -213,6 +207,13 @@ class Scheduler:
             self.marker.mark(now)
         for job in rejected:  # refused, or empty
             self.respond(job)
+
+    def _items(self, job: Job, ids: Sequence[list[int]], now: float) -> list[Item]:
+        """The pool's entries of one job's texts (their token counts recorded for the answer)."""
+        m = self.s.pad_to_multiple
+        for row, tok in enumerate(ids):
+            job.tokens[row] = len(tok)
+        return [Item(job, row, tok, -(-len(tok) // m) * m, now) for row, tok in enumerate(ids)]
 
     def _query_mode(self, now: float) -> bool:
         last = max(self.last_query, self.marker.last() if self.marker is not None else float("-inf"))
@@ -266,11 +267,11 @@ class Scheduler:
             self.waiting[key] -= 1
             if not self.waiting[key]:
                 del self.waiting[key]
-                left.append(it.job)
+                left.append(it)  # a job's texts all arrived together
         if left:
             with self.counters.lock:
                 self.counters.queued += len(left)
-                self.counters.queue_us += sum(int((now - job.arrival) * 1e6) for job in left)
+                self.counters.queue_us += sum(int((now - it.arrival) * 1e6) for it in left)
         return picked, query, slot
 
     def _dispatch(self, queries_only: bool) -> None:
@@ -315,19 +316,21 @@ class Scheduler:
         Not for bulk in query mode (it would not be capped)."""
         if not jobs or any(not ids for _, ids in jobs):
             return False
-        m, s = self.s.pad_to_multiple, self.s
+        s = self.s
         with self.cond:
             now = self.clock()
-            bulk = any(not 1 <= job.priority <= s.query_levels for job, _ in jobs)
-            if self.closing or self.running or self.pending or (bulk and self._query_mode(now)):
+            queries = [1 <= job.priority <= s.query_levels for job, _ in jobs]
+            if self.closing or self.running or self.pending or (not all(queries) and self._query_mode(now)):
                 return False
-            picked = [Item(job, row, tok, -(-len(tok) // m) * m, now) for job, ids in jobs for row, tok in enumerate(ids)]
+            picked = [it for job, ids in jobs for it in self._items(job, ids, now)]
             if len(plan_sub_batches([it.padded for it in picked], s.token_budget, s.sub_batch_max, 1,
                                     s.split_overhead_tokens)) != 1:
                 return False
             self.running += 1
-        for it in picked:
-            it.job.tokens[it.row] = len(it.ids)
+            if any(queries):  # a query run here opens query mode as one submitted does
+                self.last_query = now
+        if any(queries) and self.marker is not None:
+            self.marker.mark(now)
         with self.counters.lock:  # never waited in the pool
             self.counters.queued += len(jobs)
         try:

@@ -13,6 +13,7 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Callable
 
 from bge_triton.client.core import DEFAULT_BUCKETS, tensor_call
 from bge_triton.client.tokens import BucketTokenizer
@@ -123,17 +124,84 @@ def measure(h: harness.Harness, s: BenchSettings, model: str, watch: list[str], 
     meter = CpuMeter(h.server.proc.pid)
     meter.start()
     res = loadgen.run(spec)
-    cpu_pct, server_cores, gen_cores = meter.stop()
+    cpu = meter.stop()
     deltas = {m: stats_delta(before[m], fetch_stats(h.server.http_url, m)) for m in watch}
+    return _row(mode, users, rate, res, deltas, cpu)
+
+
+def _row(mode: str, users: int, rate: float, res: loadgen.LoadResult, deltas: dict, cpu: tuple) -> dict:
+    """The row of one measurement: what the client saw (res), what Triton did per watched model (deltas, the
+    called model first and the encoder last) and the CPU (machine %, server cores, generator cores)."""
     lat = summarize(res.latencies_ms)
-    enc = deltas[watch[-1]]  # the encoder (last watched): batch size and compute
-    front = deltas[watch[0]]  # what the client called: its queue time
+    cpu_pct, server_cores, gen_cores = cpu
+    enc = deltas[list(deltas)[-1]]  # the encoder (last watched): batch size and compute
+    front = deltas[list(deltas)[0]]  # what the client called: its queue time
     return {"phase": "peak" if mode == "closed" else "low", "load": f"C={users}" if mode == "closed" else f"{rate:.0f}/s",
             "throughput": res.throughput, "avg_ms": lat.avg_ms, "p50_ms": lat.p50_ms, "p99_ms": lat.p99_ms,
             "n": lat.count, "errors": res.errors + res.late, "unanswered": res.late, "first_error": res.first_error[:120],
             "avg_batch": enc.avg_batch, "front_batch": front.avg_batch, "queue_ms": front.queue_ms, "compute_ms": enc.compute_ms,
             "cpu_pct": cpu_pct, "server_cores": server_cores, "gen_cores": gen_cores, "window_start": res.window_start,
             "loop_lag_ms": res.loop_lag_ms, "loop_lag_max_ms": res.loop_lag_max_ms}
+
+
+@dataclass(frozen=True)
+class Leg:
+    """One path of a side-by-side quiet-hour measurement: the model called, the models watched (the called one
+    first, the encoder last), the request bodies."""
+
+    model: str
+    watch: tuple[str, ...]
+    bodies: tuple[bytes, ...]
+
+
+def measure_side_by_side(h: harness.Harness, s: BenchSettings, legs: list[Leg], rate: float, block_s: float = 2.0,
+                         probe: Callable[[], dict[int, float]] | None = None) -> list[dict]:
+    """Quiet hours for several paths in ONE window: each leg's open loop at `rate` (alone on the server) in turns
+    of block_s seconds, ABBA order, until each has had s.low_duration_s; one row per leg, as measure() writes it.
+
+    A shared machine drifts over minutes (other tenants, cache state), so two paths measured one after the other
+    differ by that drift as well as by their own difference (issue 14's quiet-hour gap moved +0.7 .. +2.3 ms over
+    ten sequential runs); taking turns every block_s puts the drift on both. Each turn starts with a short warm-up
+    (not counted): the leg's models idled while the other leg ran. probe(): CPU seconds per pid of processes to
+    count per leg (row key "probe_cores", cores busy over the leg's turns), optional.
+    """
+    rounds = max(1, round(s.low_duration_s / block_s))
+    acc = [{"res": loadgen.LoadResult(), "before": {m: {} for m in leg.watch}, "after": {m: {} for m in leg.watch},
+            "wall": 0.0, "server": 0.0, "gen": 0.0, "pct": 0.0, "probe": 0.0} for leg in legs]
+    for k in range(rounds):
+        for i in (range(len(legs)) if k % 2 == 0 else reversed(range(len(legs)))):
+            leg, a = legs[i], acc[i]
+            spec = loadgen.LoadSpec(*h.host_port, leg.model, leg.bodies, "open", concurrency=512, rate=rate,
+                                    warmup_s=min(0.25, s.warmup_s), duration_s=block_s, seed=1000 * k + i)
+            before = {m: fetch_stats(h.server.http_url, m) for m in leg.watch}
+            p0 = probe() if probe else {}
+            meter = CpuMeter(h.server.proc.pid)
+            meter.start()
+            t0 = time.monotonic()
+            res = loadgen.run(spec)
+            pct, server, gen = meter.stop()
+            wall = time.monotonic() - t0
+            p1 = probe() if probe else {}
+            for m in leg.watch:
+                for key, value in fetch_stats(h.server.http_url, m).items():
+                    a["after"][m][key] = a["after"][m].get(key, 0.0) + value
+                for key, value in before[m].items():
+                    a["before"][m][key] = a["before"][m].get(key, 0.0) + value
+            a["res"].merge(res)
+            a["res"].window_start = a["res"].window_start or res.window_start
+            a["wall"] += wall
+            a["server"], a["gen"], a["pct"] = a["server"] + server * wall, a["gen"] + gen * wall, a["pct"] + pct * wall
+            a["probe"] += sum(v - p0.get(pid, 0.0) for pid, v in p1.items())
+    rows = []
+    for leg, a in zip(legs, acc):
+        res = a["res"]
+        res.window_s = rounds * block_s
+        deltas = {m: stats_delta(a["before"][m], a["after"][m]) for m in leg.watch}
+        wall = max(a["wall"], 1e-9)
+        row = _row("open", 0, rate, res, deltas, (a["pct"] / wall, a["server"] / wall, a["gen"] / wall))
+        row.update(probe_cores=a["probe"] / wall, window_s=res.window_s, turns=rounds, turn_s=block_s)
+        rows.append(row)
+    return rows
 
 
 def run_executor(h: harness.Harness, s: BenchSettings, executor: str, run: BenchRun) -> None:

@@ -23,6 +23,9 @@ from bge_triton.server.repository import (CANONICAL_NAME, DEFAULT_CANONICAL, ENC
 
 NOOP = "noop"
 EMULATED = CANONICAL_NAME  # bge_large_zh (+ _onnx) run by the costmodel executor
+# A second copy of the encoder's config (its own emulated GPU: the cost model's lock lives in the model's
+# directory), loaded beside the text endpoint's encoder: the quiet-hour reference called directly, side by side.
+REFERENCE = CANONICAL_NAME + "_reference" + ENCODER_SUFFIX
 PORT_RANGE = range(18100, 18200)
 NOOP_MODEL_PY = '''"""No-op model for the load generator's self-check: answers zeros at once."""
 import numpy as np
@@ -69,6 +72,9 @@ def build_repository(out: Path, real_repo: Path | None, real_name: str | None, c
     enc = load_config(DEFAULT_CANONICAL / f"{EMULATED}{ENCODER_SUFFIX}")
     write_config(enc, out / enc.name / "config.pbtxt", command)
     (out / enc.name / "1").mkdir()
+    enc.name = REFERENCE
+    write_config(enc, out / REFERENCE / "config.pbtxt", command)
+    (out / REFERENCE / "1").mkdir()
     if real_repo is None or real_name is None:
         return out
     for name in (real_name, real_name + ENCODER_SUFFIX):

@@ -24,11 +24,12 @@ from bge_triton.server.repository import (DEFAULT_CANONICAL, ENCODER_SUFFIX, SCE
                                           batching_of, update_batching_in_place, update_text_settings_in_place)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-ENC, TXT = harness.EMULATED + ENCODER_SUFFIX, harness.EMULATED
+ENC, TXT, REF = harness.EMULATED + ENCODER_SUFFIX, harness.EMULATED, harness.REFERENCE
+REFERENCE = "reference (encoder at delay 0)"
 FIELDS = ("candidate", "path", "phase", "load", "concurrency", "throughput", "avg_ms", "p50_ms", "p99_ms", "n", "errors",
           "unanswered", "avg_batch", "front_batch", "queue_ms", "compute_ms", "server_cores", "text_cores", "gen_cores",
           "server_rate", "server_in_flight", "server_failures", "ramp_s", "warmup_s", "window_s", "max_queue_size",
-          "queue_timeout_us", "text_instances", "loop_lag_ms", "loop_lag_max_ms", "first_error")
+          "queue_timeout_us", "text_instances", "loop_lag_ms", "loop_lag_max_ms", "turns", "turn_s", "first_error")
 KEYS = {"delay": "delay_us", "preferred": "preferred", "split": "split_overhead_tokens", "mif": "max_in_flight",
         "ti": "text_instances"}
 
@@ -134,21 +135,33 @@ def run_shipped(s: bench.BenchSettings, candidates: tuple[Candidate, ...],
     h = harness.Harness(repo_dir, s.state_dir, s.cost).start()
     enc_variant = h.variant_for("costmodel")
 
-    def rows_of(cand: str, path: str, model: str, watch: list[str], body: tuple[bytes, ...], cfg,
-                peak_at: tuple[int, ...]) -> list[dict]:
-        """Quiet hours (open loop), then the closed-loop sweep over peak_at; the called model's queue policy noted."""
+    def quiet_pair(cand: str, txt_cfg, ref_cfg) -> tuple[dict, dict]:
+        """Quiet hours of the text endpoint and of the reference encoder called directly, taking turns in one window."""
+        text, ref = bench.measure_side_by_side(
+            h, s, [bench.Leg(TXT, (TXT, ENC), bodies["text"]), bench.Leg(REF, (REF,), bodies["direct_delay0"])],
+            s.low_fraction * batch1, probe=lambda: _text_stub_cpu(h))
+        text["text_cores"], ref["text_cores"] = text.pop("probe_cores"), ref.pop("probe_cores")
+        for r, path, cfg in ((text, "text", txt_cfg), (ref, "direct_delay0", ref_cfg)):
+            label(r, cand, path, cfg)
+        return text, ref
+
+    def label(r: dict, cand: str, path: str, cfg) -> None:
+        knobs = batching_of(cfg)  # the text endpoint's scheduler holds its pools to the same queue policy
+        pools = {"text_instances": cfg.instance_group[0].count} if path == "text" else {}
+        r.update(candidate=cand, path=path, executor="costmodel", scenario=path, max_queue_size=knobs.max_queue_size,
+                 queue_timeout_us=knobs.queue_timeout_us, **pools)
+        print(f"{cand:40s} {report.row_line(r)}  server {r.get('server_rate', float('nan')):.0f}/s "
+              f"in flight {r.get('server_in_flight', float('nan')):.0f}", flush=True)
+
+    def peaks(cand: str, path: str, model: str, watch: list[str], body: tuple[bytes, ...], cfg,
+              peak_at: tuple[int, ...]) -> list[dict]:
+        """The closed-loop sweep over peak_at; the called model's queue policy noted."""
         closed = lambda users, warmup_s, duration_s, ramp_s: _measure(  # noqa: E731
             h, replace(s, warmup_s=warmup_s, duration_s=duration_s), model, watch, body, "closed", users=users,
             ramp_s=ramp_s)
-        rows = [_measure(h, s, model, watch, body, "open", rate=s.low_fraction * batch1)]
-        rows += sweep.peak_sweep(closed, h.server.http_url, model, peak_at, batch1, s.warmup_s, s.duration_s)
-        knobs = batching_of(cfg)  # the text endpoint's scheduler holds its pools to the same queue policy
-        pools = {"text_instances": cfg.instance_group[0].count} if path == "text" else {}
+        rows = sweep.peak_sweep(closed, h.server.http_url, model, peak_at, batch1, s.warmup_s, s.duration_s)
         for r in rows:
-            r.update(candidate=cand, path=path, executor="costmodel", scenario=path,
-                     max_queue_size=knobs.max_queue_size, queue_timeout_us=knobs.queue_timeout_us, **pools)
-            print(f"{cand:40s} {report.row_line(r)}  server {r.get('server_rate', float('nan')):.0f}/s "
-                  f"in flight {r.get('server_in_flight', float('nan')):.0f}", flush=True)
+            label(r, cand, path, cfg)
         return rows
 
     try:
@@ -157,19 +170,23 @@ def run_shipped(s: bench.BenchSettings, candidates: tuple[Candidate, ...],
         run.selfcheck_unanswered = h.self_check_result.late
         print(f"load-generator self-check: {run.selfcheck_rps:.0f} req/s against the no-op model at C="
               f"{max(concurrencies)}, {run.selfcheck_unanswered} unanswered", flush=True)
-        cfg = h.load(ENC, SCENARIOS["delay_0"], executor="costmodel", params=cost, variant=enc_variant)
-        ref = rows_of("reference (encoder at delay 0)", "direct_delay0", ENC, [ENC], bodies["direct_delay0"], cfg,
-                      concurrencies[:1])  # the quiet-hour reference; one peak row for scale
-        run.rows += ref
+        # the quiet-hour reference, loaded for the whole run beside each candidate's encoder (its own emulated GPU)
+        ref_cfg = h.load(REF, SCENARIOS["delay_0"], executor="costmodel", params=cost, variant=enc_variant)
+        run.rows += peaks(REFERENCE, "direct_delay0", REF, [REF], bodies["direct_delay0"], ref_cfg,
+                          concurrencies[:1])  # one peak row for scale
         for cand in candidates:
             enc_cfg = h.load(ENC, cand.batching(), executor="costmodel", params=cost, variant=enc_variant)
             txt_cfg = h.load(TXT, params=cand.text_params(),
                              variant=CpuVariant(executor="costmodel", text_instances=cand.text_instances))
-            text = rows_of(cand.name, "text", TXT, [TXT, ENC], bodies["text"], txt_cfg, concurrencies)
+            text_low, ref_low = quiet_pair(cand.name, txt_cfg, ref_cfg)
+            text = [text_low] + peaks(cand.name, "text", TXT, [TXT, ENC], bodies["text"], txt_cfg, concurrencies)
             h.unload(TXT)
-            tensor = rows_of(cand.name, "tensor_buckets", ENC, [ENC], bodies["tensor_buckets"], enc_cfg, concurrencies)
-            run.rows += text + tensor
-            run.verdicts[cand.name] = targets.verdicts(text[0], text[1:], ref[0], tensor[1:], t1_ms(s, run),
+            tensor_low = _measure(h, s, ENC, [ENC], bodies["tensor_buckets"], "open", rate=s.low_fraction * batch1)
+            label(tensor_low, cand.name, "tensor_buckets", enc_cfg)
+            tensor = [tensor_low] + peaks(cand.name, "tensor_buckets", ENC, [ENC], bodies["tensor_buckets"], enc_cfg,
+                                          concurrencies)
+            run.rows += [ref_low] + text + tensor
+            run.verdicts[cand.name] = targets.verdicts(text[0], text[1:], ref_low, tensor[1:], t1_ms(s, run),
                                                        ideal(s, run))
     finally:
         h.stop()

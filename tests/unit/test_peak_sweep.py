@@ -167,7 +167,7 @@ def test_report_shows_every_c_and_judges_the_saturation_point(tmp_path):
     run = ShippedRun("python -m bge_triton.loadtest.shipped --quick", (Candidate(),), (128, 512, 1024),
                      lengths={"median": 48, "mean": 71.0, "max": 258, "all": [20, 48, 48, 71, 120, 258]},
                      machine=report.machine_info(), selfcheck_rps=5000.0, picked="committed")
-    run.rows = [_row("reference (encoder at delay 0)", "direct_delay0", "low", None, 29.0),
+    run.rows = [{**_row("committed", "direct_delay0", "low", None, 29.0), "turns": 8, "turn_s": 2.0},
                 _row("committed", "text", "low", None, 29.0), _row("committed", "text", "peak", 128, 704.0),
                 _row("committed", "text", "peak", 512, 1000.0), _row("committed", "text", "peak", 1024, 960.0),
                 _row("committed", "tensor_buckets", "low", None, 29.0),
@@ -178,6 +178,7 @@ def test_report_shows_every_c_and_judges_the_saturation_point(tmp_path):
     run.verdicts["committed"] = targets.verdicts(run.rows[1], peaks("text"), run.rows[0], peaks("tensor_buckets"),
                                                  6.7, ideal(s, run))
     md = shipped_report.write(run, s)[0].read_text(encoding="utf-8")
+    assert "take turns in one window, 8 turns of 2 s each (ABBA" in md
     sweep_rows = [line for line in md.splitlines() if re.match(r"\| committed \| (128|512|1024) \| ", line)]
     assert len(sweep_rows) == 3
     assert sweep_rows[0].split(" | ")[2:6] == ["704", "**170**", "4.14", f"{704 / ideal(s, run):.2f}"]

@@ -75,10 +75,14 @@ class Sender:
 
 
 class Request:
-    def __init__(self, texts, parameters=None) -> None:
+    def __init__(self, texts, parameters=None, outputs=("embedding", "token_count")) -> None:
         self.tensor = Tensor("text", np.array([t.encode() for t in texts], dtype=object).reshape(-1, 1))
         self.params = json.dumps(parameters or {})
         self.sender = Sender()
+        self.outputs = list(outputs)  # Triton fills in every output when the client names none
+
+    def requested_output_names(self) -> list[str]:
+        return self.outputs
 
     def parameters(self) -> str:
         return self.params
@@ -243,6 +247,35 @@ def test_the_instance_is_free_at_once_and_a_query_does_not_wait_for_bulk(tmp_pat
     for r in first + second:
         assert r.sender.done.wait(10)
     assert len(seen) == 4 and seen[1][0, 1] == VOCAB["rag"]  # the query second, before world and fast
+    model.finalize()
+
+
+def test_a_sent_response_holds_only_the_requested_outputs_referenced_through_send(tmp_path, monkeypatch) -> None:
+    """python_backend r24.10 prunes the outputs a request did not ask for inside send() with the GIL released: a
+    tensor held by the response alone freed its numpy array there (a corrupted heap in the stub under load). So a
+    response sent from a dispatcher holds the requested outputs only, and the adapter still references them."""
+    model, _ = load_model(tmp_path, monkeypatch, ok, sub_batch_max=1)
+    alive = []
+
+    class Watch(Sender):
+        def send(self, response=None, flags=0) -> None:
+            self.names = [t.name for t in response.output_tensors]
+            refs = [weakref.ref(t) for t in response.output_tensors]
+            response.output_tensors.clear()  # as r24.10's prune drops an output (without the GIL): not the last ref
+            alive.append(all(ref() is not None for ref in refs))
+            super().send(response, flags)
+
+    sdk, both, none = (Request(["hello", "world"], outputs=("embedding",)), Request(["hello", "rag"]),
+                       Request(["rag", "world"], outputs=()))
+    for r in (sdk, both, none):
+        r.sender = Watch()
+        assert model.execute([r]) is None  # two sub-batches: sent by a dispatcher
+        assert r.sender.done.wait(10)
+    assert sdk.sender.names == ["embedding"]  # only what the SDK asks for
+    assert both.sender.names == none.sender.names == ["embedding", "token_count"]
+    assert alive == [True, True, True]  # the adapter still holds every tensor while send() runs
+    (inline,) = model.execute([Request(["hello"], outputs=("embedding",))])  # returned from execute: the same rule
+    assert [t.name for t in inline.output_tensors] == ["embedding"]
     model.finalize()
 
 

@@ -14,6 +14,7 @@ Parameter `encoder` "bls" (the default) is the deployment. Any other value X loa
 module encoder_X.py beside this file: the local CPU variant (server/cpu_variant.py) renders one
 there; this file runs unchanged in both.
 """
+import faulthandler
 import gc
 import importlib
 import json
@@ -30,6 +31,7 @@ from text_scheduler import QueryMarker, QueuePolicy, Scheduler
 from text_stages import TextPipeline, Tokenizers
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+OUTPUTS = ("embedding", "token_count")  # config.pbtxt's outputs, in its order
 
 
 class BlsBackend(EncoderBackend):
@@ -80,6 +82,8 @@ class TritonPythonModel:
     """Decode and tokenize (text_stages), then the scheduler plans, runs through BLS and answers."""
 
     def initialize(self, args):
+        if not faulthandler.is_enabled():  # a crash of this stub prints every Python thread's stack to the server log
+            faulthandler.enable()
         cfg = json.loads(args["model_config"])
         params = {k: v.get("string_value", "") for k, v in cfg.get("parameters", {}).items()}
         try:
@@ -167,26 +171,39 @@ class TritonPythonModel:
         slot_of = {r: k for k, (r, _, _) in enumerate(batch.slots)}
         jobs = [(self.scheduler.new_job(n, batch.priorities[r] or self.default_priority),
                  batch.ids[start:start + n]) for r, start, n in batch.slots]
+        wanted = [tuple(r.requested_output_names()) for r in requests]
         if self.scheduler.run_inline(jobs):  # quiet hours: one sub-batch, answered by the return value
-            return [self._response(batch.errors[r] or jobs[slot_of[r]][0]) for r in range(len(requests))]
+            return [self._response(batch.errors[r] or jobs[slot_of[r]][0], wanted[r])[0] for r in range(len(requests))]
         senders = [r.get_response_sender() for r in requests]
         for sender, error in zip(senders, batch.errors):
             if error is not None:
-                sender.send(self._response(error), flags=FINAL)
+                sender.send(self._response(error)[0], flags=FINAL)
         for r, k in slot_of.items():
-            jobs[k][0].context = senders[r]
+            jobs[k][0].context = (senders[r], wanted[r])
         self.scheduler.submit(jobs)
         return None
 
     @staticmethod
-    def _response(result):
-        """The response of a TextError, or of a finished job (its embeddings and token counts)."""
+    def _response(result, wanted=()):
+        """The response of a TextError, or of a finished job (the outputs in `wanted`, the request's requested
+        output names; none named = all, as Triton fills them in), and its output tensors."""
         error = result if isinstance(result, TextError) else result.error
         if error is not None:
-            return pb_utils.InferenceResponse(error=_triton_error(error))
-        return pb_utils.InferenceResponse([pb_utils.Tensor("embedding", result.out),
-                                           pb_utils.Tensor("token_count", result.tokens.reshape(-1, 1))])
+            return pb_utils.InferenceResponse(error=_triton_error(error)), []
+        arrays = {"embedding": result.out, "token_count": result.tokens.reshape(-1, 1)}
+        tensors = [pb_utils.Tensor(name, arrays[name]) for name in OUTPUTS if not wanted or name in wanted]
+        return pb_utils.InferenceResponse(tensors), tensors
 
     def _answer(self, job):
-        """Send one request's response (from a dispatcher thread, or from submit when it is refused)."""
-        job.context.send(self._response(job), flags=FINAL)
+        """Send one request's response (from a dispatcher thread, or from submit when it is refused).
+
+        Only the outputs the request asked for, and their tensors referenced here until send() returns:
+        python_backend r24.10 (Triton 2.51) prunes the outputs a request did not ask for inside send() with
+        the GIL released (src/response_sender.cc, PruneOutputTensors), so a tensor held by the response alone
+        (the SDK asks for `embedding` only: `token_count` was pruned) freed its numpy array without the GIL
+        while the other threads ran - a corrupted Python heap, a stub segfault under load (pymalloc_alloc),
+        "Stub process ... is not healthy". Fixed upstream in python_backend #390 (Triton 24.12)."""
+        sender, wanted = job.context
+        response, tensors = self._response(job, wanted)
+        sender.send(response, flags=FINAL)
+        del response, tensors  # dropped here, with the GIL

@@ -35,7 +35,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.info("gateway -> Triton %s model %s; OpenAI base_url http://%s:%d/v1", settings.triton, settings.model,
              settings.host, settings.port)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False,
-                loop="auto", http="auto", timeout_graceful_shutdown=5)  # uvloop + httptools where installed
+                loop="auto", http="auto", timeout_graceful_shutdown=5,  # uvloop + httptools where installed
+                timeout_keep_alive=settings.keep_alive_s)
     return 0
 
 

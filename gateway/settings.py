@@ -53,6 +53,10 @@ class GatewaySettings:
     retry_after_s: int = 1
     micro_batch: bool = True  # one-text requests share Triton calls through the SDK's MicroBatcher
     micro_batch_wait_s: float = 0.002
+    # Idle keep-alive connections are closed after this long. Longer than the idle timeouts of the clients and
+    # proxies in front (nginx 75 s, AWS ALB 60 s, aiohttp 15 s): a server that closes first races a request
+    # sent on the closing connection ("Server disconnected", a 502 at the proxy). uvicorn's own default is 5 s.
+    keep_alive_s: float = 90.0
     log_level: str = "info"
 
     def __post_init__(self) -> None:
@@ -63,8 +67,10 @@ class GatewaySettings:
         for name in ("max_body_bytes", "max_inputs", "max_in_flight", "rate_burst", "triton_attempts"):
             if getattr(self, name) < 1:
                 raise InputError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be >= 1")
-        if self.rate_limit < 0 or self.timeout_s <= 0 or self.canary_interval_s <= 0 or self.micro_batch_wait_s < 0:
-            raise InputError("--rate-limit and --micro-batch-wait-ms must be >= 0, --timeout and --canary-interval > 0 s")
+        if self.rate_limit < 0 or self.timeout_s <= 0 or self.canary_interval_s <= 0 or self.micro_batch_wait_s < 0 \
+                or self.keep_alive_s <= 0:
+            raise InputError("--rate-limit and --micro-batch-wait-ms must be >= 0, --timeout, --canary-interval and "
+                             "--keep-alive > 0 s")
         if self.ready_max_age_s < self.canary_interval_s:
             raise InputError(f"--ready-max-age {self.ready_max_age_s} < --canary-interval {self.canary_interval_s}: "
                              "the gateway would flap between ready and not ready; raise --ready-max-age")
@@ -143,6 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="send each one-text request on its own instead of through the SDK's MicroBatcher")
     p.add_argument("--micro-batch-wait-ms", type=float, default=d.micro_batch_wait_s * 1e3,
                    help="while a batch is in flight, let the next fill for up to this long (work-conserving)")
+    p.add_argument("--keep-alive", type=float, default=d.keep_alive_s,
+                   help="seconds an idle client connection stays open (keep it above the proxy's idle timeout)")
     p.add_argument("--log-level", default=d.log_level, choices=["debug", "info", "warning", "error"])
     return p
 
@@ -158,4 +166,5 @@ def settings_from_args(args: argparse.Namespace) -> GatewaySettings:
         triton_attempts=args.triton_attempts, query_priority=args.query_priority,
         passage_priority=args.passage_priority, query_instruction=args.query_instruction,
         canary_interval_s=args.canary_interval, ready_max_age_s=args.ready_max_age, log_level=args.log_level,
-        micro_batch=not args.no_micro_batch, micro_batch_wait_s=args.micro_batch_wait_ms / 1e3)
+        micro_batch=not args.no_micro_batch, micro_batch_wait_s=args.micro_batch_wait_ms / 1e3,
+        keep_alive_s=args.keep_alive)

@@ -277,3 +277,35 @@ def test_tei_embed_shape_and_errors(gw) -> None:
     assert r.status_code == 400 and r.json()["error_type"] == "Validation" and "normalize" in r.json()["error"]
     post(client, {"inputs": "x " * 60, "truncate": True, "truncation_direction": "Left"}, "/embed")
     assert backend.calls[-1]["truncate"] is True
+
+
+def test_the_canary_embeds_at_the_passages_priority() -> None:
+    """A query opens the text endpoint's query mode (bulk capped, one at a time) for query_window_s: a canary
+    every second at the query level would keep it open while the gateway runs. It goes at the passages' level."""
+    import asyncio
+
+    from bge_triton.gateway.backend import TritonBackend
+    from bge_triton.gateway.settings import GatewaySettings
+
+    calls: list[dict] = []
+    backend = TritonBackend(GatewaySettings(canary_interval_s=0.01, query_priority=1, passage_priority=2))
+
+    async def connect() -> None:
+        return None
+
+    async def embed_documents(texts, **kwargs):
+        calls.append(kwargs)
+        return np.zeros((len(texts), 4), np.float32)
+
+    backend.connect, backend.client.embed_documents = connect, embed_documents
+
+    async def run() -> None:
+        await backend.start()
+        for _ in range(200):
+            if len(calls) >= 2:
+                break
+            await asyncio.sleep(0.01)
+        await backend.close()
+
+    asyncio.run(run())
+    assert len(calls) >= 2 and {c["priority"] for c in calls} == {2} and backend.ready()

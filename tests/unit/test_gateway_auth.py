@@ -92,6 +92,11 @@ def test_settings_from_flags_and_keys_file(tmp_path: Path) -> None:
         _ = GatewaySettings().tokenizer_dir
     with pytest.raises(InputError, match="flap"):
         GatewaySettings(canary_interval_s=5.0, ready_max_age_s=1.0)
+    # idle connections outlive the proxies' idle timeouts in front (ALB 60 s, nginx 75 s), unless told otherwise
+    assert GatewaySettings().keep_alive_s > 75 and settings_from_args(build_parser().parse_args(
+        ["--keep-alive", "30"])).keep_alive_s == 30.0
+    with pytest.raises(InputError, match="--keep-alive > 0"):
+        GatewaySettings(keep_alive_s=0)
 
 
 def test_cli_lists_gateway() -> None:

@@ -22,6 +22,7 @@ import csv
 import math
 import statistics
 import sys
+import time
 import urllib.request
 from dataclasses import replace
 from pathlib import Path
@@ -80,7 +81,9 @@ def measure(out: Path, rates: list[float], duration_s: float, repeats: int, comm
     """Sweep the offered load through the emulated text endpoint, `repeats` rounds over the rates (medians)."""
     from bge_triton.loadtest import bench, corpus, harness, loadgen, report
     from bge_triton.server.cpu_variant import CpuVariant
+    from bge_triton.server.repository import text_core
 
+    flush_s = text_core().TextSettings().metrics_flush_s
     s = replace(bench.BenchSettings(), warmup_s=2.0, low_duration_s=duration_s)
     bench.ensure_real_repo(s)  # the tokenizer the emulated text endpoint borrows
     repo_dir = s.state_dir.parent / "scale_repo"
@@ -96,6 +99,9 @@ def measure(out: Path, rates: list[float], duration_s: float, repeats: int, comm
         bodies = tuple(loadgen.text_request(t) for t in corpus.sample("reviews", 512, seed=1, max_chars=s.max_chars))
         for round_ in range(repeats):
             for rate in rates:
+                # the text endpoint sends its counters every metrics_flush_s: let the previous step's last
+                # flush land before the baseline (it put a 900 req/s step's pool waits into the next 50 req/s)
+                time.sleep(2 * flush_s)
                 before = scrape(h.server.metrics_url, COUNTERS)
                 row = bench.measure(h, s, txt, [txt, enc], bodies, "open", rate=rate)
                 row.update(rate=rate, **hpa_metrics(before, scrape(h.server.metrics_url, COUNTERS), txt, enc))

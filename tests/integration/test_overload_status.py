@@ -1,8 +1,11 @@
 """Overload behind the text endpoint reaches its callers as UNAVAILABLE / 503 (issue 14), on a REAL server.
 
 The shipped text endpoint (BLS, as on the GPU) in front of a slow emulated encoder (cost model,
-1.5 s a call, one instance) with three text-endpoint instances of max_batch_size 1, so three texts
-sent at once make three BLS calls while the encoder runs one. Three encoder copies:
+1.5 s a call, one instance) with three text-endpoint instances of max_batch_size 1, and a burst of
+twice as many texts: the instances make three BLS calls while the encoder runs one, and the texts left
+in the text endpoint's queue make three more when the first call ends, so calls meet at the encoder
+even when one caller or instance starts late (with exactly three texts, one clean-clone CI run of
+2026-12-01 had every call find the encoder idle). Three encoder copies:
 - `full_onnx`, queue of 1: the third call finds the queue full ("Exceeds maximum queue size");
 - `slow_onnx`, queue timeout 100 ms: the queued calls expire behind the running one ("Request timeout expired");
 - `bad_onnx`, a vocabulary of 50 ids: every call fails, a failure that is not overload (INTERNAL / 500).
@@ -25,7 +28,8 @@ from bge_triton.server.repository import Batching, load_config, set_param, write
 
 pytestmark = pytest.mark.integration
 
-CALLERS = 3  # = text-endpoint instances: all three BLS calls are in flight together
+CALLERS = 3  # = text-endpoint instances: three BLS calls in flight together
+BURST = 2 * CALLERS  # texts sent at once
 # `full` never times out (60 s), so its one way to turn a call away is the full queue.
 COPIES = {"full": dict(max_queue_size=1, queue_timeout_us=60_000_000), "slow": dict(max_queue_size=64, queue_timeout_us=100_000), "bad": {}}
 
@@ -80,8 +84,8 @@ def _http(url: str, model: str, text: str):
 
 def _burst(server, model: str, protocol: str) -> tuple[list[np.ndarray], list[InferenceServerException]]:
     call, url = (_grpc, server.grpc_url) if protocol == "grpc" else (_http, server.http_url)
-    with cf.ThreadPoolExecutor(CALLERS) as pool:
-        results = list(pool.map(lambda i: call(url, model, f"text number {i}"), range(CALLERS)))
+    with cf.ThreadPoolExecutor(BURST) as pool:
+        results = list(pool.map(lambda i: call(url, model, f"text number {i}"), range(BURST)))
     served = [r for r in results if isinstance(r, np.ndarray)]
     return served, [r for r in results if isinstance(r, InferenceServerException)]
 
@@ -106,7 +110,7 @@ def test_encoder_overload_is_unavailable(overload_server, protocol: str, copy: s
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
 def test_encoder_failure_that_is_not_overload_is_internal(overload_server, protocol: str) -> None:
     served, failed = _burst(overload_server, "bad", protocol)
-    assert not served and len(failed) == CALLERS
+    assert not served and len(failed) == BURST
     for exc in failed:
         assert exc.status() == INTERNAL[protocol], (exc.status(), exc.message())
         assert "encoder bad_onnx failed" in exc.message() and "outside the vocabulary" in exc.message()

@@ -30,7 +30,7 @@ test-unit: setup  ## unit tests only (no server)
 bench: setup  ## seed table on the local Triton (real CPU rows + EMULATED GPU rows), ~6 min; BENCH_ARGS=--quick ~2 min
 	$(PY) -m bge_triton.loadtest.bench --out reports/bench $(BENCH_ARGS)
 
-tune: setup  ## queue-delay tuner on the emulated GPU; TUNE_ARGS=--write updates model_repository/
+tune: setup  ## queue-delay tuner on the emulated GPU; TUNE_ARGS=--write updates src/bge_triton/model_repository/
 	$(PY) -m bge_triton.loadtest.tune --slo-p99-ms 50 --rate 600 --repeats 3 --out reports/tune $(TUNE_ARGS)
 
 stack-bench: setup  ## full stack vs raw ONNX Runtime + padding ratio (reports/stack)
@@ -41,10 +41,10 @@ chaos: setup  ## bad input, overload, faults (reports/chaos)
 
 compose-check: setup  ## validate docker-compose.yml and the GPU configs (Triton schema + ORT backend keys)
 	docker-compose --env-file deploy/.env.example config -q
-	$(PY) deploy/check_configs.py model_repository
+	$(PY) deploy/check_configs.py src/bge_triton/model_repository
 
-gpu-wheels: $(STAMP)  ## what a bare GPU host lacks (wheels, tokenizer, review sample) -> loadtest/gpu/wheels (needs PyPI)
-	KIT_PYTHON=$(PY) bash loadtest/gpu/fetch_wheels.sh
+gpu-wheels: $(STAMP)  ## what a bare GPU host lacks (wheels, tokenizer, review sample) -> src/bge_triton/loadtest/gpu/wheels (needs PyPI)
+	KIT_PYTHON=$(PY) bash src/bge_triton/loadtest/gpu/fetch_wheels.sh
 
 gpu-bench:  ## on a bare GPU host: the bench with synthetic:bge-large-zh in torch FP16 -> reports/gpu
-	bash loadtest/gpu/run.sh
+	bash src/bge_triton/loadtest/gpu/run.sh

@@ -17,7 +17,7 @@ import pytest
 from bge_triton.client import EmbeddingClient, RetryPolicy
 from bge_triton.server.canary import canary, canary_all
 from bge_triton.server.cpu_variant import CpuVariant
-from bge_triton.server.launcher import REPO_ROOT, LocalServer, ServerSettings, free_ports
+from bge_triton.server.launcher import LocalServer, ServerSettings, free_ports
 
 NAME = "minilm"
 ENCODER = f"{NAME}_onnx"
@@ -78,7 +78,7 @@ def test_watch_restarts_a_server_whose_stub_died(minilm_repo: Path, tmp_path: Pa
     cmd = [sys.executable, "-m", "bge_triton.server", "up", "--repository", str(minilm_repo),
            "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
            "--executor", "costmodel", "--state-dir", str(state), "--watch", "1"]
-    watcher = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    watcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         _line(watcher, "tritonserver ready", 180)
         first_pid = json.loads((state / "server.json").read_text())["pid"]

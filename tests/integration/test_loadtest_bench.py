@@ -40,7 +40,7 @@ def test_tuner_picks_delay_zero_when_delay_breaks_slo(tmp_path):
     """Cost 20 ms per batch at 150 req/s: delay 0 keeps p99 near 2 batches (~60 ms); 400 ms of delay cannot meet 150 ms."""
     target = tmp_path / "bge_large_zh_onnx"
     target.mkdir()
-    canonical = REPO_ROOT / "model_repository" / "bge_large_zh_onnx" / "config.pbtxt"
+    canonical = REPO_ROOT / "src" / "bge_triton" / "model_repository" / "bge_large_zh_onnx" / "config.pbtxt"
     (target / "config.pbtxt").write_text(canonical.read_text(encoding="utf-8"), encoding="utf-8")
     proc = _run(["bge_triton.loadtest.tune", "--slo-p99-ms", "150", "--rate", "150", "--cost-a-us", "20000", "--cost-b-us", "0",
                  "--delays-us", "400000,0", "--preferred", "none", "--duration", "3", "--warmup", "0.5",
@@ -62,7 +62,7 @@ def test_tune_pair_writes_the_pick_into_both_configs(minilm_repo, tmp_path):
 
     target = tmp_path / "repo"
     for name in ("bge_large_zh", "bge_large_zh_onnx"):
-        shutil.copytree(REPO_ROOT / "model_repository" / name, target / name, ignore=shutil.ignore_patterns("1"))
+        shutil.copytree(REPO_ROOT / "src" / "bge_triton" / "model_repository" / name, target / name, ignore=shutil.ignore_patterns("1"))
     proc = _run(["bge_triton.loadtest.tune", "--pair", "--delays-us", "1000", "--preferred", "8", "--split-overhead",
                  "300", "--max-in-flight", "2", "--quick", "--duration", "1", "--peak-concurrency", "8,16", "--write",
                  "--target-repo", str(target), "--real-repo", str(minilm_repo), "--real-name", "minilm",
@@ -70,8 +70,8 @@ def test_tune_pair_writes_the_pick_into_both_configs(minilm_repo, tmp_path):
     picked = proc.stdout.split("pick: ")[-1].split(" |")[0]
     assert picked in ("committed", "delay=1000,preferred=8,split=300,mif=2"), proc.stdout[-2000:]
     enc, txt = load_config(target / "bge_large_zh_onnx"), load_config(target / "bge_large_zh")
-    committed_enc = load_config(REPO_ROOT / "model_repository" / "bge_large_zh_onnx")
-    committed_txt = text_settings(load_config(REPO_ROOT / "model_repository" / "bge_large_zh"))
+    committed_enc = load_config(REPO_ROOT / "src" / "bge_triton" / "model_repository" / "bge_large_zh_onnx")
+    committed_txt = text_settings(load_config(REPO_ROOT / "src" / "bge_triton" / "model_repository" / "bge_large_zh"))
     if picked == "committed":
         assert batching_of(enc) == batching_of(committed_enc) and text_settings(txt) == committed_txt
     else:

@@ -97,7 +97,7 @@ def entrypoint_flags(tmp: Path) -> tuple[str, ...]:
 def minimal_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
     repo = tmp_path_factory.mktemp("shipped_repo")
     for model in (NAME, f"{NAME}_onnx"):  # the committed configs and python files, unchanged
-        shutil.copytree(REPO / "model_repository" / model, repo / model,
+        shutil.copytree(REPO / "src" / "bge_triton" / "model_repository" / model, repo / model,
                         ignore=shutil.ignore_patterns("tokenizer", "*.onnx*", "export_report.json", "__pycache__"))
     write_tokenizer(repo / NAME / "1" / "tokenizer")
     write_probe(repo)

@@ -40,7 +40,7 @@ def _cfg(text: str) -> model_config_pb2.ModelConfig:
 
 
 def test_committed_gpu_repository_passes() -> None:
-    results = check_configs.check_repository(REPO / "model_repository")
+    results = check_configs.check_repository(REPO / "src" / "bge_triton" / "model_repository")
     assert {p.parent.name for p in results} >= {"bge_large_zh", "bge_large_zh_onnx"}
     assert {str(p): probs for p, probs in results.items() if probs} == {}
 

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.skipif(
     cm.kubectl() is None,
     reason="kubectl absent (on PATH or beside this Python): install kubectl >= 1.27, it bundles kustomize v5")
 
-CONFIGS = load_repository(REPO / "model_repository")
+CONFIGS = load_repository(REPO / "src" / "bge_triton" / "model_repository")
 TEXT = next(c for c in CONFIGS.values() if get_param(c, "onnx_model"))  # the text endpoint
 ENCODER = CONFIGS[get_param(TEXT, "onnx_model")]
 WORKLOADS = {"Deployment", "Job"}
@@ -291,8 +291,8 @@ def test_gateway_and_locust_point_at_services_that_exist(gpu: list[dict], loadte
     assert int(port) == triton_ports["grpc"] and opts["--model"] == TEXT.name
     master = container(one(loadtest, "Job", "locust-master"), "locust")["args"]
     worker = container(one(loadtest, "Job", "locust-worker"), "locust")["args"]
-    assert master[master.index("-f") + 1] == worker[worker.index("-f") + 1] == "/kit/loadtest/locustfile.py"
-    assert (REPO / "loadtest" / "locustfile.py").is_file() and "COPY . /kit" in (REPO / "deploy/Dockerfile.kit").read_text()
+    assert master[master.index("-f") + 1] == worker[worker.index("-f") + 1] == "/kit/src/bge_triton/loadtest/locustfile.py"
+    assert (REPO / "src" / "bge_triton" / "loadtest" / "locustfile.py").is_file() and "COPY . /kit" in (REPO / "deploy/Dockerfile.kit").read_text()
     flags = dict(a.split("=", 1) for a in master + worker if a.startswith("--") and "=" in a)
     assert flags["--host"] == f"http://{host}:{triton_ports['http']}"
     assert flags["--shape"] in shapes.SHAPES and flags["--triton-model"] == TEXT.name

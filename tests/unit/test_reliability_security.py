@@ -14,7 +14,8 @@ import yaml
 
 from bge_triton.client import RetryPolicy
 from bge_triton.errors import ServerNotReady
-from bge_triton.server.launcher import REPO_ROOT, ServerSettings, build_command, server_env, stub_venv
+from bge_triton.paths import IMPORT_ROOT
+from bge_triton.server.launcher import ServerSettings, build_command, server_env, stub_venv
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -36,10 +37,10 @@ def test_launcher_binds_loopback_only_and_disables_model_control(tmp_path: Path)
 
 
 def test_minimal_stub_env_hides_the_kit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PYTHONPATH", str(REPO_ROOT))
+    monkeypatch.setenv("PYTHONPATH", str(IMPORT_ROOT))
     monkeypatch.setenv("PYTHONHOME", "/somewhere")
     kit = server_env()
-    assert str(REPO_ROOT) in kit["PYTHONPATH"].split(":")  # the dev default: kit and repository visible
+    assert str(IMPORT_ROOT) in kit["PYTHONPATH"].split(":")  # the dev default: kit and repository visible
     env = server_env(tmp_path / "venv")
     assert "PYTHONPATH" not in env and "PYTHONHOME" not in env and env["PYTHONNOUSERSITE"] == "1"
     assert env["PATH"].split(":")[0] == str(tmp_path / "venv" / "bin")  # the stub's python3 is that venv's

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-MODELS = REPO / "model_repository"
+MODELS = REPO / "src" / "bge_triton" / "model_repository"
 _spec = importlib.util.spec_from_file_location("server_image", REPO / "deploy" / "server_image.py")
 server_image = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(server_image)

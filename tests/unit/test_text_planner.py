@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-MODEL_DIR = Path(__file__).resolve().parents[2] / "model_repository" / "bge_large_zh" / "1"
+MODEL_DIR = Path(__file__).resolve().parents[2] / "src" / "bge_triton" / "model_repository" / "bge_large_zh" / "1"
 
 
 @pytest.fixture(scope="module")

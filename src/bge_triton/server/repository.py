@@ -20,9 +20,9 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from bge_triton.errors import ModelConfigError
+from bge_triton.paths import CANONICAL_REPOSITORY
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_CANONICAL = REPO_ROOT / "model_repository"
+DEFAULT_CANONICAL = CANONICAL_REPOSITORY
 CANONICAL_NAME = "bge_large_zh"
 ENCODER_SUFFIX = "_onnx"
 TEXT_MODEL_DIR = DEFAULT_CANONICAL / CANONICAL_NAME / "1"

@@ -11,7 +11,7 @@ from pathlib import Path
 from bge_triton.errors import KitError
 from bge_triton.server.canary import canary_all
 from bge_triton.server.cpu_variant import CpuVariant
-from bge_triton.server.launcher import DEFAULT_STATE, REPO_ROOT, LocalServer, ServerSettings, _alive, _ready, stop_pid
+from bge_triton.server.launcher import DEFAULT_STATE, LocalServer, ServerSettings, _alive, _ready, stop_pid
 from bge_triton.server.repository import iter_models
 
 
@@ -19,7 +19,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bge_triton.server", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     up = sub.add_parser("up", help="render the CPU variant, start tritonserver on 127.0.0.1, wait until ready")
-    up.add_argument("--repository", type=Path, default=REPO_ROOT / "model_repository")
+    up.add_argument("--repository", type=Path, default=Path("model_repository"))
     up.add_argument("--http-port", type=int, default=8000)
     up.add_argument("--grpc-port", type=int, default=8001)
     up.add_argument("--metrics-port", type=int, default=8002)

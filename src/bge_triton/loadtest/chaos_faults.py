@@ -27,7 +27,7 @@ from bge_triton.errors import ServerNotReady
 from bge_triton.loadtest.chaos_common import (PORT_RANGE, listening_addresses, process_tree, server_settings, stub_pids,
                                    wait_until)
 from bge_triton.server.cpu_variant import CpuVariant
-from bge_triton.server.launcher import REPO_ROOT, LocalServer, free_ports
+from bge_triton.server.launcher import LocalServer, free_ports
 
 COST = CpuVariant(executor="costmodel", cost_a_us=5000.0, cost_b_us=10.0)  # light on the 2 CPUs
 
@@ -245,7 +245,7 @@ def broken_start(repository: Path, work_dir: Path, case: str, model: str = "mini
            "--grpc-port", str(grpc), "--metrics-port", str(metrics), "--state-dir", str(state),
            "--ready-timeout", str(ready_timeout_s)]
     t = time.monotonic()
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=ready_timeout_s + 60)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=ready_timeout_s + 60)
     out = {"case": case, "rc": proc.returncode, "seconds": time.monotonic() - t,
            "stderr": proc.stderr.strip(), "stdout": proc.stdout.strip()}
     pid_file = state / "server.pid"

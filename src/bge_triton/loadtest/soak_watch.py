@@ -19,7 +19,8 @@ import psutil
 
 from bge_triton.errors import ServerNotReady
 from bge_triton.loadtest.chaos_common import PORT_RANGE, stub_pids, tree_rss_mb
-from bge_triton.server.launcher import REPO_ROOT, free_ports, log_tail
+from bge_triton.server.launcher import free_ports, log_tail
+from bge_triton.paths import CANONICAL_REPOSITORY
 
 MODEL = "bge_large_zh"
 ENCODER = f"{MODEL}_onnx"
@@ -35,7 +36,7 @@ def shipped_repository(out: Path) -> Path:
     if out.exists():
         shutil.rmtree(out)
     for model in (MODEL, ENCODER):
-        shutil.copytree(REPO_ROOT / "model_repository" / model, out / model,
+        shutil.copytree(CANONICAL_REPOSITORY / model, out / model,
                         ignore=shutil.ignore_patterns("tokenizer", "*.onnx*", "export_report.json", "__pycache__"))
     tok_dir = out / MODEL / "1" / "tokenizer"
     tok_dir.mkdir(parents=True)
@@ -74,7 +75,7 @@ class Watcher:
         return "python -m bge_triton.server up --executor costmodel --watch " + self.cmd[self.cmd.index("--watch") + 1]
 
     def start(self) -> "Watcher":
-        self.proc = subprocess.Popen(self.cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, bufsize=1)
         threading.Thread(target=self._read, daemon=True).start()
         deadline = time.monotonic() + self.ready_timeout_s + 30

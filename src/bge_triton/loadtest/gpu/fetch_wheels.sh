@@ -8,10 +8,10 @@
 # Python (KIT_PYTHON, default .venv/bin/python) writes the synthetic tokenizer.json and a review sample
 # (loadtest/gpu/assets.py) and checks the folder stays under the 64 MiB that travels.
 # torch/transformers/numpy come with the host. Versions: requirements.lock.
-# Usage: bash loadtest/gpu/fetch_wheels.sh   (on a machine with PyPI access and the kit installed)
+# Usage: bash src/bge_triton/loadtest/gpu/fetch_wheels.sh   (on a machine with PyPI access and the kit installed)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-root="$(cd "$here/../.." && pwd)"
+root="$(cd "$here/../../../.." && pwd)"
 lock="$root/requirements.lock"
 dest="$here/wheels"
 pyver="${GPU_PYTHON_VERSION:-3.12}"
@@ -27,4 +27,4 @@ python3 -m pip download --no-deps --only-binary=:all: --dest "$dest" \
   "$(pin typing_extensions)" "$(pin packaging)" "$(pin tokenizers)"
 "${KIT_PYTHON:-$root/.venv/bin/python}" -m bge_triton.loadtest.gpu.assets --dest "$dest" --python-version "$pyver"
 du -sh "$dest"
-echo "carry loadtest/gpu/wheels with the working tree (64 MiB budget), then: bash loadtest/gpu/run.sh"
+echo "carry loadtest/gpu/wheels with the working tree (64 MiB budget), then: bash src/bge_triton/loadtest/gpu/run.sh"

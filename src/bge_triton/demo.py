@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from bge_triton.errors import ExportError, KitError
+from bge_triton.paths import STATE_DIR
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 REAL_MODEL = "BAAI/bge-large-zh-v1.5"
 SYNTHETIC_MODEL = "synthetic:bge-large-zh"
 SENTENCES = [
@@ -59,7 +59,7 @@ def _parse(argv: list[str] | None) -> DemoSettings:
                    help=f"model to export (default: {REAL_MODEL} if loadable offline, else {SYNTHETIC_MODEL})")
     p.add_argument("--precision", default="int8", choices=["fp32", "int8", "fp16"],
                    help="int8 is the CPU choice (default); fp16 is for GPU")
-    p.add_argument("--repository", type=Path, default=REPO_ROOT / ".kit" / "demo" / "repository")
+    p.add_argument("--repository", type=Path, default=STATE_DIR / "demo" / "repository")
     p.add_argument("--name", default="bge_large_zh")
     p.add_argument("--http-port", type=int, default=8000)
     p.add_argument("--grpc-port", type=int, default=8001)
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         from bge_triton.server.launcher import LocalServer, ServerSettings
 
         settings = ServerSettings(repository=s.repository, http_port=s.http_port, grpc_port=s.grpc_port,
-                                  metrics_port=s.metrics_port, state_dir=REPO_ROOT / ".kit" / "demo" / "server")
+                                  metrics_port=s.metrics_port, state_dir=STATE_DIR / "demo" / "server")
         with LocalServer(settings) as srv:
             print(f"tritonserver pid {srv.proc.pid} ready on {srv.grpc_url} (gRPC), {srv.http_url} (HTTP)")
             with EmbeddingClient(url=srv.grpc_url, model=s.name) as client:

@@ -26,10 +26,10 @@ from bge_triton.server.cpu_variant import CpuVariant
 from bge_triton.server.repository import ENCODER_SUFFIX, SCENARIOS
 
 from bge_triton.extras import require  # noqa: E402  (after the imports: a clean ImportError)
+from bge_triton.paths import STATE_DIR, REPORTS_DIR
 
 require("loadtest", "python -m bge_triton.loadtest.bench")
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 SCENARIO_ORDER = ("no_batching", "static_32", "dynamic_5ms", "delay_0", "text_endpoint")
 # Opt-in (--scenarios): tensor mode on real review lengths, encoder at delay 0, each request one text padded
 # by the SDK's tokenizer to its length bucket (DEFAULT_BUCKETS) or to its own length: Triton batches only
@@ -45,10 +45,10 @@ OWN_RUN = {"shipped": "bge_triton.loadtest.shipped"}
 class BenchSettings:
     """Everything one bench run needs; built once from flags."""
 
-    out: Path = REPO_ROOT / "reports" / "bench"
+    out: Path = REPORTS_DIR / "bench"
     executors: tuple[str, ...] = EXECUTORS
     scenarios: tuple[str, ...] = SCENARIO_ORDER
-    real_repo: Path = REPO_ROOT / ".kit" / "loadtest" / "real_repo"
+    real_repo: Path = STATE_DIR / "loadtest" / "real_repo"
     real_model: str = "synthetic:bge-small-zh"
     real_name: str = "bge_small_zh"
     seq_len: int = 64  # emulated rows (the seed's length)
@@ -63,7 +63,7 @@ class BenchSettings:
     intra_op_threads: int = 0
     max_chars: int = 256
     cost: CostModel = DEFAULT_COST
-    state_dir: Path = REPO_ROOT / ".kit" / "loadtest" / "bench_state"
+    state_dir: Path = STATE_DIR / "loadtest" / "bench_state"
     command: str = "python -m bge_triton.loadtest.bench"
     # Emulated rows only: instance counts / text-endpoint parameters other than the canonical configs'
     # (None = the canonical value), to compare GPU configurations side by side.
@@ -90,7 +90,7 @@ def ensure_real_repo(s: BenchSettings) -> None:
     cmd = [sys.executable, "-m", "bge_triton.export", "--model", s.real_model, "--repository", str(s.real_repo),
            "--name", s.real_name, "--precision", "fp32", "--max-length", "256"]
     print("exporting the real-model rows' model:", " ".join(cmd), flush=True)
-    if subprocess.run(cmd, cwd=REPO_ROOT).returncode != 0:
+    if subprocess.run(cmd).returncode != 0:
         raise ExportError(f"export failed; run it by hand to see why: {' '.join(cmd)}")
 
 

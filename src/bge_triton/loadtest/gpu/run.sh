@@ -7,10 +7,10 @@
 # installed; tritonclient and its grpc imports, and tokenizers, unless importable: installed into
 # loadtest/gpu/.work/site; the synthetic tokenizer.json and a review sample for the text endpoint).
 # No network, no Docker.
-# Usage: bash loadtest/gpu/run.sh [bench_gpu.py flags...]   e.g. --device cpu for a dry run
+# Usage: bash src/bge_triton/loadtest/gpu/run.sh [bench_gpu.py flags...]   e.g. --device cpu for a dry run
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-root="$(cd "$here/../.." && pwd)"
+root="$(cd "$here/../../../.." && pwd)"
 py="${PYTHON:-python3}"
 cd "$root"
 
@@ -25,7 +25,7 @@ if not sysconfig.get_config_var("Py_ENABLE_SHARED"):
 PY
 if ! "$py" -c "import importlib.util,sys; sys.exit(importlib.util.find_spec('pytriton') is None)" \
    && ! ls "$here"/wheels/nvidia_pytriton-*.whl >/dev/null 2>&1; then
-  echo "run.sh: no nvidia-pytriton: run 'bash loadtest/gpu/fetch_wheels.sh' where PyPI is reachable" >&2
+  echo "run.sh: no nvidia-pytriton: run 'bash src/bge_triton/loadtest/gpu/fetch_wheels.sh' where PyPI is reachable" >&2
   exit 2
 fi
 # wheels only for what the host lacks: the grpc stack for the bench code, tokenizers for the text
@@ -41,7 +41,7 @@ for group in ${groups[@]+"${groups[@]}"}; do
     whls=$(ls "$here"/wheels/*.whl 2>/dev/null | grep -v -e nvidia_pytriton -e /tokenizers- || true)
   fi
   if [ -z "$whls" ]; then
-    echo "run.sh: no $group wheels: run 'bash loadtest/gpu/fetch_wheels.sh' where PyPI is reachable" >&2
+    echo "run.sh: no $group wheels: run 'bash src/bge_triton/loadtest/gpu/fetch_wheels.sh' where PyPI is reachable" >&2
     exit 2
   fi
   "$py" -m pip install --quiet --no-index --no-deps --target "$site" $whls

@@ -22,9 +22,9 @@ from pathlib import Path
 
 from bge_triton.errors import ServerNotReady
 from bge_triton.server.cpu_variant import CpuVariant, render_cpu_variant
+from bge_triton.paths import STATE_DIR, IMPORT_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_STATE = REPO_ROOT / ".kit" / "server"
+DEFAULT_STATE = STATE_DIR / "server"
 PY_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
 
 
@@ -32,7 +32,7 @@ PY_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
 class ServerSettings:
     """Everything `server up` needs; built once from flags (or by tests) and passed down."""
 
-    repository: Path = REPO_ROOT / "model_repository"
+    repository: Path = Path("model_repository")
     http_port: int = 8000
     grpc_port: int = 8001
     metrics_port: int = 8002
@@ -125,7 +125,7 @@ def server_env(stub_env: Path | None = None) -> dict[str, str]:
         env["PYTHONNOUSERSITE"] = "1"
         env["PATH"] = os.pathsep.join([str(stub_env / "bin"), env.get("PATH", "")])  # stub finds this venv
         return env
-    paths = [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], str(REPO_ROOT)]
+    paths = [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], str(IMPORT_ROOT)]
     if env.get("PYTHONPATH"):
         paths.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
@@ -253,8 +253,8 @@ class LocalServer:
         self.state.mkdir(parents=True, exist_ok=True)
         if not Path(s.repository).is_dir():
             raise ServerNotReady(f"model repository {s.repository} does not exist: run `python -m bge_triton.export` first")
-        backends = prepare_backends(REPO_ROOT / ".kit" / "cache")
-        stub_env = None if s.stub_packages is None else stub_venv(s.stub_packages, REPO_ROOT / ".kit" / "cache")
+        backends = prepare_backends(STATE_DIR / "cache")
+        stub_env = None if s.stub_packages is None else stub_venv(s.stub_packages, STATE_DIR / "cache")
         rendered = render_cpu_variant(Path(s.repository), self.state / "repository", s.variant)
         cmd = build_command(s, backends, rendered)
         log = open(self.log_path, "wb")

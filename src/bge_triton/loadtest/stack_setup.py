@@ -13,8 +13,8 @@ from bge_triton.errors import KitError
 from bge_triton.server.cpu_variant import CPU_TEXT_INSTANCES, CPU_TEXT_PARAMS, CpuVariant
 from bge_triton.server.launcher import ServerSettings, free_ports
 from bge_triton.server.repository import Batching, install_text_endpoint, load_config
+from bge_triton.paths import STATE_DIR, REPORTS_DIR
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 PORTS = range(18400, 18500)
 
 
@@ -25,9 +25,9 @@ class StackSettings:
     model: str = "synthetic:bge-small-zh"
     name: str = "bge_small_zh"
     precision: str = "fp32"
-    repository: Path = REPO_ROOT / ".kit" / "stack_bench" / "repo"
-    state_dir: Path = REPO_ROOT / ".kit" / "stack_bench" / "server"
-    out: Path = REPO_ROOT / "reports" / "stack"
+    repository: Path = STATE_DIR / "stack_bench" / "repo"
+    state_dir: Path = STATE_DIR / "stack_bench" / "server"
+    out: Path = REPORTS_DIR / "stack"
     threads: int = os.cpu_count() or 1
     texts: int = 384
     sweep_texts: int = 192
@@ -82,7 +82,7 @@ def prepare_repository(s: StackSettings) -> Path:
         cmd = [sys.executable, "-m", "bge_triton.export", "--model", s.model, "--repository", str(s.repository),
                "--name", s.name, "--precision", s.precision]
         print("exporting:", " ".join(cmd), flush=True)
-        proc = subprocess.run(cmd, cwd=REPO_ROOT)
+        proc = subprocess.run(cmd)
         if proc.returncode != 0 or not onnx.is_file():
             raise KitError(f"export failed (exit {proc.returncode}): run `{' '.join(cmd)}` and read its error")
     install_text_endpoint(s.repository / s.name / "1")  # this checkout's endpoint code, as the exporter writes it

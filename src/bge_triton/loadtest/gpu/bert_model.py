@@ -1,6 +1,6 @@
 """Triton python-backend model of the GPU bench: a random-weight BERT encoder, CLS pool, L2 norm.
 
-Copied as <model>/1/model.py by loadtest/gpu/scenarios.py and text_endpoint.py. Every knob comes
+Copied as <model>/1/model.py by src/bge_triton/loadtest/gpu/scenarios.py and text_endpoint.py. Every knob comes
 from the config's `parameters`. Requests carry input_ids [n, L] (INT32 or INT64) and, under the
 encoder's contract (bge_large_zh_onnx: what the text endpoint's BLS sends), attention_mask [n, L];
 without a mask, 0 is padding. Each row is one text.

@@ -40,8 +40,8 @@ def find_triton_root(wheel_dir: Path, work_dir: Path) -> Path:
     if not wheels:
         raise BenchError(
             f"no tritonserver: nvidia-pytriton is not installed and {wheel_dir} holds no "
-            "nvidia_pytriton-*.whl; run `bash loadtest/gpu/fetch_wheels.sh` on a machine with PyPI "
-            "access and carry loadtest/gpu/wheels/ to this host")
+            "nvidia_pytriton-*.whl; run `bash src/bge_triton/loadtest/gpu/fetch_wheels.sh` on a machine with PyPI "
+            "access and carry src/bge_triton/loadtest/gpu/wheels/ to this host")
     dest = work_dir / "site" / wheels[-1].stem
     marker = dest / ".unpacked"
     if not marker.exists():

@@ -133,7 +133,7 @@ def read_capacity(path: Path) -> list[dict]:
 
 def at_load(rows: list[dict], load: float) -> dict | None:
     """Every column at a per-replica load, linear between measured steps; None outside the measured range."""
-    for a, b in zip(rows, rows[1:]):
+    for a, b in zip(rows, rows[1:], strict=False):
         if a["rate"] <= load <= b["rate"]:
             f = (load - a["rate"]) / (b["rate"] - a["rate"])
             return {k: a[k] + f * (b[k] - a[k]) for k in a}
@@ -142,7 +142,7 @@ def at_load(rows: list[dict], load: float) -> dict | None:
 
 def load_where(rows: list[dict], key: str, value: float) -> float | None:
     """The first per-replica load at which column `key` reaches value (linear between steps); None if never."""
-    for a, b in zip(rows, rows[1:]):
+    for a, b in zip(rows, rows[1:], strict=False):
         if a[key] < value <= b[key]:
             return a["rate"] + (value - a[key]) / (b[key] - a[key]) * (b["rate"] - a["rate"])
     return None
@@ -202,16 +202,16 @@ def plan(out: Path, peak_rps: float, slo_ms: float, usd_per_gpu_hour: float, ste
               f"not reached up to {rows[-1]['rate']:.0f} req/s (largest ratio "
               f"{max(r['encoder_ratio'] for r in rows):.2f}): it fires only when the queue "
               "runs away (overload)."),
-           f"Text queue target {q_target:g} ms (P99 objective {slo_ms:g} ms gives {recommended_queue_ms(rows, slo_ms):.1f}"
-           f" ms): the HPA holds each replica near **{per_replica:.0f} req/s**, p50 {op['p50_ms']:.1f} ms, "
-           f"p99 {op['p99_ms']:.1f} ms.", ""]
+           f"Text queue target {q_target:g} ms (P99 objective {slo_ms:g} ms gives "
+           f"{recommended_queue_ms(rows, slo_ms):.1f} ms): the HPA holds each replica near "
+           f"**{per_replica:.0f} req/s**, p50 {op['p50_ms']:.1f} ms, p99 {op['p99_ms']:.1f} ms.", ""]
     day = tidal_day(peak_rps, per_replica, lo, hi, step_min)
     gpu_h = sum(r["replicas"] for r in day) * step_min / 60
     fixed = min(max(math.ceil(peak_rps / per_replica), lo), hi) * 24
     md += [f"Tidal day (loadtest.shapes `tidal` over 24 h, trough 20% of a peak of {peak_rps:g} req/s; min {lo}, "
            f"max {hi} replicas):", "", "| hour | demand req/s | replicas |", "|---|---|---|"]
-    md += [f"| {r['hour']:04.1f} | {r['demand_rps']:.0f} | {r['replicas']}{' (capped at max)' if r['needed'] > hi else ''} |"
-           for r in day[:: max(1, 120 // step_min)]]
+    md += [f"| {r['hour']:04.1f} | {r['demand_rps']:.0f} | {r['replicas']}"
+           f"{' (capped at max)' if r['needed'] > hi else ''} |" for r in day[:: max(1, 120 // step_min)]]
     md += ["", f"GPU-hours per day: **{gpu_h:.1f}** with the HPA, **{fixed}** for a fixed fleet sized for the peak; "
            f"at {usd_per_gpu_hour:g} USD per GPU-hour (an input) {gpu_h * usd_per_gpu_hour:.0f} vs "
            f"{fixed * usd_per_gpu_hour:.0f} USD a day.", "",

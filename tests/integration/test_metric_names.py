@@ -110,7 +110,8 @@ def test_hpa_series_exist_for_both_models_and_count_the_inference(scraped) -> No
         assert {models["text"], models["encoder"]} <= per_model, (name, per_model)
     (count,) = [s.value for s in samples["nv_inference_count"] if s.labels["model"] == models["text"]]
     assert count >= 8
-    compute = [s.value for s in samples["nv_inference_compute_infer_duration_us"] if s.labels["model"] == models["text"]]
+    compute = [s.value for s in samples["nv_inference_compute_infer_duration_us"]
+               if s.labels["model"] == models["text"]]
     assert compute[0] > 0
     # the text endpoint's pool wait (triton_text_queue_ms), its own counters, labelled with the model's name
     (requests,) = [s.value for s in samples["kit_queue_requests_total"] if s.labels["model"] == models["text"]]

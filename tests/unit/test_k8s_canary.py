@@ -25,7 +25,7 @@ UNIT = [1 / math.sqrt(DIM)] * DIM
 class Scripted(BaseHTTPRequestHandler):
     """Answers every POST with the server's (status, body, delay); records the requests."""
 
-    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+    def do_POST(self) -> None:  # http.server's name
         length = int(self.headers["Content-Length"])
         self.server.seen.append((self.path, json.loads(self.rfile.read(length))))
         status, body, delay = self.server.answer

@@ -108,8 +108,10 @@ def test_triton_pod_matches_the_compose_deployment(gpu: list[dict]) -> None:
     # the exporter: compose's command with its default model, writing the volume Triton reads
     want = [re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", str(a)) for a in compose["exporter"]["command"]]
     assert export["command"][:2] == want[:2] == ["python3", "/kit/deploy/prepare_model.py"]
-    flags = lambda cmd: dict(zip(cmd[2::2], cmd[3::2]))  # noqa: E731 - flag -> value
-    assert flags(export["command"]) == {**flags(want), "--repository": "/models"}  # same model, name, precision
+    flags = lambda cmd: dict(zip(cmd[2::2], cmd[3::2], strict=False))  # noqa: E731 - flag -> value
+    same = ("--model", "--name", "--precision")
+    assert {k: flags(export["command"])[k] for k in same} == {k: flags(want)[k] for k in same}
+    assert flags(export["command"])["--repository"] == "/models"
     (out,) = [m for m in export["volumeMounts"] if m["mountPath"] == "/models"]
     (inp,) = [m for m in server["volumeMounts"] if m["mountPath"] == "/models"]
     assert out["name"] == inp["name"] and inp["readOnly"] is True and not out.get("readOnly")
@@ -197,7 +199,8 @@ def _allowed(policies: list[dict], src: tuple[str, dict], dst_labels: dict, dst_
             peers = rule.get("from")
             ok_port = not ports or port in ports
             ok_peer = peers is None or any(
-                ("namespaceSelector" in peer and _selects(peer["namespaceSelector"], {"kubernetes.io/metadata.name": src_ns})
+                ("namespaceSelector" in peer
+                 and _selects(peer["namespaceSelector"], {"kubernetes.io/metadata.name": src_ns})
                  or "namespaceSelector" not in peer and src_ns == p["metadata"]["namespace"])
                 and _selects(peer.get("podSelector", {}), src_labels) for peer in peers)
             if ok_port and ok_peer:
@@ -285,14 +288,16 @@ def test_images_are_overridable_with_kustomize_images(tmp_path: Path) -> None:
 
 def test_gateway_and_locust_point_at_services_that_exist(gpu: list[dict], loadtest: list[dict]) -> None:
     args = container(one(gpu, "Deployment", "gateway"), "gateway")["args"]
-    opts = dict(zip(args[::2], args[1::2]))
+    opts = dict(zip(args[::2], args[1::2], strict=True))
     host, port = opts["--triton"].split(":")
     triton_ports = {p["name"]: p["port"] for p in one(gpu, "Service", host)["spec"]["ports"]}
     assert int(port) == triton_ports["grpc"] and opts["--model"] == TEXT.name
     master = container(one(loadtest, "Job", "locust-master"), "locust")["args"]
     worker = container(one(loadtest, "Job", "locust-worker"), "locust")["args"]
-    assert master[master.index("-f") + 1] == worker[worker.index("-f") + 1] == "/kit/src/bge_triton/loadtest/locustfile.py"
-    assert (REPO / "src" / "bge_triton" / "loadtest" / "locustfile.py").is_file() and "COPY . /kit" in (REPO / "deploy/Dockerfile.kit").read_text()
+    locustfile = "/kit/src/bge_triton/loadtest/locustfile.py"
+    assert master[master.index("-f") + 1] == worker[worker.index("-f") + 1] == locustfile
+    assert (REPO / "src" / "bge_triton" / "loadtest" / "locustfile.py").is_file()
+    assert "COPY . /kit" in (REPO / "deploy/Dockerfile.kit").read_text()
     flags = dict(a.split("=", 1) for a in master + worker if a.startswith("--") and "=" in a)
     assert flags["--host"] == f"http://{host}:{triton_ports['http']}"
     assert flags["--shape"] in shapes.SHAPES and flags["--triton-model"] == TEXT.name
@@ -331,3 +336,79 @@ def test_model_pvc_component_replaces_the_init_container_with_one_export_job(gpu
     job_volumes = {v["name"]: v for v in job["spec"]["template"]["spec"]["volumes"]}
     (out,) = [m for m in export["volumeMounts"] if m["mountPath"] == "/models"]
     assert job_volumes[out["name"]]["persistentVolumeClaim"]["claimName"] == "bge-model-repository"
+
+
+def _mount_of(c: dict, path: str) -> dict | None:
+    """The volumeMount that holds `path` (the longest mountPath above it), or None: the root filesystem."""
+    above = [m for m in c.get("volumeMounts", []) if path == m["mountPath"] or path.startswith(m["mountPath"] + "/")]
+    return max(above, key=lambda m: len(m["mountPath"]), default=None)
+
+
+# flags and env of the kit's commands that name a path the command writes
+WRITTEN_FLAGS = ("--repository", "--cache-dir", "--out", "--csv")
+WRITTEN_ENV = ("HOME", "HF_HOME")
+
+
+def test_every_path_a_container_writes_is_a_writable_volume(gpu: list[dict], loadtest: list[dict],
+                                                            tmp_path: Path) -> None:
+    """readOnlyRootFilesystem: the exporter's --cache-dir (a relative .kit/cache under /kit raised OSError at
+    mkdir), HOME, HF_HOME and every output flag must lie on a volume mounted read-write."""
+    overlay = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+               "resources": [os.path.relpath(K8S / "overlays" / "gpu", tmp_path)],
+               "components": [os.path.relpath(K8S / "components" / "model-pvc", tmp_path)]}
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
+    checked = 0
+    for doc in gpu + loadtest + cm.render(tmp_path):
+        if doc["kind"] not in WORKLOADS:
+            continue
+        for c in containers(doc):
+            assert c["securityContext"]["readOnlyRootFilesystem"] is True
+            argv = c.get("command", []) + c.get("args", [])
+            paths = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a in WRITTEN_FLAGS]
+            paths += [a.split("=", 1)[1] for a in argv if a.split("=", 1)[0] in WRITTEN_FLAGS and "=" in a]
+            paths += [v for k, v in env(c).items() if k in WRITTEN_ENV]
+            for path in paths:
+                mount = _mount_of(c, path)
+                assert mount is not None and not mount.get("readOnly"), \
+                    f"{doc['metadata']['name']}/{c['name']} writes {path} outside a writable volume"
+                checked += 1
+    export = container(one(gpu, "Deployment", "triton"), "export", init=True)
+    assert "--cache-dir" in export["command"]  # its default, .kit/cache, is relative to the read-only /kit
+    assert checked >= 12
+
+
+def test_gateway_keeps_the_image_entrypoint_and_reads_its_key_and_tokenizer(gpu: list[dict]) -> None:
+    """The image's entrypoint turns $SECRETS_DIR/gateway_key into --api-keys-file: the container passes flags only,
+    its keys come from a Secret mounted there, its tokenizer from the init container that writes it from the
+    export's --model."""
+    gateway = one(gpu, "Deployment", "gateway")
+    spec = gateway["spec"]["template"]["spec"]
+    main = container(gateway, "gateway")
+    assert "command" not in main, "a `command` replaces the image's entrypoint, which passes the key"
+    dockerfile = (REPO / "deploy" / "Dockerfile.gateway").read_text()
+    (entry,) = re.findall(r"^ENTRYPOINT\s*\[\s*\"([^\"]+)\"", dockerfile, re.M)
+    script = (REPO / "deploy" / Path(entry).name).read_text()
+    (keys_path,) = re.findall(r'keys="\$\{SECRETS_DIR:-[^}]*\}/(\w+)"', script)
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    secret_dir = env(main)["SECRETS_DIR"]
+    (mount,) = [m for m in main["volumeMounts"] if m["mountPath"] == secret_dir]
+    secret = volumes[mount["name"]]["secret"]
+    assert mount["readOnly"] is True and [i["path"] for i in secret["items"]] == [keys_path]
+    assert secret.get("optional") is not True  # no Secret, no pod: the gateway never serves without a key
+    assert spec["securityContext"]["fsGroup"] == spec["securityContext"]["runAsGroup"]
+    assert secret["defaultMode"] & 0o040 and not secret["defaultMode"] & 0o007  # group-read only
+    args = main["args"]
+    opts = dict(zip(args[::2], args[1::2], strict=True))
+    assert opts["--host"] == "0.0.0.0" and not {"--api-key", "--api-keys-file", "--unsafe-no-auth"} & set(args)
+    tokenizer = container(gateway, "tokenizer", init=True)
+    writes = tokenizer["command"][tokenizer["command"].index("--out") + 1]
+    assert writes == opts["--tokenizer"]
+    out_mount, in_mount = _mount_of(tokenizer, writes), _mount_of(main, opts["--tokenizer"])
+    assert out_mount["name"] == in_mount["name"] and in_mount["readOnly"] is True
+    assert volumes[out_mount["name"]]["emptyDir"] is not None
+    export = container(one(gpu, "Deployment", "triton"), "export", init=True)
+    model = lambda cmd: cmd[cmd.index("--model") + 1]  # noqa: E731
+    assert model(tokenizer["command"]) == model(export["command"])
+    (scripts,) = [m for m in tokenizer["volumeMounts"] if tokenizer["command"][1].startswith(m["mountPath"] + "/")]
+    data = one(gpu, "ConfigMap", volumes[scripts["name"]]["configMap"]["name"])["data"]
+    assert data[Path(tokenizer["command"][1]).name] == (K8S / "base" / "gateway-tokenizer.py").read_text()

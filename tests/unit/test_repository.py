@@ -39,7 +39,8 @@ def test_every_committed_config_parses_with_triton_schema() -> None:
     assert [(o.name, o.data_type, list(o.dims)) for o in enc.output] == [("embedding", mc.TYPE_FP32, [1024])]
     assert [(i.name, i.data_type, list(i.dims)) for i in txt.input] == [("text", mc.TYPE_STRING, [1])]
     assert [(o.name, o.data_type, list(o.dims)) for o in txt.output] == [("embedding", mc.TYPE_FP32, [1024]),
-                                                                         ("token_count", mc.TYPE_INT32, [1])]
+                                                                         ("token_count", mc.TYPE_INT32, [1]),
+                                                                         ("timing_us", mc.TYPE_INT64, [3])]
 
 
 def test_committed_pair_keeps_its_contract() -> None:

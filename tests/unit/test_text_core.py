@@ -14,8 +14,8 @@ MODEL_DIR = DEFAULT_CANONICAL / "bge_large_zh" / "1"
 sys.path.insert(0, str(MODEL_DIR))  # as the python backend stub does for model.py
 
 import text_core  # noqa: E402
-from text_core import (BadInput, EncoderFailed, EncoderOverloaded, TextError, TextSettings,  # noqa: E402
-                       TooLong, encoder_error, triton_code)
+from text_core import (BadInput, Cancelled, EncoderFailed, EncoderOverloaded, TextError,  # noqa: E402
+                       TextSettings, TokenizerFailed, TooLong, encoder_error, triton_code)
 
 
 @pytest.mark.parametrize("error, code", [
@@ -23,19 +23,22 @@ from text_core import (BadInput, EncoderFailed, EncoderOverloaded, TextError, Te
     (TooLong("text 0 has 600 tokens"), "INVALID_ARG"),
     (EncoderOverloaded("queue full"), "UNAVAILABLE"),
     (EncoderFailed("ORT failed"), "INTERNAL"),
+    (TokenizerFailed("tokenizer raised"), "INTERNAL"),
+    (Cancelled("cancelled by the client"), "CANCELLED"),
 ])
 def test_each_error_kind_has_its_triton_code(error: TextError, code: str) -> None:
     assert triton_code(error) == code
 
 
 def test_every_error_kind_is_mapped() -> None:
-    kinds = {cls.kind for cls in (BadInput, TooLong, EncoderOverloaded, EncoderFailed)}
+    kinds = {cls.kind for cls in (BadInput, TooLong, EncoderOverloaded, EncoderFailed, TokenizerFailed, Cancelled)}
     assert kinds == set(text_core.TRITON_CODES)
 
 
 @pytest.mark.parametrize("message", [
     "Exceeds maximum queue size",  # queue full (default_queue_policy.max_queue_size)
     "Request timeout expired",  # queue timeout with timeout_action REJECT
+    "Server is stopping",  # a BLS call during shutdown (python_backend r24.10 request_executor.cc)
 ])
 def test_triton_overload_messages_are_overload_even_with_code_internal(message: str) -> None:
     # python_backend 2.51 hands a BLS error back with code INTERNAL whatever the encoder said

@@ -224,29 +224,37 @@ def test_an_idle_instance_answers_one_sub_batch_inline(tmp_path, monkeypatch) ->
 
 
 def test_the_instance_is_free_at_once_and_a_query_does_not_wait_for_bulk(tmp_path, monkeypatch) -> None:
+    """Driven by events only: each step waits (bounded) for the encoder call it expects, so the order holds on a
+    busy machine (the earlier version polled with sleeps and raced the bulk dispatcher's first pick)."""
     from test_text_core_stages import VOCAB
 
     seen: list[np.ndarray] = []
+    arrived = threading.Condition()
     gate = threading.Event()
 
     def slow(ids):
-        seen.append(ids)
-        gate.wait(5)
+        with arrived:
+            seen.append(ids)
+            arrived.notify_all()
+        assert gate.wait(10), "the test never opened the gate"
         return ok(ids)
+
+    def calls(n: int) -> None:
+        with arrived:
+            assert arrived.wait_for(lambda: len(seen) >= n, 10), f"{len(seen)} encoder calls, expected {n}"
 
     model, _ = load_model(tmp_path, monkeypatch, slow, max_in_flight=1, sub_batch_max=1)
     first = [Request(["hello", "world"])]  # two sub-batches: not inline
     assert model.execute(first) is None  # returns while its first sub-batch runs
+    calls(1)  # the one bulk dispatcher holds "hello" at the encoder
     second = [Request(["fast"]), Request(["rag"], {"priority_level": 1})]
     assert model.execute(second) is None  # the next Triton batch is taken at once (the scheduler is busy)
-    for _ in range(500):  # the query dispatcher sent the query while the bulk dispatcher is busy
-        if len(seen) >= 2:
-            break
-        threading.Event().wait(0.01)
+    calls(2)  # the query dispatcher sent the query while the bulk dispatcher is still busy
+    assert seen[0][0, 1] == VOCAB["hello"] and seen[1][0, 1] == VOCAB["rag"]
     gate.set()
     for r in first + second:
         assert r.sender.done.wait(10)
-    assert len(seen) == 4 and seen[1][0, 1] == VOCAB["rag"]  # the query second, before world and fast
+    assert len(seen) == 4 and {int(ids[0, 1]) for ids in seen[2:]} == {VOCAB["world"], VOCAB["fast"]}
     model.finalize()
 
 
@@ -272,10 +280,59 @@ def test_a_sent_response_holds_only_the_requested_outputs_referenced_through_sen
         assert model.execute([r]) is None  # two sub-batches: sent by a dispatcher
         assert r.sender.done.wait(10)
     assert sdk.sender.names == ["embedding"]  # only what the SDK asks for
-    assert both.sender.names == none.sender.names == ["embedding", "token_count"]
+    assert both.sender.names == ["embedding", "token_count"]
+    assert none.sender.names == ["embedding", "token_count", "timing_us"]  # none named: every output
     assert alive == [True, True, True]  # the adapter still holds every tensor while send() runs
     (inline,) = model.execute([Request(["hello"], outputs=("embedding",))])  # returned from execute: the same rule
     assert [t.name for t in inline.output_tensors] == ["embedding"]
+    model.finalize()
+
+
+def test_timing_us_says_where_the_time_went_when_asked(tmp_path, monkeypatch) -> None:
+    """timing_us: (tokenization, queue, inference) microseconds, the same on every row of the request; the
+    scheduler's clock is a fake that each encoder call advances by 4 ms."""
+    now = [1000.0]
+
+    def timed(ids):
+        now[0] += 0.004
+        return ok(ids)
+
+    model, _ = load_model(tmp_path, monkeypatch, timed, sub_batch_max=1, max_in_flight=1)
+    model.scheduler.clock = lambda: now[0]
+    (inline,) = execute(model, [Request(["hello"], outputs=("embedding", "timing_us"))])  # one sub-batch: inline
+    names = [t.name for t in inline.output_tensors]
+    assert names == ["embedding", "timing_us"]
+    timing = inline.output_tensors[1].as_numpy()
+    assert timing.dtype == np.int64 and timing.shape == (1, 3)
+    assert timing[0, 0] >= 0 and timing[0, 1:].tolist() == [0, 4000]  # never waited; one 4 ms encoder call
+    (two,) = execute(model, [Request(["hello", "world"], outputs=("timing_us",))])  # two sub-batches, one by one
+    timing = two.output_tensors[0].as_numpy()
+    assert timing.shape == (2, 3) and (timing == timing[0]).all()  # the request's, on each row
+    assert timing[0, 1:].tolist() == [0, 8000]  # its first sub-batch went at once; two 4 ms calls
+    (plain,) = execute(model, [Request(["hello"], outputs=("embedding",))])
+    assert [t.name for t in plain.output_tensors] == ["embedding"]  # not asked: not sent
+    model.finalize()
+
+
+def test_truncation_direction_reaches_the_tokenizer_per_request(tmp_path, monkeypatch) -> None:
+    from test_text_core_stages import VOCAB
+
+    seen: list[np.ndarray] = []
+
+    def record(ids):
+        seen.append(ids)
+        return ok(ids)
+
+    model, _ = load_model(tmp_path, monkeypatch, record, max_length=4)
+    text = "hello world fast rag"
+    left, right, bad = (Request([text], {"truncation_direction": "left"}), Request([text]),
+                        Request([text], {"truncation_direction": "up"}))
+    responses = [execute(model, [r])[0] for r in (left, right, bad)]
+    assert seen[0][0, :4].tolist() == [2, VOCAB["fast"], VOCAB["rag"], 3]
+    assert seen[1][0, :4].tolist() == [2, VOCAB["hello"], VOCAB["world"], 3]
+    assert responses[0].output_tensors[1].as_numpy().tolist() == [[4]]  # token_count after truncation
+    assert responses[2].error().code() == TritonError.INVALID_ARG
+    assert "parameter truncation_direction='up'" in responses[2].error().message()
     model.finalize()
 
 

@@ -118,13 +118,17 @@ TEXTS = ["hello", "hello world", "fast embeddings", "今天天气很好", "rag "
 
 
 def test_decode_names_the_bad_text_and_reads_truncate() -> None:
-    assert decode(*req("hello", "今天")) == (["hello", "今天"], True, 0)
-    assert decode(*req("hello", truncate=False)) == (["hello"], False, 0)
-    assert decode(*req("hello", truncate="false", priority_level=1)) == (["hello"], False, 1)
-    assert decode(np.array(["already str"], dtype=object)) == (["already str"], True, 0)
+    assert decode(*req("hello", "今天")) == (["hello", "今天"], True, 0, "right")
+    assert decode(*req("hello", truncate=False)) == (["hello"], False, 0, "right")
+    assert decode(*req("hello", truncate="false", priority_level=1)) == (["hello"], False, 1, "right")
+    assert decode(np.array(["already str"], dtype=object)) == (["already str"], True, 0, "right")
+    assert decode(*req("hello", truncation_direction="Left")).direction == "left"  # TEI's spelling too
     for bad in (-1, "1", True, 1.5):
         with pytest.raises(BadInput, match="parameter priority_level="):
             decode(*req("hello", priority_level=bad))
+    for bad in ("start", 1, "middle"):
+        with pytest.raises(BadInput, match="parameter truncation_direction="):
+            decode(*req("hello", truncation_direction=bad))
     for texts, match in (((b"ok", b"\xff\xfe"), "text 1 is not valid UTF-8"), (("a\x00b",), "text 0 contains a NUL"),
                          (("  \n",), "text 0 is empty or whitespace only")):
         with pytest.raises(BadInput, match=match):
@@ -139,6 +143,47 @@ def test_tokenizers_truncate_or_count_exactly() -> None:
     assert len(full) == 12 and full[:5] == trunc[:5]
     assert tok.encode(["今天", "hello"], True) == [[2, VOCAB["今"], VOCAB["天"], 3], [2, VOCAB["hello"], 3]]
     assert tok.pad_id == VOCAB["[PAD]"]
+    text = "今天 hello world fast rag 天气"  # 8 tokens, 10 with [CLS] and [SEP]
+    right, left = tok.encode([text], True, "right")[0], tok.encode([text], True, "left")[0]
+    assert right == [2, VOCAB["今"], VOCAB["天"], VOCAB["hello"], VOCAB["world"], 3]  # the end is cut
+    assert left == [2, VOCAB["fast"], VOCAB["rag"], VOCAB["天"], VOCAB["气"], 3]  # the start; [CLS], [SEP] stay
+
+
+def test_truncation_direction_is_per_request_and_counts_are_after_truncation() -> None:
+    p = pipeline(max_length=6)
+    text = "今天 hello world fast rag 天气"
+    batch = p.pipeline.encode_pre([req(text), req(text, truncation_direction="left"),
+                                   req(text, truncation_direction="right"), req("hello")])
+    assert batch.errors == [None] * 4 and [n for _, _, n in batch.slots] == [1, 1, 1, 1]
+    by_request = {r: batch.ids[start] for r, start, _ in batch.slots}
+    assert by_request[0] == by_request[2] != by_request[1]
+    assert by_request[1][1:3] == [VOCAB["fast"], VOCAB["rag"]] and len(by_request[1]) == 6
+    assert batch.tokenize_us >= 0
+    p.close()
+
+
+def test_a_tokenizer_that_raises_fails_only_its_request() -> None:
+    p = pipeline()
+
+    class Picky:
+        """The real tokenizers, except that any call holding 'rag' raises (as a broken tokenizer might)."""
+
+        def __init__(self, tok) -> None:
+            self.tok, self.calls = tok, 0
+
+        def encode(self, texts, truncate, direction="right"):
+            self.calls += 1
+            if any("rag" in t for t in texts):
+                raise RuntimeError("tokenizer exploded")
+            return self.tok.encode(texts, truncate, direction)
+
+    p.pipeline.tok = Picky(p.pipeline.tok)
+    batch = p.pipeline.encode_pre([req("hello"), req("fast rag"), req("world", "fast")])
+    assert batch.errors[0] is None and batch.errors[2] is None
+    assert batch.errors[1].kind == "internal" and "tokenizer exploded" in batch.errors[1].message
+    assert batch.rejected == 0  # not an input error: kit_rejected_requests_total counts those only
+    assert [r for r, _, _ in batch.slots] == [0, 2]
+    p.close()
 
 
 @pytest.mark.parametrize("max_in_flight", [1, 2])

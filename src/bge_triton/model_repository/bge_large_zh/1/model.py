@@ -5,7 +5,10 @@ execute() decodes and tokenizes one Triton batch (each request's `text` BYTES [n
 texts to this instance's scheduler, then returns at once; the scheduler's dispatcher threads cut
 sub-batches of similar lengths from every text waiting, send them to the encoder model through BLS,
 and answer each request through its response sender as soon as its last text is embedded (default
-mode, python_backend r24.06+). Outputs: `embedding` and `token_count` (tokens per text as embedded).
+mode, python_backend r24.06+). Outputs: `embedding`, `token_count` (tokens per text as embedded, after
+truncation) and `timing_us` (where the time went: docs/reliability.md, "Request parameters and timing"),
+each computed and sent only when the request asks for it. Request parameter `truncation_direction`
+("right" = cut the end, the default; "left" = cut the start) picks the side a too-long text loses.
 A bad request gets its own error response; the rest of the batch is not touched. Error kinds map to
 Triton codes in one place, text_core.triton_code. Request parameter `priority` (the SDK sends Triton's
 priority level here too, as `priority_level`: the python backend cannot read it) puts queries ahead.
@@ -21,6 +24,7 @@ import json
 import os
 import threading
 
+import numpy as np
 import triton_python_backend_utils as pb_utils
 
 # The python backend stub appends this model's version directory (the folder of model.py) and the
@@ -31,7 +35,7 @@ from text_scheduler import QueryMarker, QueuePolicy, Scheduler
 from text_stages import TextPipeline, Tokenizers
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-OUTPUTS = ("embedding", "token_count")  # config.pbtxt's outputs, in its order
+OUTPUTS = ("embedding", "token_count", "timing_us")  # config.pbtxt's outputs, in its order
 
 
 class BlsBackend(EncoderBackend):
@@ -171,6 +175,8 @@ class TritonPythonModel:
         slot_of = {r: k for k, (r, _, _) in enumerate(batch.slots)}
         jobs = [(self.scheduler.new_job(n, batch.priorities[r] or self.default_priority),
                  batch.ids[start:start + n]) for r, start, n in batch.slots]
+        for job, _ in jobs:
+            job.tokenize_us = batch.tokenize_us
         wanted = [tuple(r.requested_output_names()) for r in requests]
         if self.scheduler.run_inline(jobs):  # quiet hours: one sub-batch, answered by the return value
             return [self._response(batch.errors[r] or jobs[slot_of[r]][0], wanted[r])[0] for r in range(len(requests))]
@@ -190,8 +196,10 @@ class TritonPythonModel:
         error = result if isinstance(result, TextError) else result.error
         if error is not None:
             return pb_utils.InferenceResponse(error=_triton_error(error)), []
-        arrays = {"embedding": result.out, "token_count": result.tokens.reshape(-1, 1)}
-        tensors = [pb_utils.Tensor(name, arrays[name]) for name in OUTPUTS if not wanted or name in wanted]
+        arrays = {"embedding": lambda: result.out, "token_count": lambda: result.tokens.reshape(-1, 1),
+                  # the request's (tokenization, queue, inference) microseconds, the same on each of its rows
+                  "timing_us": lambda: np.tile(np.array(result.timing_us(), np.int64), (result.rows, 1))}
+        tensors = [pb_utils.Tensor(name, arrays[name]()) for name in OUTPUTS if not wanted or name in wanted]
         return pb_utils.InferenceResponse(tensors), tensors
 
     def _answer(self, job):

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, ContextManager, Mapping
 
 __all__ = ["TextSettings", "TextError", "BadInput", "TooLong", "EncoderOverloaded", "EncoderFailed",
-           "TRITON_CODES", "triton_code", "encoder_error", "EncoderBackend", "truthy"]
+           "TokenizerFailed", "Cancelled", "TRITON_CODES", "triton_code", "encoder_error", "EncoderBackend", "truthy"]
 
 
 def truthy(value: object) -> bool:
@@ -117,11 +117,23 @@ class EncoderFailed(TextError):
     kind = "encoder_failed"
 
 
+class TokenizerFailed(TextError):
+    """The tokenizer raised on a request (a bug or a broken tokenizer.json, not the caller's input)."""
+
+    kind = "internal"
+
+
+class Cancelled(TextError):
+    """The client cancelled the request (or its deadline passed at the client): its waiting texts are dropped."""
+
+    kind = "cancelled"
+
+
 # The ONE map from the core's error kinds to Triton error codes (names of pb_utils.TritonError's
 # codes; Triton answers INVALID_ARG as gRPC INVALID_ARGUMENT / HTTP 400, UNAVAILABLE as gRPC
 # UNAVAILABLE / HTTP 503, INTERNAL as gRPC INTERNAL / HTTP 500).
 TRITON_CODES = {"bad_input": "INVALID_ARG", "too_long": "INVALID_ARG", "overloaded": "UNAVAILABLE",
-                "encoder_failed": "INTERNAL"}
+                "encoder_failed": "INTERNAL", "internal": "INTERNAL", "cancelled": "CANCELLED"}
 
 
 def triton_code(error: TextError) -> str:
@@ -132,8 +144,10 @@ def triton_code(error: TextError) -> str:
 # Triton's own messages for a full queue and a queue timeout (UNAVAILABLE). python_backend r24.10
 # (Triton 2.51) drops the code of a BLS response error: src/request_executor.cc builds every
 # PbError from the message alone, so code() reads INTERNAL; the code is kept from r25.05 on
-# (python_backend #398). The message is therefore the only sign of overload there.
-OVERLOAD_MESSAGES = ("Exceeds maximum queue size", "Request timeout expired")
+# (python_backend #398). The message is therefore the only sign of overload there. "Server is stopping"
+# is what a BLS call gets while the server shuts down (src/request_executor.cc): UNAVAILABLE too, so
+# clients retry on another replica instead of reading a 500.
+OVERLOAD_MESSAGES = ("Exceeds maximum queue size", "Request timeout expired", "Server is stopping")
 
 
 def encoder_error(model: str, message: str, unavailable: bool = False) -> TextError:

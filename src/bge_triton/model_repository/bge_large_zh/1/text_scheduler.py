@@ -43,9 +43,23 @@ class Job:
     remaining: int = 0
     error: TextError | None = None
     context: object = None  # the adapter's handle (the response sender)
+    # where the time went (clock seconds): tokenize_us is set by the adapter; queued_at when its texts entered
+    # the pool, started when its first sub-batch went to the encoder, ended when its last one returned
+    tokenize_us: int = 0
+    queued_at: float | None = None
+    started: float | None = None
+    ended: float | None = None
 
     def __post_init__(self) -> None:
         self.remaining = self.rows
+
+    def timing_us(self) -> tuple[int, int, int]:
+        """(tokenization, queue, inference) in microseconds: the batch's tokenization; the wait in the pool
+        until its first sub-batch started; from then until its last sub-batch returned (0 where not reached)."""
+        queued = self.started if self.started is not None else self.ended
+        queue = queued - self.queued_at if queued is not None and self.queued_at is not None else 0.0
+        infer = self.ended - self.started if self.ended is not None and self.started is not None else 0.0
+        return self.tokenize_us, max(0, int(queue * 1e6)), max(0, int(infer * 1e6))
 
 
 @dataclass(eq=False)
@@ -211,6 +225,7 @@ class Scheduler:
     def _items(self, job: Job, ids: Sequence[list[int]], now: float) -> list[Item]:
         """The pool's entries of one job's texts (their token counts recorded for the answer)."""
         m = self.s.pad_to_multiple
+        job.queued_at = now
         for row, tok in enumerate(ids):
             job.tokens[row] = len(tok)
         return [Item(job, row, tok, -(-len(tok) // m) * m, now) for row, tok in enumerate(ids)]
@@ -348,6 +363,7 @@ class Scheduler:
             ids[k, :len(it.ids)] = it.ids
             mask[k, :len(it.ids)] = 1
         error, out = None, None
+        started = self.clock()
         try:
             with self.backend.hold():
                 out = self.backend.run(ids, mask)
@@ -361,9 +377,12 @@ class Scheduler:
             self.counters.padded += ids.size
             self.counters.real += int(mask.sum())
             self.counters.texts += len(picked) if error is None else 0
+        ended = self.clock()
         with self.cond:
             for k, it in enumerate(picked):
                 job = it.job
+                job.started = started if job.started is None else min(job.started, started)
+                job.ended = ended if job.ended is None else max(job.ended, ended)
                 if error is not None:
                     job.error = job.error or error
                 else:

@@ -8,25 +8,42 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 from tokenizers import Tokenizer
 
-from text_core import BadInput, TextError, TextSettings, TooLong, truthy
+from text_core import BadInput, TextError, TextSettings, TokenizerFailed, TooLong, truthy
 
-__all__ = ["decode", "Tokenizers", "plan_sub_batches", "Batch", "TextPipeline"]
+__all__ = ["decode", "Decoded", "DIRECTIONS", "Tokenizers", "plan_sub_batches", "Batch", "TextPipeline"]
+
+DIRECTIONS = ("right", "left")  # request parameter truncation_direction: cut the end (default) or the start
 
 
-def decode(raw: np.ndarray, parameters: str | None = None) -> tuple[list[str], bool, int]:
-    """One request's texts, its `truncate` flag (default true) and `priority_level` (0: none); BadInput names the bad part."""
+class Decoded(NamedTuple):
+    """One request after decode: its texts and request parameters."""
+
+    texts: list[str]
+    truncate: bool  # `truncate` (default true): cut texts over max_length, else refuse them
+    priority: int  # `priority_level` (0: none sent)
+    direction: str = "right"  # `truncation_direction`: "right" cuts the end, "left" the start
+
+
+def decode(raw: np.ndarray, parameters: str | None = None) -> Decoded:
+    """One request's texts and parameters (`truncate`, `priority_level`, `truncation_direction`); BadInput
+    names the bad part."""
     params = json.loads(parameters or "{}")
     truncate = truthy(params.get("truncate", True))
     priority = params.get("priority_level", 0)  # Triton keeps its own "priority" from the model: the SDK sends both
     if isinstance(priority, bool) or not isinstance(priority, int) or priority < 0:
         raise BadInput(f"parameter priority_level={priority!r}: send an integer priority level >= 1 (1 = highest), "
                        "or none")
+    direction = params.get("truncation_direction", "right")
+    if not isinstance(direction, str) or direction.lower() not in DIRECTIONS:
+        raise BadInput(f"parameter truncation_direction={direction!r}: send 'right' (cut the end, the default) or "
+                       "'left' (cut the start)")
     texts = []
     for j, item in enumerate(np.asarray(raw, dtype=object).reshape(-1)):
         if isinstance(item, str):
@@ -42,17 +59,21 @@ def decode(raw: np.ndarray, parameters: str | None = None) -> tuple[list[str], b
         if not text.strip():
             raise BadInput(f"text {j} is empty or whitespace only: send at least one visible character")
         texts.append(text)
-    return texts, truncate, priority
+    return Decoded(texts, truncate, priority, direction.lower())
 
 
 class Tokenizers:
-    """The model's tokenizer twice: truncating at max_length, and untruncated for exact counts."""
+    """The model's tokenizer three times: truncating the end (right) or the start (left) at max_length, and
+    untruncated for exact counts (tokenizers' own truncation; [CLS] and [SEP] are kept either way)."""
 
     def __init__(self, tokenizer: Tokenizer, max_length: int) -> None:
         self.max_length = max_length
         self.trunc = tokenizer
         self.trunc.no_padding()
         self.trunc.enable_truncation(max_length)
+        self.left = Tokenizer.from_str(tokenizer.to_str())
+        self.left.no_padding()
+        self.left.enable_truncation(max_length, direction="left")
         self.full = Tokenizer.from_str(tokenizer.to_str())
         self.full.no_truncation()
         self.pad_id = self.full.token_to_id("[PAD]") or 0
@@ -65,9 +86,9 @@ class Tokenizers:
                                     "--name <name>`")
         return cls(Tokenizer.from_file(path), max_length)
 
-    def encode(self, texts: list[str], truncate: bool) -> list[list[int]]:
+    def encode(self, texts: list[str], truncate: bool, direction: str = "right") -> list[list[int]]:
         """Token ids of `texts` in ONE call (a lone text skips encode_batch's thread-pool hand-off)."""
-        tok = self.trunc if truncate else self.full
+        tok = (self.left if direction == "left" else self.trunc) if truncate else self.full
         if len(texts) == 1:
             return [tok.encode(texts[0]).ids]
         return [enc.ids for enc in tok.encode_batch(texts)] if texts else []
@@ -111,11 +132,12 @@ class Batch:
     priorities: list[int] = field(default_factory=list)  # per request (0 = none sent)
     slots: list[tuple[int, int, int]] = field(default_factory=list)  # (request, first row, rows)
     ids: list[list[int]] = field(default_factory=list)  # one row per text of the encoded requests
+    tokenize_us: int = 0  # wall time of encode_pre for the whole batch (decode, validate, tokenize)
 
     @property
     def rejected(self) -> int:
         """Requests answered with an input error (bad input or too long)."""
-        return sum(1 for e in self.errors if e is not None)
+        return sum(1 for e in self.errors if e is not None and e.kind in ("bad_input", "too_long"))
 
 
 class TextPipeline:
@@ -125,25 +147,45 @@ class TextPipeline:
         self.settings, self.tok = settings, tokenizers
 
     def encode_pre(self, requests: Sequence[tuple[np.ndarray, str | None]]) -> Batch:
-        """Decode and validate every request, tokenize the batch (one call per truncate mode)."""
+        """Decode and validate every request, tokenize the batch (one call per truncation mode). A tokenizer
+        that raises fails only the requests it raised on (each retried alone), INTERNAL."""
+        start_t = time.perf_counter()
         batch = Batch(errors=[None] * len(requests), priorities=[0] * len(requests))
-        decoded: list[tuple[int, list[str], bool]] = []
+        decoded: list[tuple[int, list[str], tuple[bool, str]]] = []
         for r, (raw, parameters) in enumerate(requests):
             try:
-                texts, truncate, batch.priorities[r] = decode(raw, parameters)
+                d = decode(raw, parameters)
             except BadInput as exc:
                 batch.errors[r] = exc
                 continue
-            decoded.append((r, texts, truncate))
+            except ValueError as exc:  # parameters that are not JSON (Triton always sends JSON: defensive)
+                batch.errors[r] = BadInput(f"request parameters are not valid JSON: {exc}")
+                continue
+            batch.priorities[r] = d.priority
+            decoded.append((r, d.texts, (d.truncate, d.direction if d.truncate else "right")))
         encoded: dict[int, list[list[int]]] = {}
-        for truncate in (True, False):
-            group = [(r, texts) for r, texts, t in decoded if t is truncate]
-            flat = self.tok.encode([text for _, texts in group for text in texts], truncate)
+        for mode in ((True, "right"), (True, "left"), (False, "right")):
+            group = [(r, texts) for r, texts, m in decoded if m == mode]
+            if not group:
+                continue
+            try:
+                flat = self.tok.encode([text for _, texts in group for text in texts], *mode)
+            except Exception:  # noqa: BLE001 - find the request(s) the tokenizer fails on; the rest go on
+                flat = None
             start = 0
             for r, texts in group:
-                encoded[r], start = flat[start:start + len(texts)], start + len(texts)
+                if flat is not None:
+                    encoded[r], start = flat[start:start + len(texts)], start + len(texts)
+                    continue
+                try:
+                    encoded[r] = self.tok.encode(texts, *mode)
+                except Exception as exc:  # noqa: BLE001 - a tokenizer bug answers its request, never the batch
+                    batch.errors[r] = TokenizerFailed(f"the tokenizer failed on this request: {type(exc).__name__}: "
+                                                      f"{exc}")
         limit = self.settings.max_length
-        for r, texts, truncate in decoded:
+        for r, texts, _mode in decoded:
+            if r not in encoded:
+                continue
             over = [(j, len(row)) for j, row in enumerate(encoded[r]) if len(row) > limit]
             if over:
                 j, n = over[0]
@@ -152,4 +194,5 @@ class TextPipeline:
                 continue
             batch.slots.append((r, len(batch.ids), len(texts)))
             batch.ids.extend(encoded[r])
+        batch.tokenize_us = int((time.perf_counter() - start_t) * 1e6)
         return batch

@@ -9,7 +9,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from bge_triton.client.base import BaseEmbeddingClient
-from bge_triton.client.core import CANARY_TEXT, Embedded, InferCall
+from bge_triton.client.core import CANARY_TEXT, Embedded, InferCall, Timed, Utf8
 from bge_triton.client.errors import classify
 from bge_triton.client.retry import acall_with_retry
 from bge_triton.client.transport import make_async_transport
@@ -92,23 +92,36 @@ class AsyncEmbeddingClient(BaseEmbeddingClient):
         """Embeddings and each text's token count as the model embedded it (Embedded(vectors, token_counts)):
         usage accounting with the server's own tokenizer and no tokenizing here. ModelConfigError if the
         text endpoint does not declare its `token_count` output."""
-        vectors, counts = await self._embed(texts, query, timeout_s, truncate, priority, counts=True)
+        vectors, counts, _ = await self._embed(texts, query, timeout_s, truncate, priority, counts=True)
         assert counts is not None
         return Embedded(vectors, counts)
 
-    async def _one(self, call: InferCall, timeout: float) -> tuple[np.ndarray, np.ndarray | None]:
+    async def embed_with_timing(self, texts: Sequence[str | Utf8], *, query: bool = False,
+                                timeout_s: float | None = None, truncate: bool | None = None, priority: int = 0,
+                                truncation_direction: str | None = None) -> Timed:
+        """embed_with_counts plus where the time went (Timed(vectors, token_counts, timing)): the text endpoint's
+        tokenization, queue and inference seconds and this call's total. truncation_direction "left" keeps a
+        too-long text's end (the endpoint cuts the start), "right" (the default) its start. ModelConfigError if
+        the text endpoint does not declare `timing_us` (the same release reads truncation_direction)."""
+        start = time.perf_counter()
+        vectors, counts, timing = await self._embed(texts, query, timeout_s, truncate, priority, counts=True,
+                                                    direction=truncation_direction, timing=True)
+        assert counts is not None and timing is not None
+        return Timed(vectors, counts, self._timing(timing, time.perf_counter() - start))
+
+    async def _one(self, call: InferCall, timeout: float) -> tuple[np.ndarray, np.ndarray | None, Any]:
         s = self.settings
         where = f"infer '{call.model}' ({call.rows} texts) at {s.url}"
         result = await acall_with_retry(lambda t: self._transport.infer(call, t), s.retry, timeout, where,
                                        budget=self._retry_budget)
-        return self._decode(call, result)
+        return (*self._decode(call, result), self._decode_timing(call, result))
 
-    async def _embed(self, texts: Sequence[str], query: bool, timeout_s: float | None,
-                     truncate: bool | None, priority: int = 0,
-                     counts: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+    async def _embed(self, texts: Sequence[str | Utf8], query: bool, timeout_s: float | None,
+                     truncate: bool | None, priority: int = 0, counts: bool = False, direction: str | None = None,
+                     timing: bool = False) -> tuple[np.ndarray, np.ndarray | None, list[Any] | None]:
         await self.connect()
         timeout = self.settings.timeout_s if timeout_s is None else timeout_s
-        n, plan = self._plan(texts, query, truncate, counts)
+        n, plan = self._plan(texts, query, truncate, counts, direction, timing)
         if priority:  # Triton's queue priority, and the same level for the text endpoint's scheduler: the python
             # backend cannot read a request's Triton priority, and Triton reserves the parameter name "priority"
             plan = [(dataclasses.replace(call, priority=int(priority), parameters={**call.parameters,
@@ -125,10 +138,11 @@ class AsyncEmbeddingClient(BaseEmbeddingClient):
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
                 raise
-        vectors = self._assemble(n, [(idx, emb) for (_, idx), (emb, _) in zip(plan, results)])
+        vectors = self._assemble(n, [(idx, emb) for (_, idx), (emb, _, _) in zip(plan, results)])
+        timings = [t for _, _, t in results] if timing else None
         if not counts:
-            return vectors, None
-        return vectors, self._assemble_counts(n, [(idx, c) for (_, idx), (_, c) in zip(plan, results)])
+            return vectors, None, timings
+        return vectors, self._assemble_counts(n, [(idx, c) for (_, idx), (_, c, _) in zip(plan, results)]), timings
 
     # -- health -----------------------------------------------------------------------------
     async def health(self) -> dict[str, Any]:

@@ -13,9 +13,12 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from bge_triton.client.core import (
     MASK_INPUT,
+    TIMING,
+    TOKEN_COUNT,
     ClientSettings,
     InferCall,
     ModelSpec,
+    Timing,
     chunk_slices,
     prepare_texts,
     tensor_call,
@@ -87,20 +90,28 @@ class BaseEmbeddingClient:
         self._spec = spec
 
     def _plan(self, texts: Sequence[str], query: bool, truncate: bool | None = None,
-              counts: bool = False) -> tuple[int, Plan]:
-        """Build the requests for one embed call; returns (n, plan). counts: also ask for token counts."""
+              counts: bool = False, direction: str | None = None, timing: bool = False) -> tuple[int, Plan]:
+        """Build the requests for one embed call; returns (n, plan). counts / timing: also ask for token counts /
+        the endpoint's timings; direction: the side a too-long text loses ("right" = the end, "left" = the start)."""
         s = self.settings
         if counts and not self.spec.token_counts:
             raise ModelConfigError(f"model '{self.spec.name}' does not declare the output 'token_count' (INT32 "
                                    "dims [1]) that token counts come from: deploy the kit's current text endpoint "
                                    "(model_repository/bge_large_zh), or call embed_documents without counts")
+        if (timing or direction not in (None, "right")) and not self.spec.timings:
+            raise ModelConfigError(f"model '{self.spec.name}' does not declare the output '{TIMING}' (INT64 dims [3]) "
+                                   "and with it the request parameter truncation_direction: deploy the kit's current "
+                                   "text endpoint (model_repository/bge_large_zh)")
+        if direction is not None and s.mode == "tensor":
+            raise ModelConfigError("truncation_direction is a text-endpoint parameter: use mode='text'")
         prepared = prepare_texts(texts, s.query_instruction if query else None)
         truncate = s.truncate if truncate is None else truncate
         n, max_batch = len(prepared), self.spec.max_batch_size
         plan: Plan = []
         if s.mode == "text":
             for sl in chunk_slices(n, max_batch):
-                plan.append((text_call(self.spec.name, prepared[sl], truncate, counts), np.arange(n)[sl]))
+                plan.append((text_call(self.spec.name, prepared[sl], truncate, counts, direction, timing),
+                             np.arange(n)[sl]))
             return n, plan
         assert self._tokenizer is not None
         ids = self._tokenizer.token_ids(prepared, truncate)
@@ -118,7 +129,26 @@ class BaseEmbeddingClient:
         if self.settings.mode == "tensor":
             mask = next(arr for name, _, arr in call.inputs if name == MASK_INPUT)
             return vectors, mask.sum(axis=1).astype(np.int32)
-        return vectors, decode_token_counts(result, call.rows) if len(call.outputs) > 1 else None
+        return vectors, decode_token_counts(result, call.rows) if TOKEN_COUNT in call.outputs else None
+
+    @staticmethod
+    def _decode_timing(call: InferCall, result: Any) -> np.ndarray | None:
+        """The request's (tokenization, queue, inference) microseconds from `timing_us` (every row the same;
+        row 0 is read), where the call asked for it: int64 [3]."""
+        if TIMING not in call.outputs:
+            return None
+        arr = result.as_numpy(TIMING)
+        if arr is None or arr.ndim != 2 or arr.shape[1] != 3 or arr.shape[0] < 1:
+            raise KitError(f"response '{TIMING}' is {None if arr is None else arr.shape}, expected ({call.rows}, 3): "
+                           "the text endpoint's model.py does not follow its config - redeploy it")
+        return np.asarray(arr[0], dtype=np.int64)
+
+    @staticmethod
+    def _timing(parts: Sequence[np.ndarray | None], total_s: float) -> Timing:
+        """One Timing from each request's microseconds: the largest of each part (the requests ran at once)."""
+        have = [p for p in parts if p is not None]
+        us = np.max(np.stack(have), axis=0) if have else np.zeros(3, dtype=np.int64)
+        return Timing(float(us[0]) / 1e6, float(us[1]) / 1e6, float(us[2]) / 1e6, total_s)
 
     def _assemble(self, n: int, parts: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
         """Put each request's rows back at their input positions: float32 [n, dim]."""

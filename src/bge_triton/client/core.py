@@ -21,6 +21,9 @@ __all__ = [
     "DEFAULT_BUCKETS",
     "ClientSettings",
     "Embedded",
+    "Timed",
+    "Timing",
+    "Utf8",
     "InferCall",
     "ModelSpec",
     "chunk_slices",
@@ -37,6 +40,11 @@ DEFAULT_BUCKETS: tuple[int, ...] = (32, 64, 128, 256, 512)
 CANARY_TEXT = "canary 健康检查"  # health() embeds it: readiness alone misses a dead python stub
 TEXT_INPUT, IDS_INPUT, MASK_INPUT, OUTPUT = "text", "input_ids", "attention_mask", "embedding"
 TOKEN_COUNT = "token_count"  # text endpoint output: tokens of each text as embedded ([CLS]/[SEP] in, truncated)
+# text endpoint output INT64 [rows, 3]: the request's tokenization, queue and inference microseconds (every row
+# the same); docs/reliability.md, "Request parameters and timing". An endpoint that declares it also reads the
+# request parameter `truncation_direction` ("right" = cut the end, "left" = cut the start): both came together.
+TIMING = "timing_us"
+DIRECTIONS = ("right", "left")
 _DTYPE = {mc.TYPE_STRING: "TYPE_STRING", mc.TYPE_INT64: "TYPE_INT64", mc.TYPE_FP32: "TYPE_FP32",
           mc.TYPE_INT32: "TYPE_INT32"}
 
@@ -92,6 +100,7 @@ class ModelSpec:
     max_batch_size: int
     parameters: dict[str, str]
     token_counts: bool = False  # the model answers each text's token count (text endpoint `token_count`)
+    timings: bool = False  # the model answers `timing_us` and reads `truncation_direction` (text endpoint)
 
     @property
     def max_length(self) -> int | None:
@@ -118,6 +127,25 @@ class Embedded(NamedTuple):
 
     vectors: np.ndarray  # float32 [n, dim]
     token_counts: np.ndarray  # int32 [n]
+
+
+class Timing(NamedTuple):
+    """Where the time of one embed call went, in seconds, as the text endpoint measured it: tokenizing,
+    waiting in its queue, in the encoder; total = the whole call as this client saw it (network included).
+    A call split into several requests (over max_batch_size) reports each part's largest (they run at once)."""
+
+    tokenization_s: float
+    queue_s: float
+    inference_s: float
+    total_s: float
+
+
+class Timed(NamedTuple):
+    """embed_with_timing's result: Embedded's two arrays and the call's Timing."""
+
+    vectors: np.ndarray  # float32 [n, dim]
+    token_counts: np.ndarray  # int32 [n]
+    timing: Timing
 
 
 def config_from_json(payload: dict[str, Any]) -> mc.ModelConfig:
@@ -175,21 +203,34 @@ def validate_model_config(config: mc.ModelConfig, settings: ClientSettings) -> M
     if settings.mode == "text" and any(o.name == TOKEN_COUNT for o in config.output):
         _expect_io(config, "output", TOKEN_COUNT, mc.TYPE_INT32, [1])
         counts = True
+    timings = False
+    if settings.mode == "text" and any(o.name == TIMING for o in config.output):
+        _expect_io(config, "output", TIMING, mc.TYPE_INT64, [3])
+        timings = True
     return ModelSpec(config.name or settings.target_model, settings.mode, dim, int(config.max_batch_size), params,
-                     counts)
+                     counts, timings)
 
 
-def prepare_texts(texts: Sequence[str] | str, instruction: str | None = None) -> list[str]:
-    """Validate the caller's texts (a list of non-empty str) and prepend the query instruction."""
-    if isinstance(texts, str):
+class Utf8(bytes):
+    """A text its caller already encoded as valid UTF-8 (the gateway parses large bodies in a worker process
+    and hands over bytes, not str: no second decode on its event loop). Plain bytes stay refused."""
+
+    __slots__ = ()
+
+
+def prepare_texts(texts: Sequence[str | Utf8] | str, instruction: str | None = None) -> list[str | Utf8]:
+    """Validate the caller's texts (a list of non-empty str, or Utf8) and prepend the query instruction."""
+    if isinstance(texts, (str, bytes)):
         raise InputError("texts must be a list of strings, got one str; wrap it: [text]")
-    out = []
+    out: list[str | Utf8] = []
     for i, text in enumerate(texts):
-        if not isinstance(text, str):
+        if not isinstance(text, (str, Utf8)):
             raise InputError(f"texts[{i}] is {type(text).__name__}, not str; pass decoded strings")
         if not text.strip():
             raise InputError(f"texts[{i}] is empty or whitespace; drop empty texts before embedding")
-        out.append(instruction + text if instruction else text)
+        if instruction:
+            text = instruction + text if isinstance(text, str) else Utf8(instruction.encode("utf-8") + text)
+        out.append(text)
     return out
 
 
@@ -198,19 +239,29 @@ def chunk_slices(n: int, max_batch: int) -> list[slice]:
     return [slice(i, min(i + max_batch, n)) for i in range(0, n, max_batch)]
 
 
-def text_call(model: str, texts: Sequence[str], truncate: bool, counts: bool = False) -> InferCall:
-    """Text mode: BYTES [n, 1] utf-8 strings to the text endpoint, with the `truncate` parameter;
-    counts: ask for `token_count` too."""
+def text_call(model: str, texts: Sequence[str | Utf8], truncate: bool, counts: bool = False,
+              direction: str | None = None, timing: bool = False) -> InferCall:
+    """Text mode: BYTES [n, 1] utf-8 strings (Utf8 passes as it is) to the text endpoint, with the `truncate`
+    parameter and, when given, `truncation_direction`; counts / timing: ask for `token_count` / `timing_us` too."""
     encoded = []
     for i, text in enumerate(texts):
+        if isinstance(text, Utf8):
+            encoded.append(text)
+            continue
         try:
             encoded.append(text.encode("utf-8"))
         except UnicodeEncodeError as exc:
             raise InputError(f"text {i} is not valid UTF-8 text ({exc.reason} at position {exc.start}, "
                              f"e.g. a lone surrogate {text[exc.start]!r}): fix the string before sending") from None
-    arr = np.array(encoded, dtype=np.object_).reshape(-1, 1)
-    return InferCall(model, ((TEXT_INPUT, "BYTES", arr),), {"truncate": bool(truncate)}, len(texts),
-                     outputs=(OUTPUT, TOKEN_COUNT) if counts else (OUTPUT,))
+    arr = np.empty((len(encoded), 1), dtype=np.object_)
+    arr[:, 0] = encoded
+    parameters: dict[str, Any] = {"truncate": bool(truncate)}
+    if direction is not None:
+        if direction not in DIRECTIONS:
+            raise InputError(f"truncation_direction={direction!r}: use 'right' (cut the end) or 'left' (cut the start)")
+        parameters["truncation_direction"] = direction
+    outputs = (OUTPUT, *((TOKEN_COUNT,) if counts else ()), *((TIMING,) if timing else ()))
+    return InferCall(model, ((TEXT_INPUT, "BYTES", arr),), parameters, len(texts), outputs=outputs)
 
 
 def tensor_call(model: str, input_ids: np.ndarray, attention_mask: np.ndarray) -> InferCall:

@@ -7,7 +7,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from bge_triton.client.base import BaseEmbeddingClient
-from bge_triton.client.core import CANARY_TEXT, Embedded
+from bge_triton.client.core import CANARY_TEXT, Embedded, Timed, Utf8
 from bge_triton.client.errors import classify
 from bge_triton.client.retry import call_with_retry
 from bge_triton.client.transport import make_sync_transport
@@ -84,18 +84,33 @@ class EmbeddingClient(BaseEmbeddingClient):
         assert counts is not None
         return Embedded(vectors, counts)
 
-    def _embed(self, texts: Sequence[str], query: bool, timeout_s: float | None,
-               truncate: bool | None, counts: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+    def embed_with_timing(self, texts: Sequence[str | Utf8], *, query: bool = False, timeout_s: float | None = None,
+                          truncate: bool | None = None, truncation_direction: str | None = None) -> Timed:
+        """embed_with_counts plus where the time went (Timed(vectors, token_counts, timing)); see
+        AsyncEmbeddingClient.embed_with_timing."""
+        start = time.perf_counter()
+        timings: list[Any] = []
+        vectors, counts = self._embed(texts, query=query, timeout_s=timeout_s, truncate=truncate, counts=True,
+                                      direction=truncation_direction, timings=timings)
+        assert counts is not None
+        return Timed(vectors, counts, self._timing(timings, time.perf_counter() - start))
+
+    def _embed(self, texts: Sequence[str | Utf8], query: bool, timeout_s: float | None,
+               truncate: bool | None, counts: bool = False, direction: str | None = None,
+               timings: list[Any] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+        """The vectors (and counts); with a `timings` list, also each request's `timing_us` appended to it."""
         self.connect()
         s = self.settings
         timeout = s.timeout_s if timeout_s is None else timeout_s
-        n, plan = self._plan(texts, query, truncate, counts)
+        n, plan = self._plan(texts, query, truncate, counts, direction, timings is not None)
         parts, count_parts = [], []
         for call, idx in plan:
             where = f"infer '{call.model}' ({call.rows} texts) at {s.url}"
             result = call_with_retry(lambda t, c=call: self._transport.infer(c, t), s.retry, timeout, where,
                                     budget=self._retry_budget)
             vectors, row_counts = self._decode(call, result)
+            if timings is not None:
+                timings.append(self._decode_timing(call, result))
             parts.append((idx, vectors))
             count_parts.append((idx, row_counts))
         return self._assemble(n, parts), self._assemble_counts(n, count_parts) if counts else None

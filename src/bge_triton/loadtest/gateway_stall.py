@@ -1,0 +1,214 @@
+"""`python -m bge_triton.loadtest.gateway_stall --repository DIR --model NAME --out reports/gateway`: can one
+request stall the gateway? While the worst bodies its limits allow are in flight (one 5 MB text, truncate
+START / NONE / END; 2048 long texts), two probes run back to back: GET /health (the event loop alone) and a
+one-text POST /v1/embeddings (the loop and Triton). Their p50 / p99 / max per scenario go to markdown + CSV
+(issue 25: p99 <= 50 ms). A benchmark, not a test: it measures, it asserts nothing.
+
+--gateway-src DIR runs the gateway from another checkout's src/ (PYTHONPATH), e.g. the committed code in a
+`git worktree add /tmp/gw-before HEAD`, so "before" and "after" are measured by the same instrument.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from bge_triton.loadtest.gateway_bench import ENCODERS
+from bge_triton.loadtest.gateway_harness import BENCH_GATEWAY_FLAGS, bench_main, local_server, write_csv
+from bge_triton.loadtest.stack_bench import machine
+from bge_triton.loadtest.stats import percentile
+
+__all__ = ["build_parser", "main", "scenarios", "summarize_probe"]
+
+TARGET_P99_MS = 50.0
+PROBES = ("/health", "small embedding")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bge_triton.loadtest.gateway_stall", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--repository", type=Path, required=True, help="an exported model repository")
+    p.add_argument("--model", default="bge_large_zh", help="text endpoint NAME in it")
+    p.add_argument("--encoder", choices=list(ENCODERS), default="costmodel",
+                   help="the encoder behind the text endpoint (costmodel: zero cost, the hops alone)")
+    p.add_argument("--out", type=Path, default=Path("reports/gateway"))
+    p.add_argument("--name", default="stall", help="report file stem")
+    p.add_argument("--label", default="", help="what ran, for the report (e.g. 'before: commit 1ea3cab')")
+    p.add_argument("--repeats", type=int, default=3, help="big requests per scenario, one after another")
+    p.add_argument("--quiet-s", type=float, default=5.0, help="seconds of probes with no big request (baseline)")
+    p.add_argument("--probe-gap-ms", type=float, default=5.0, help="pause between one probe's requests")
+    p.add_argument("--chars", type=int, default=1_300_000, help="repeats of '中 ' in the one-text bodies")
+    p.add_argument("--gateway-src", type=Path, default=None,
+                   help="run the gateway from this src/ folder (PYTHONPATH) instead of the installed package")
+    p.add_argument("--gateway-arg", action="append", default=[], metavar="FLAG",
+                   help="extra gateway flag, e.g. --gateway-arg=--model-repository=DIR (repeatable)")
+    return p
+
+
+def scenarios(model: str, chars: int) -> list[tuple[str, str, dict[str, Any]]]:
+    """(name, path, JSON body): the largest bodies the default limits (8 MiB, 2048 inputs) let through."""
+    one = "中 " * chars
+    many = ["中 " * 1000] * 2048  # 2048 x 4 KB of UTF-8: 8.2 MB of JSON, just under the 8 MiB limit
+    return [
+        ("one 5 MB text, truncate START", "/v1/embeddings", {"model": model, "input": one, "truncate": "START"}),
+        ("one 5 MB text, truncate NONE", "/v1/embeddings", {"model": model, "input": one, "truncate": "NONE"}),
+        ("one 5 MB text, truncate END", "/v1/embeddings", {"model": model, "input": one, "truncate": "END"}),
+        ("2048 texts of 2000 chars, truncate START", "/v1/embeddings",
+         {"model": model, "input": many, "truncate": "START", "encoding_format": "base64"}),
+        ("TEI /embed, one 5 MB text, truncate Left", "/embed",
+         {"inputs": one, "truncate": True, "truncation_direction": "Left"}),
+    ]
+
+
+def summarize_probe(values_ms: Sequence[float]) -> dict[str, Any]:
+    """n, p50, p99, max of one probe's latencies (ms)."""
+    if not values_ms:
+        return {"n": 0, "p50_ms": None, "p99_ms": None, "max_ms": None}
+    return {"n": len(values_ms), "p50_ms": percentile(values_ms, 50), "p99_ms": percentile(values_ms, 99),
+            "max_ms": max(values_ms)}
+
+
+async def _probe(http: Any, url: str, model: str, which: str, stop: asyncio.Event, gap_s: float,
+                 out: list[float]) -> None:
+    """One probe, back to back until `stop`: its latencies (ms) into out."""
+    while not stop.is_set():
+        t0 = time.perf_counter()
+        if which == "/health":
+            async with http.get(url + "/health") as r:
+                await r.read()
+        else:
+            async with http.post(url + "/v1/embeddings", json={"model": model, "input": "小文本",
+                                                                "encoding_format": "base64"}) as r:
+                await r.read()
+        out.append((time.perf_counter() - t0) * 1e3)
+        await asyncio.sleep(gap_s)
+
+
+async def _window(url: str, model: str, gap_s: float, big: list[tuple[str, bytes]] | None, quiet_s: float
+                  ) -> tuple[dict[str, list[float]], list[tuple[int, float]]]:
+    """Probes while the big bodies go one after another (or for quiet_s with none): latencies per probe and
+    (status, seconds) per big request."""
+    import aiohttp
+
+    stop = asyncio.Event()
+    lat: dict[str, list[float]] = {p: [] for p in PROBES}
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(timeout=timeout) as probes, aiohttp.ClientSession(timeout=timeout) as bulk:
+        tasks = [asyncio.create_task(_probe(probes, url, model, p, stop, gap_s, lat[p])) for p in PROBES]
+        answers = []
+        try:
+            if big is None:
+                await asyncio.sleep(quiet_s)
+            for path, body in big or ():
+                t0 = time.perf_counter()
+                async with bulk.post(url + path, data=body, headers={"content-type": "application/json"}) as r:
+                    await r.read()
+                    answers.append((r.status, time.perf_counter() - t0))
+        finally:
+            stop.set()
+            await asyncio.gather(*tasks)
+    return lat, answers
+
+
+async def measure(args: argparse.Namespace, url: str) -> list[dict[str, Any]]:
+    import orjson
+
+    rows = []
+    gap = args.probe_gap_ms / 1e3
+    await _window(url, args.model, gap, None, 1.0)  # warm-up: connections, the first Triton call
+    lat, _ = await _window(url, args.model, gap, None, args.quiet_s)
+    rows += [{"scenario": "no big request", "probe": p, "big_status": "-", "big_s": None, **summarize_probe(v)}
+             for p, v in lat.items()]
+    for name, path, body in scenarios(args.model, args.chars):
+        raw = orjson.dumps(body)
+        lat, answers = await _window(url, args.model, gap, [(path, raw)] * args.repeats, 0.0)
+        statuses = "/".join(sorted({str(s) for s, _ in answers}))
+        big_s = sum(s for _, s in answers) / len(answers)
+        rows += [{"scenario": f"{name} ({len(raw) / 1e6:.1f} MB) x{args.repeats}", "probe": p,
+                  "big_status": statuses, "big_s": big_s, **summarize_probe(v)} for p, v in lat.items()]
+    return rows
+
+
+@contextlib.contextmanager
+def _gateway(args: argparse.Namespace, grpc_url: str, log: Path) -> Iterator[str]:
+    """The gateway process (from --gateway-src if given) on a free port, once /ready is 200; stopped by pid."""
+    import httpx
+
+    from bge_triton.server.launcher import free_ports
+
+    (port,) = free_ports(1)
+    env = dict(os.environ)
+    if args.gateway_src:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(args.gateway_src.resolve()), env.get("PYTHONPATH")]))
+    cmd = [sys.executable, "-m", "bge_triton.gateway", "--triton", grpc_url, "--model", args.model,
+           "--port", str(port), *BENCH_GATEWAY_FLAGS, *args.gateway_arg]
+    url = f"http://127.0.0.1:{port}"
+    with log.open("wb") as fh:
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"gateway not ready (exit {proc.poll()}): {log.read_text()[-2000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/ready", timeout=2).status_code == 200:
+                    break
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+def _run(args: argparse.Namespace, tmp: Path) -> list[dict[str, Any]]:
+    from bge_triton.server.cpu_variant import CpuVariant
+
+    with local_server(args.repository, CpuVariant(**ENCODERS[args.encoder]), tmp / "server") as srv, \
+            _gateway(args, srv.grpc_url, tmp / "gateway.log") as url:
+        return asyncio.run(measure(args, url))
+
+
+FIELDS = ["scenario", "probe", "n", "p50_ms", "p99_ms", "max_ms", "big_status", "big_s"]
+
+
+def write_report(args: argparse.Namespace, rows: list[dict[str, Any]], command: str, load: str) -> Path:
+    """reports/gateway/<name>.md + .csv; each probe row says whether its p99 meets the 50 ms target."""
+    args.out.mkdir(parents=True, exist_ok=True)
+    fmt = lambda v: "-" if v is None else (f"{v:.2f}" if isinstance(v, float) else str(v))  # noqa: E731
+    write_csv(args.out / f"{args.name}.csv", [{k: fmt(r[k]) for k in FIELDS} for r in rows], FIELDS, command)
+    lines = [f"<!-- generated by `{command}`; rerun it to regenerate -->", "# Gateway stall: probes while the "
+             "worst bodies are in flight", "", f"- command: `{command}`", f"- what ran: {args.label or '-'}",
+             f"- machine: {machine()}; load average at start {load}; shared with other jobs (noisy)",
+             f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
+             f"- server: local tritonserver 2.51 (CPU), text endpoint `{args.model}`, encoder `{args.encoder}`",
+             f"- probes: GET /health and a one-text POST /v1/embeddings, each back to back with "
+             f"{args.probe_gap_ms:g} ms pauses, on their own connections; the big bodies go one after another "
+             f"({args.repeats} per scenario) on a third", f"- gateway flags: {' '.join(args.gateway_arg) or '-'}",
+             "", f"| scenario | probe | probes | p50 ms | p99 ms | max ms | big status | big s | p99 <= "
+             f"{TARGET_P99_MS:g} ms |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ok = "-" if r["p99_ms"] is None else ("yes" if r["p99_ms"] <= TARGET_P99_MS else "NO")
+        lines.append(f"| {' | '.join(fmt(r[k]) for k in FIELDS)} | {ok} |")
+    path = args.out / f"{args.name}.md"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return bench_main("bge_triton.loadtest.gateway_stall", build_parser(), argv, _run, write_report)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -99,18 +99,46 @@ def test_without_recent_queries_bulk_uses_the_full_budget() -> None:
     p.close()
 
 
-def test_max_queue_size_refuses_with_unavailable_and_keeps_the_rest() -> None:
+def test_max_queue_size_counts_texts_refuses_with_unavailable_and_keeps_the_rest() -> None:
     enc = Gated()
-    p = Endpoint(enc, policy=QueuePolicy(max_queue_size=1), max_in_flight=1)
+    p = Endpoint(enc, policy=QueuePolicy(max_queue_size=3), max_in_flight=1, query_levels=0)
     held = p.submit([req("hello")])
     taken(p)  # the dispatcher holds it: not pending
-    kept = p.submit([req("world", "fast")])
-    refused = p.submit([req("rag", "rag", "hello")])
+    kept = p.submit([req("world", "fast")])  # 2 texts wait: within 3
+    refused = p.submit([req("rag", "rag")])  # 2 more would make 4 texts: refused, although only 1 request waits
+    one = p.submit([req("rag")])  # 3 texts: fits
     enc.gate.set()
-    p.wait(held + kept + refused)
-    assert isinstance(refused[0].error, EncoderOverloaded) and str(refused[0].error).startswith("Exceeds maximum queue size")
-    assert held[0].error is None and kept[0].error is None and kept[0].out.shape == (2, DIM)
+    p.wait(held + kept + refused + one)
+    assert isinstance(refused[0].error, EncoderOverloaded)
+    assert str(refused[0].error).startswith("Exceeds maximum queue size: 2 texts wait at priority level 2")
+    assert held[0].error is None and kept[0].error is None and kept[0].out.shape == (2, DIM) and one[0].error is None
     p.close()
+
+
+def test_a_bulk_backlog_never_refuses_a_query() -> None:
+    """One limit per priority level, as Triton's queue keeps them: bulk fills its own, queries still get in."""
+    enc = Gated()
+    p = Endpoint(enc, policy=QueuePolicy(max_queue_size=4), max_in_flight=1)
+    held = p.submit([req("hello")])
+    enc.wait_arrived(1)
+    bulk = p.submit([req("world", "fast", "rag", "hello")])  # level 2 is full
+    more_bulk = p.submit([req("world")])
+    query = p.submit([req("今天", priority_level=1), req("rag", priority_level=1)])
+    assert isinstance(more_bulk[0].error, EncoderOverloaded) and more_bulk[0] in p.answered
+    assert query[0] not in p.answered and query[1] not in p.answered  # queued, not refused
+    enc.gate.set()
+    p.wait(held + bulk + query)
+    assert all(j.error is None for j in held + bulk + query)
+    p.close()
+
+
+def test_queue_policy_per_level_and_timeout_override_come_from_the_config_json() -> None:
+    cfg = {"dynamic_batching": {
+        "default_queue_policy": {"default_timeout_microseconds": "5000000", "max_queue_size": 2048,
+                                 "allow_timeout_override": True},
+        "priority_queue_policy": {"1": {"max_queue_size": 64, "default_timeout_microseconds": "1000000"}}}}
+    policy = QueuePolicy.from_config(cfg)
+    assert policy.allow_timeout_override and policy.of(1) == (64, 1.0) and policy.of(2) == (2048, 5.0)
 
 
 def test_close_answers_what_is_still_waiting() -> None:

@@ -69,6 +69,25 @@ def _triton_error(error: TextError):
     return pb_utils.TritonError(error.message, getattr(pb_utils.TritonError, triton_code(error)))
 
 
+def _log(message: str) -> None:
+    """To the server's log (pb_utils.Logger, python_backend r23.04+)."""
+    logger = getattr(pb_utils, "Logger", None)
+    if logger is not None:
+        logger.log_error(message)
+
+
+def _cancelled(job) -> bool:
+    """Whether the client cancelled the job's request (r24.10: InferenceResponseSender.is_cancelled, a round trip
+    to the server; the request object is not used after execute returns)."""
+    return bool(job.context[0].is_cancelled())
+
+
+def _timeout_s(request) -> float:
+    """The request's own timeout (Triton's `timeout` request field, microseconds; 0 = none)."""
+    timeout = getattr(request, "timeout", None)
+    return (timeout() or 0) / 1e6 if timeout is not None else 0.0
+
+
 def _backend(settings: TextSettings, cfg: dict, args: dict) -> EncoderBackend:
     if settings.encoder == "bls":
         return BlsBackend(settings.onnx_model)
@@ -104,7 +123,8 @@ class TritonPythonModel:
         self._metrics(cfg["name"])
         self.scheduler = Scheduler(self.settings, self.backend, tok.pad_id, int(cfg["output"][0]["dims"][-1]),
                                    self._answer, QueryMarker(cfg["name"]),
-                                   policy=QueuePolicy.from_config(cfg))  # max_queue_size and timeout hold in the pool
+                                   policy=QueuePolicy.from_config(cfg),  # the queue policies hold in the pool
+                                   cancelled=_cancelled, log=_log)
         self.flusher = threading.Thread(target=self._flush_loop, name="kit-metrics", daemon=True)
         self.flusher.start()
 
@@ -166,14 +186,33 @@ class TritonPythonModel:
         gc.collect()
 
     def execute(self, requests):
-        """Tokenize one Triton batch, answer its bad requests, queue the rest; the scheduler answers them."""
+        """Tokenize one Triton batch, answer its bad requests, queue the rest; the scheduler answers them.
+
+        Every request gets exactly one response on every path: by the returned list (inline run, or a fault
+        before any sender was taken), else through its sender (here for errors, by the scheduler for the rest)."""
+        senders: list = []  # (sender, its job | None = not queued | False = answered) once senders are taken
+        try:
+            return self._execute(requests, senders)
+        except Exception as exc:  # noqa: BLE001 - a bug in this path answers the batch INTERNAL, the model goes on
+            _log(f"text endpoint: execute caught {type(exc).__name__}: {exc}")
+            message = f"text endpoint failed on this batch: {type(exc).__name__}: {exc}"
+            if not senders:
+                return [pb_utils.InferenceResponse(error=pb_utils.TritonError(message, pb_utils.TritonError.INTERNAL))
+                        for _ in requests]
+            for sender, job in senders:
+                if job is None or (job is not False and self.scheduler.claim(job)):  # not answered yet
+                    self._send(sender, pb_utils.InferenceResponse(
+                        error=pb_utils.TritonError(message, pb_utils.TritonError.INTERNAL)))
+            return None
+
+    def _execute(self, requests, taken: list):
         batch = self.pipeline.encode_pre([(pb_utils.get_input_tensor_by_name(r, "text").as_numpy(),
                                            r.parameters()) for r in requests])
         with self.flush_lock:
             self.pending["batches"] += 1
             self.pending["bad"] += batch.rejected
         slot_of = {r: k for k, (r, _, _) in enumerate(batch.slots)}
-        jobs = [(self.scheduler.new_job(n, batch.priorities[r] or self.default_priority),
+        jobs = [(self.scheduler.new_job(n, batch.priorities[r] or self.default_priority, timeout_s=_timeout_s(requests[r])),
                  batch.ids[start:start + n]) for r, start, n in batch.slots]
         for job, _ in jobs:
             job.tokenize_us = batch.tokenize_us
@@ -181,13 +220,25 @@ class TritonPythonModel:
         if self.scheduler.run_inline(jobs):  # quiet hours: one sub-batch, answered by the return value
             return [self._response(batch.errors[r] or jobs[slot_of[r]][0], wanted[r])[0] for r in range(len(requests))]
         senders = [r.get_response_sender() for r in requests]
-        for sender, error in zip(senders, batch.errors):
-            if error is not None:
-                sender.send(self._response(error)[0], flags=FINAL)
+        taken.extend((sender, jobs[slot_of[r]][0] if r in slot_of else None) for r, sender in enumerate(senders))
         for r, k in slot_of.items():
             jobs[k][0].context = (senders[r], wanted[r])
+        for r, (sender, error) in enumerate(zip(senders, batch.errors)):
+            if error is not None:
+                taken[r] = (sender, False)  # answered here: never again
+                self._send(sender, self._response(error)[0])
         self.scheduler.submit(jobs)
         return None
+
+    @staticmethod
+    def _send(sender, response) -> bool:
+        """One final response; a send that raises (r24.10: a closed sender, no shared memory) is logged."""
+        try:
+            sender.send(response, flags=FINAL)
+            return True
+        except Exception as exc:  # noqa: BLE001 - the caller carries on with the other requests
+            _log(f"text endpoint: sending a response raised {type(exc).__name__}: {exc}")
+            return False
 
     @staticmethod
     def _response(result, wanted=()):
@@ -212,6 +263,14 @@ class TritonPythonModel:
         while the other threads ran - a corrupted Python heap, a stub segfault under load (pymalloc_alloc),
         "Stub process ... is not healthy". Fixed upstream in python_backend #390 (Triton 24.12)."""
         sender, wanted = job.context
-        response, tensors = self._response(job, wanted)
-        sender.send(response, flags=FINAL)
+        try:
+            response, tensors = self._response(job, wanted)
+        except Exception as exc:  # noqa: BLE001 - e.g. an output that cannot be built: answer the error instead
+            response, tensors = pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                f"text endpoint could not build its response: {type(exc).__name__}: {exc}",
+                pb_utils.TritonError.INTERNAL)), []
+        if not self._send(sender, response) and tensors:
+            # the embeddings could not go (e.g. no shared memory for them): a small error response may
+            self._send(sender, pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                "text endpoint could not send its response (see the server log); retry", pb_utils.TritonError.INTERNAL)))
         del response, tensors  # dropped here, with the GIL

@@ -42,13 +42,16 @@ class TextSettings:
     query_token_budget: int = 512
     encoder: str = "bls"  # "bls", or X: the backend module encoder_X.py beside model.py (CPU variant)
     metrics_flush_s: float = 0.25  # counters are sent to the server at most this often
+    # Every cancel_check_s the reaper asks whether up to 32 waiting requests were cancelled by their clients
+    # (each ask is a round trip to the server), and expires deadlines; 0 = never ask (deadlines still expire).
+    cancel_check_s: float = 0.05
 
     def __post_init__(self) -> None:
         for name in ("max_length", "token_budget", "sub_batch_max", "pad_to_multiple", "max_in_flight",
                      "query_token_budget"):
             if getattr(self, name) < 1:
                 raise ValueError(f"parameter {name}={getattr(self, name)}: must be >= 1")
-        for name in ("split_overhead_tokens", "metrics_flush_s", "query_levels", "query_window_s"):
+        for name in ("split_overhead_tokens", "metrics_flush_s", "query_levels", "query_window_s", "cancel_check_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"parameter {name}={getattr(self, name)}: must be >= 0")
         if not self.encoder.strip():

@@ -5,31 +5,44 @@ encoder sub-batches from the whole pool and answer each request as soon as its l
 (the python backend's response sender, default mode, r24.06+). So a sub-batch is planned from every
 text waiting, not from one Triton batch, and an instance is never held while its sub-batches run.
 
-Policy (choose): the highest priority level present goes first; within it, the cheapest split of all
-its texts into runs of similar lengths (fixed cost `split_overhead_tokens` + B x padded L per run) is
-planned, and the run that holds the oldest text goes. The bigger the pool, the fuller and tighter the
-runs (the bench's estimates: loadtest.targets).
+Policy (choose): the highest priority level present goes first; within it, the run that holds the oldest
+text in the cheapest split (fixed cost `split_overhead_tokens` + B x padded L per run) of the texts of
+similar length around it goes. Each level keeps its texts in FIFO buckets by padded length, so planning
+looks at a window of at most 2 x sub_batch_max texts around the oldest, whatever the backlog
+(`python -m bge_triton.loadtest.plan_cost`); deadlines sit in a heap, so expiry costs only what expires.
 While high-priority texts arrived within `query_window_s` (any instance: a shared marker), bulk runs are
 capped at `query_token_budget` tokens and one in flight, so a query waits behind a short sub-batch.
+
+Every request is answered exactly once on every path (Job.done, set under the lock by whoever answers):
+an encoder that raises or answers the wrong shape fails its sub-batch's requests; a request that fails
+drops its texts still waiting; a respond() that raises is logged and the thread carries on. Admission
+counts texts per priority level (Triton keeps one queue and limit per level); a reaper thread expires
+deadlines (the config's timeout, or the request's own where allow_timeout_override) and asks the
+adapter whether waiting requests were cancelled, a bounded number per round.
 Standard library and numpy only, like the rest of the text endpoint.
 """
 from __future__ import annotations
 
+import collections
 import fcntl
+import heapq
+import itertools
 import os
 import struct
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import numpy as np
 
-from text_core import EncoderBackend, EncoderOverloaded, TextError, TextSettings
+from text_core import Cancelled, EncoderFailed, EncoderOverloaded, TextError, TextSettings
 from text_stages import plan_sub_batches
 
-__all__ = ["Job", "Item", "choose", "QueryMarker", "QueuePolicy", "Scheduler"]
+__all__ = ["Job", "Item", "Level", "choose", "QueryMarker", "QueuePolicy", "Scheduler", "CANCEL_CHECKS_PER_ROUND"]
+
+CANCEL_CHECKS_PER_ROUND = 32  # is_cancelled() calls per reaper round (each a round trip to the server)
 
 
 @dataclass(eq=False)
@@ -40,7 +53,7 @@ class Job:
     priority: int
     out: np.ndarray  # [rows, dim] float32
     tokens: np.ndarray  # [rows] int32
-    remaining: int = 0
+    remaining: int = 0  # texts not yet back from the encoder
     error: TextError | None = None
     context: object = None  # the adapter's handle (the response sender)
     # where the time went (clock seconds): tokenize_us is set by the adapter; queued_at when its texts entered
@@ -49,6 +62,11 @@ class Job:
     queued_at: float | None = None
     started: float | None = None
     ended: float | None = None
+    timeout_s: float = 0.0  # the request's own timeout (0 = the queue policy's)
+    deadline: float = float("inf")
+    waiting: int = 0  # texts still in the pool
+    done: bool = False  # answered, or being answered, by exactly one thread
+    items: list = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         self.remaining = self.rows
@@ -64,25 +82,98 @@ class Job:
 
 @dataclass(eq=False)
 class Item:
-    """One text waiting in the pool."""
+    """One text waiting in the pool (ids as int32: 4 bytes a token)."""
 
     job: Job
     row: int
-    ids: list[int]
+    ids: Sequence[int]
     padded: int  # length rounded up to pad_to_multiple
     arrival: float
+    dead: bool = False  # its request failed while it waited: skipped, never sent
+    taken: bool = False  # left the pool for the encoder
 
 
-def choose(items: Sequence[Item], budget: int, max_batch: int, overhead: int) -> list[Item]:
-    """The next sub-batch from one priority level's items (non-empty): the run that holds the oldest item
-    in the cheapest split of them all (text_stages.plan_sub_batches: sorted by length, runs of at most
-    max_batch texts and budget tokens, each paying `overhead` tokens). So every run is one the whole
-    pool's best plan would make, and texts leave in arrival order of the runs that hold them.
-    """
-    plans = plan_sub_batches([it.padded for it in items], budget, max_batch, 1, overhead)
-    oldest = min(range(len(items)), key=lambda k: items[k].arrival)
-    rows = next(rows for rows, _ in plans if oldest in rows)
-    return [items[k] for k in rows]
+class Level:
+    """One priority level's waiting texts: a FIFO bucket per padded length, and live counts.
+
+    Texts of a failed request are marked dead and skipped when they reach a bucket's head (lazy delete);
+    a bucket with more dead than live entries is compacted. Arrivals are in clock order, so each bucket's
+    head is its oldest text and the level's oldest is the oldest head."""
+
+    def __init__(self) -> None:
+        self.buckets: dict[int, collections.deque] = {}
+        self.live: dict[int, int] = {}
+        self.count = 0
+
+    def add(self, item) -> None:
+        self.buckets.setdefault(item.padded, collections.deque()).append(item)
+        self.live[item.padded] = self.live.get(item.padded, 0) + 1
+        self.count += 1
+
+    def drop(self, item) -> None:
+        """`item` leaves without running (its request failed)."""
+        item.dead = True
+        self.live[item.padded] -= 1
+        self.count -= 1
+        bucket = self.buckets[item.padded]
+        if len(bucket) > 64 and len(bucket) > 2 * self.live[item.padded]:
+            self.buckets[item.padded] = collections.deque(it for it in bucket if not it.dead)
+
+    def _head(self, padded: int):
+        bucket = self.buckets[padded]
+        while bucket and getattr(bucket[0], "dead", False):
+            bucket.popleft()
+        return bucket[0] if bucket else None
+
+    def oldest(self):
+        heads = [self._head(p) for p, n in self.live.items() if n > 0]
+        return min((h for h in heads if h is not None), key=lambda it: it.arrival, default=None)
+
+    def pop(self, padded: int, n: int) -> list:
+        out = []
+        while len(out) < n:
+            self._head(padded)  # past the dead
+            item = self.buckets[padded].popleft()
+            item.taken = True
+            out.append(item)
+        self.live[padded] -= n
+        self.count -= n
+        return out
+
+    def pick(self, budget: int, max_batch: int, overhead: int) -> list:
+        """The next run (see the module doc): the oldest text and its neighbours by length; [] if empty."""
+        head = self.oldest()
+        if head is None:
+            return []
+        p0 = head.padded
+        cap = max(1, min(max_batch, budget // p0))
+        if self.live[p0] >= cap:  # a full run of equal lengths: no padding, the fixed cost shared by the most
+            return self.pop(p0, cap)
+        keys = sorted(p for p, n in self.live.items() if n > 0)
+        at = keys.index(p0)
+        below: list[int] = []
+        for p in reversed(keys[:at]):  # up to max_batch shorter texts, nearest lengths first
+            below[:0] = [p] * min(self.live[p], max_batch - len(below))
+            if len(below) >= max_batch:
+                break
+        above: list[int] = []
+        for p in keys[at:]:  # the oldest's bucket first (its head is at index len(below)), then longer ones
+            above += [p] * min(self.live[p], max_batch - len(above))
+            if len(above) >= max_batch:
+                break
+        pads = below + above
+        rows = next(rows for rows, _ in plan_sub_batches(pads, budget, max_batch, 1, overhead) if len(below) in rows)
+        wanted = collections.Counter(pads[k] for k in rows)
+        return [it for p, n in sorted(wanted.items()) for it in self.pop(p, n)]
+
+
+def choose(items: Sequence, budget: int, max_batch: int, overhead: int) -> list:
+    """The scheduler's policy on a plain list of texts (anything with .padded and .arrival): the run the
+    scheduler would send next from a level holding them (Level.pick). For estimates (loadtest.pool_estimate)."""
+    level = Level()
+    for it in sorted(items, key=lambda it: it.arrival):
+        level.add(it)
+    return level.pick(budget, max_batch, overhead)
 
 
 class QueryMarker:
@@ -128,17 +219,32 @@ class QueryMarker:
 
 @dataclass(frozen=True)
 class QueuePolicy:
-    """The text endpoint's own dynamic_batching.default_queue_policy, applied to its pool (Triton's queue
-    stays empty: execute returns at once). 0 = no limit, as in Triton."""
+    """The text endpoint's dynamic_batching queue policy, applied to its pool (Triton's queue stays empty:
+    execute returns at once), one per priority level as Triton keeps them. 0 = no limit, as in Triton.
+    max_queue_size counts TEXTS waiting at a level in one instance (Triton's counts requests)."""
 
-    max_queue_size: int = 0  # requests with texts waiting
+    max_queue_size: int = 0  # texts waiting at one priority level
     timeout_s: float = 0.0  # a text waiting longer fails its request UNAVAILABLE
+    allow_timeout_override: bool = False  # a request's own timeout replaces timeout_s
+    levels: tuple[tuple[int, int, float], ...] = ()  # priority_queue_policy: (level, max_queue_size, timeout_s)
 
     @classmethod
-    def from_config(cls, cfg: dict) -> "QueuePolicy":
-        policy = cfg.get("dynamic_batching", {}).get("default_queue_policy", {})
+    def from_config(cls, cfg: dict) -> QueuePolicy:
+        batching = cfg.get("dynamic_batching", {})
+        policy = batching.get("default_queue_policy", {})
+        levels = tuple(sorted((int(level), int(p.get("max_queue_size", 0) or 0),
+                               int(p.get("default_timeout_microseconds", 0) or 0) / 1e6)
+                              for level, p in (batching.get("priority_queue_policy") or {}).items()))
         return cls(int(policy.get("max_queue_size", 0) or 0),
-                   int(policy.get("default_timeout_microseconds", 0) or 0) / 1e6)
+                   int(policy.get("default_timeout_microseconds", 0) or 0) / 1e6,
+                   bool(policy.get("allow_timeout_override", False)), levels)
+
+    def of(self, level: int) -> tuple[int, float]:
+        """(max_queue_size, timeout_s) of one priority level."""
+        for lv, size, timeout in self.levels:
+            if lv == level:
+                return size, timeout
+        return self.max_queue_size, self.timeout_s
 
 
 @dataclass
@@ -164,101 +270,191 @@ class Counters:
 
 
 class Scheduler:
-    """The pool and its dispatcher threads; respond(job) is called once per job (error or embeddings)."""
+    """The pool and its threads; respond(job) is called exactly once per job (error or embeddings).
 
-    def __init__(self, settings: TextSettings, backend: EncoderBackend, pad_id: int, dim: int,
+    `cancelled(job)` (optional) says whether the job's client cancelled it (the adapter asks Triton);
+    `log(message)` reports what a thread caught and carried on from."""
+
+    def __init__(self, settings: TextSettings, backend, pad_id: int, dim: int,
                  respond: Callable[[Job], None], marker: QueryMarker | None = None,
-                 clock: Callable[[], float] = time.monotonic, policy: QueuePolicy = QueuePolicy()) -> None:
+                 clock: Callable[[], float] = time.monotonic, policy: QueuePolicy = QueuePolicy(),
+                 cancelled: Callable[[Job], bool] | None = None,
+                 log: Callable[[str], None] | None = None) -> None:
         self.s, self.backend, self.pad_id, self.dim, self.policy = settings, backend, pad_id, dim, policy
         self.respond, self.marker, self.clock = respond, marker, clock
-        self.levels: dict[int, list[Item]] = {}
+        self.cancelled, self.log = cancelled, log or (lambda message: None)
+        self.levels: dict[int, Level] = {}
         self.pending = 0  # texts waiting
-        self.waiting: dict[int, int] = {}  # id(job) -> its texts still waiting (the requests in the queue)
+        self.jobs: collections.OrderedDict[int, Job] = collections.OrderedDict()  # with texts waiting, by seq
+        self.deadlines: list[tuple[float, int, Job]] = []  # heap
+        self.seq = itertools.count()
         self.running = 0  # sub-batches at the encoder
         self.bulk_running = 0
         self.last_query = float("-inf")
         self.counters = Counters()
         self.cond = threading.Condition()
         self.closing = False
+        self.stop = threading.Event()
         # max_in_flight dispatchers take any work; one more takes only queries, so a query never waits for
         # a dispatcher busy with bulk (only for the encoder)
         self.threads = [threading.Thread(target=self._dispatch, args=(i == settings.max_in_flight,),
                                          name=f"text-dispatch-{i}", daemon=True)
                         for i in range(settings.max_in_flight + (settings.query_levels > 0))]
+        self.threads.append(threading.Thread(target=self._reap, name="text-reaper", daemon=True))
         for t in self.threads:
             t.start()
 
-    def new_job(self, rows: int, priority: int, context: object = None) -> Job:
-        return Job(rows, priority, np.empty((rows, self.dim), np.float32), np.zeros(rows, np.int32),
-                   context=context)
+    @property
+    def waiting(self) -> dict[int, Job]:
+        """The requests with texts waiting (by arrival)."""
+        return self.jobs
 
-    def submit(self, jobs: Sequence[tuple[Job, Sequence[list[int]]]]) -> None:
-        """Queue each job's token ids; past the queue policy's max_queue_size a job is answered UNAVAILABLE now."""
-        now, rejected = self.clock(), []
+    def new_job(self, rows: int, priority: int, context: object = None, timeout_s: float = 0.0) -> Job:
+        return Job(rows, priority, np.empty((rows, self.dim), np.float32), np.zeros(rows, np.int32),
+                   context=context, timeout_s=timeout_s)
+
+    # --- answering, exactly once --------------------------------------------------------------------------
+
+    def _finish(self, job: Job, error: TextError | None = None) -> bool:
+        """Under the lock: mark `job` answered (with `error`), drop its texts still waiting; False if it was
+        answered already (the caller then must not answer it)."""
+        if job.done:
+            return False
+        job.done = True
+        if error is not None:
+            job.error = job.error or error
+        if job.waiting:
+            level = self.levels[job.priority]
+            for it in job.items:
+                if not it.dead and not it.taken:
+                    level.drop(it)
+                    self.pending -= 1
+            job.waiting = 0
+        self.jobs.pop(id(job), None)
+        job.items = []
+        return True
+
+    def claim(self, job: Job) -> bool:
+        """Take over answering `job` (the adapter, after a fault of its own): True if nobody answered it yet; its
+        texts still waiting are dropped and nothing here will answer it."""
+        with self.cond:
+            return self._finish(job, EncoderFailed("text endpoint failed on this request's batch"))
+
+    def _answer(self, jobs: Sequence[Job]) -> None:
+        """Outside the lock: respond() for each (already _finish-ed) job; a respond that raises is logged."""
+        for job in jobs:
+            try:
+                self.respond(job)
+            except Exception as exc:  # noqa: BLE001 - one failed answer must not stop the others or the thread
+                self.log(f"text endpoint: answering a request raised {type(exc).__name__}: {exc}")
+
+    # --- admission ------------------------------------------------------------------------------------------
+
+    def submit(self, jobs: Sequence[tuple[Job, Sequence[Sequence[int]]]]) -> None:
+        """Queue each job's token ids; past its level's max_queue_size (texts) a job is answered UNAVAILABLE now."""
+        now, refused = self.clock(), []
         with self.cond:
             for job, ids in jobs:
-                if not ids:  # nothing to embed (a request of zero texts): answered now, empty
-                    rejected.append(job)
-                    continue
-                limit = self.policy.max_queue_size
-                if self.closing or (limit and len(self.waiting) >= limit):
+                limit, timeout = self.policy.of(job.priority)
+                level = self.levels.setdefault(job.priority, Level())
+                why = None
+                if self.closing:
+                    why = "text endpoint is unloading; retry on another replica"
+                elif limit and level.count + len(ids) > limit:
                     # Triton's own words for a full queue, so every client that knows Triton knows this
-                    why = "text endpoint is unloading" if self.closing else (
-                        f"Exceeds maximum queue size: the text endpoint has {len(self.waiting)} requests waiting "
-                        f"(max_queue_size {limit})")
-                    job.error = EncoderOverloaded(f"{why}; retry with backoff, or add text-endpoint instances / "
-                                                  "encoder capacity")
-                    rejected.append(job)
+                    why = (f"Exceeds maximum queue size: {level.count} texts wait at priority level {job.priority} in "
+                           f"this text-endpoint instance (max_queue_size {limit} texts per level), this request has "
+                           f"{len(ids)}; retry with backoff, or add text-endpoint instances / encoder capacity")
+                if not ids or why is not None:  # refused, or nothing to embed (answered now, empty)
+                    self._finish(job, EncoderOverloaded(why) if why else None)
+                    refused.append(job)
                     continue
-                self.waiting[id(job)] = len(ids)
-                self.levels.setdefault(job.priority, []).extend(self._items(job, ids, now))
+                if self.policy.allow_timeout_override and job.timeout_s > 0:
+                    timeout = job.timeout_s
+                job.items = self._items(job, ids, now)
+                for it in job.items:
+                    level.add(it)
+                job.waiting = len(ids)
                 self.pending += len(ids)
+                self.jobs[id(job)] = job
+                if timeout:
+                    job.deadline = now + timeout
+                    heapq.heappush(self.deadlines, (job.deadline, next(self.seq), job))
                 if 1 <= job.priority <= self.s.query_levels:
                     self.last_query = now
-            if len(rejected) < len(jobs):
+            if len(refused) < len(jobs):
                 self.cond.notify_all()
         if self.marker is not None and self.last_query == now:
             self.marker.mark(now)
-        for job in rejected:  # refused, or empty
-            self.respond(job)
+        self._answer(refused)
 
-    def _items(self, job: Job, ids: Sequence[list[int]], now: float) -> list[Item]:
+    def _items(self, job: Job, ids: Sequence[Sequence[int]], now: float) -> list[Item]:
         """The pool's entries of one job's texts (their token counts recorded for the answer)."""
         m = self.s.pad_to_multiple
         job.queued_at = now
         for row, tok in enumerate(ids):
             job.tokens[row] = len(tok)
-        return [Item(job, row, tok, -(-len(tok) // m) * m, now) for row, tok in enumerate(ids)]
+        return [Item(job, row, np.asarray(tok, np.int32), -(-len(tok) // m) * m, now) for row, tok in enumerate(ids)]
+
+    # --- deadlines and cancellation ------------------------------------------------------------------------
+
+    def _expire(self, now: float) -> list[Job]:
+        """Under the lock: requests with texts still waiting at their deadline fail UNAVAILABLE."""
+        failed = []
+        while self.deadlines and self.deadlines[0][0] <= now:
+            _, _, job = heapq.heappop(self.deadlines)
+            if job.done or not job.waiting:  # answered, or every text left for the encoder: not a queue timeout
+                continue
+            waited = now - (job.queued_at if job.queued_at is not None else now)
+            limit = job.deadline - (job.queued_at or 0.0)
+            if self._finish(job, EncoderOverloaded(  # Triton's own words for a queue timeout
+                    f"Request timeout expired: a text waited {waited:.1f} s in the text endpoint's pool (queue "
+                    f"timeout {limit:g} s); retry with backoff, or add encoder capacity")):
+                failed.append(job)
+        return failed
+
+    def _reap(self) -> None:
+        """Expire deadlines even while every dispatcher is at the encoder; drop cancelled requests' texts."""
+        interval = self.s.cancel_check_s or 0.05
+        while not self.stop.wait(interval):
+            try:
+                with self.cond:
+                    expired = self._expire(self.clock())
+                    batch = self._rotate(CANCEL_CHECKS_PER_ROUND) if self.cancelled and self.s.cancel_check_s else []
+                self._answer(expired)
+                gone = []
+                for job in batch:  # outside the lock: each check is a round trip to the server
+                    try:
+                        if self.cancelled(job):
+                            gone.append(job)
+                    except Exception as exc:  # noqa: BLE001 - a failed check leaves the job as it is
+                        self.log(f"text endpoint: is_cancelled raised {type(exc).__name__}: {exc}")
+                if gone:
+                    with self.cond:
+                        gone = [j for j in gone if self._finish(j, Cancelled(
+                            "the request was cancelled by its client: its texts still waiting were dropped"))]
+                    self._answer(gone)
+            except Exception as exc:  # noqa: BLE001 - the reaper carries on
+                self.log(f"text endpoint: reaper caught {type(exc).__name__}: {exc}")
+
+    def _rotate(self, n: int) -> list[Job]:
+        """Under the lock: the next n waiting jobs, round robin (so each gets checked, n per round)."""
+        out = []
+        for _ in range(min(n, len(self.jobs))):
+            key, job = self.jobs.popitem(last=False)
+            self.jobs[key] = job
+            out.append(job)
+        return out
+
+    # --- dispatch -------------------------------------------------------------------------------------------
 
     def _query_mode(self, now: float) -> bool:
         last = max(self.last_query, self.marker.last() if self.marker is not None else float("-inf"))
         return now - last <= self.s.query_window_s
 
-    def _expire(self, now: float) -> list[Job]:
-        """Under the lock: drop the texts that waited past the queue timeout; their jobs fail UNAVAILABLE."""
-        limit, failed = self.policy.timeout_s, {}
-        if not limit:
-            return []
-        for level, items in self.levels.items():
-            if items and now - min(it.arrival for it in items) > limit:
-                for it in items:
-                    if now - it.arrival > limit and it.job.error is None:
-                        it.job.error = EncoderOverloaded(  # Triton's own words for a queue timeout
-                            f"Request timeout expired: a text waited {now - it.arrival:.1f} s in the text "
-                            f"endpoint's pool (queue timeout {limit:g} s); retry with backoff, or add encoder capacity")
-                        failed[id(it.job)] = it.job
-        if failed:
-            for level, items in self.levels.items():
-                kept = [it for it in items if id(it.job) not in failed]
-                self.pending -= len(items) - len(kept)
-                self.levels[level] = kept
-            for key in failed:
-                self.waiting.pop(key, None)
-        return list(failed.values())
-
     def _take(self, queries_only: bool = False) -> tuple[list[Item], bool, bool] | None:
         """Under the lock: the next sub-batch, or None when nothing may run now."""
-        live = sorted((p for p, items in self.levels.items() if items), key=lambda p: (p == 0, p))  # 0: no level
+        live = sorted((p for p, level in self.levels.items() if level.count), key=lambda p: (p == 0, p))  # 0: none
         if not live:
             return None
         now, s = self.clock(), self.s
@@ -272,63 +468,79 @@ class Scheduler:
             if self.bulk_running >= 1 or (self.marker is not None and not self.marker.try_bulk()):
                 return None
             budget, slot = min(budget, s.query_token_budget), self.marker is not None
-        picked = choose(self.levels[level], budget, s.sub_batch_max, s.split_overhead_tokens)
-        chosen = set(map(id, picked))
-        self.levels[level] = [it for it in self.levels[level] if id(it) not in chosen]
+        picked = self.levels[level].pick(budget, s.sub_batch_max, s.split_overhead_tokens)
         self.pending -= len(picked)
         left = []
         for it in picked:
-            key = id(it.job)
-            self.waiting[key] -= 1
-            if not self.waiting[key]:
-                del self.waiting[key]
-                left.append(it)  # a job's texts all arrived together
+            job = it.job
+            job.waiting -= 1
+            if not job.waiting:
+                self.jobs.pop(id(job), None)
+                left.append(job)  # a job's texts all arrived together
         if left:
             with self.counters.lock:
                 self.counters.queued += len(left)
-                self.counters.queue_us += sum(int((now - it.arrival) * 1e6) for it in left)
+                self.counters.queue_us += sum(int((now - job.queued_at) * 1e6) for job in left)
         return picked, query, slot
+
+    def _next(self, queries_only: bool):
+        """Under the lock: (work, expired) once there is something to do; (None, []) when closing."""
+        while not self.closing:
+            expired = self._expire(self.clock())
+            if expired:
+                return None, expired
+            work = self._take(queries_only)
+            if work is not None:
+                return work, []
+            # nothing to run, or bulk held back in query mode: look again when woken or soon; never past the
+            # next deadline (the reaper also expires, every cancel_check_s)
+            wait = 0.005 if self.pending and not queries_only else None
+            if self.deadlines:
+                until = max(0.001, self.deadlines[0][0] - self.clock())
+                wait = until if wait is None else min(wait, until)
+            self.cond.wait(wait)
+        return None, []
 
     def _dispatch(self, queries_only: bool) -> None:
         while True:
-            with self.cond:
-                work, expired = None, []
-                while not self.closing:
-                    expired = self._expire(self.clock())
-                    if expired:
-                        break
-                    work = self._take(queries_only)
-                    if work is not None:
-                        break
-                    # nothing to run, or bulk held back in query mode: look again when woken or soon
-                    self.cond.wait(0.005 if any(self.levels.values()) and not queries_only else None)
-                if not expired and work is None:
-                    return
-                if work is not None:
-                    picked, query, slot = work
-                    self.running += 1
-                    if not query:
-                        self.bulk_running += 1
-            if expired:  # a job whose other texts are still at the encoder is answered once, here
-                for job in expired:
-                    job.remaining = -1
-                    self.respond(job)
-                continue
+            picked, slot, query = [], False, True
             try:
-                self._run(picked)
-            finally:
-                if slot:
-                    self.marker.release_bulk()
                 with self.cond:
-                    self.running -= 1
-                    if not query:
-                        self.bulk_running -= 1
-                    self.cond.notify_all()
+                    work, expired = self._next(queries_only)
+                    if work is None and not expired:
+                        return
+                    if work is not None:
+                        picked, query, slot = work
+                        self.running += 1
+                        if not query:
+                            self.bulk_running += 1
+                if expired:  # a job whose other texts are still at the encoder is answered once, here
+                    self._answer(expired)
+                    continue
+                self._run(picked)
+            except Exception as exc:  # noqa: BLE001 - a bug here must not strand requests or end the thread
+                self.log(f"text endpoint: dispatcher caught {type(exc).__name__}: {exc}")
+                self._fail(picked, EncoderFailed(f"text endpoint failed on a sub-batch: {type(exc).__name__}: {exc}"))
+                self.stop.wait(0.01)  # no busy loop if the fault repeats
+            finally:
+                if picked:
+                    if slot:
+                        self.marker.release_bulk()
+                    with self.cond:
+                        self.running -= 1
+                        if not query:
+                            self.bulk_running -= 1
+                        self.cond.notify_all()
 
-    def run_inline(self, jobs: Sequence[tuple[Job, Sequence[list[int]]]]) -> bool:
+    def _fail(self, picked: Sequence[Item], error: TextError) -> None:
+        with self.cond:
+            failed = [job for job in {id(it.job): it.job for it in picked}.values() if self._finish(job, error)]
+        self._answer(failed)
+
+    def run_inline(self, jobs: Sequence[tuple[Job, Sequence[Sequence[int]]]]) -> bool:
         """Quiet hours: when nothing waits or runs and the jobs make one sub-batch, run it in the caller's
         thread (execute), skipping the hand-off to a dispatcher and the response sender; False = submit them.
-        Not for bulk in query mode (it would not be capped)."""
+        Not for bulk in query mode (it would not be capped). True: every job is done (error or embeddings)."""
         if not jobs or any(not ids for _, ids in jobs):
             return False
         s = self.s
@@ -344,18 +556,38 @@ class Scheduler:
             self.running += 1
             if any(queries):  # a query run here opens query mode as one submitted does
                 self.last_query = now
-        if any(queries) and self.marker is not None:
-            self.marker.mark(now)
-        with self.counters.lock:  # never waited in the pool
-            self.counters.queued += len(jobs)
         try:
+            if any(queries) and self.marker is not None:
+                self.marker.mark(now)
+            with self.counters.lock:  # never waited in the pool
+                self.counters.queued += len(jobs)
             self._run(picked, answer=False)
+        except Exception as exc:  # noqa: BLE001 - answered by the return value, with this error
+            with self.cond:
+                for job, _ in jobs:
+                    self._finish(job, EncoderFailed(f"text endpoint failed on a sub-batch: {type(exc).__name__}: "
+                                                    f"{exc}"))
         finally:
             with self.cond:  # nothing waits on this (the pool did not change): no notify
                 self.running -= 1
         return True
 
+    def _check(self, out, rows: int) -> tuple[np.ndarray | None, TextError | None]:
+        """The encoder's answer as float32 [rows, dim], or the error naming what came back instead."""
+        try:
+            arr = np.asarray(out, dtype=np.float32)
+        except (TypeError, ValueError) as exc:
+            return None, EncoderFailed(f"encoder {self.s.onnx_model} answered something that is not an array of "
+                                       f"floats ({type(out).__name__}: {exc})")
+        if arr.shape != (rows, self.dim):
+            return None, EncoderFailed(f"encoder {self.s.onnx_model} answered shape {list(arr.shape)} for a "
+                                       f"sub-batch of {rows} texts: expected [{rows}, {self.dim}]; check its "
+                                       "config's output dims against this model's")
+        return arr, None
+
     def _run(self, picked: list[Item], answer: bool = True) -> None:
+        """One sub-batch: pad, run, fill each job's rows; a job is answered when its last row is in, or at once
+        when its sub-batch fails (its texts still waiting are dropped, never sent)."""
         pad_len = max(it.padded for it in picked)
         ids = np.full((len(picked), pad_len), self.pad_id, dtype=np.int64)
         mask = np.zeros((len(picked), pad_len), dtype=np.int64)
@@ -370,42 +602,45 @@ class Scheduler:
         except TextError as exc:
             error = exc.with_traceback(None)  # its frames hold the encoder's response: no cycle through this one
         except Exception as exc:  # noqa: BLE001 - a bug in a backend must answer its rows, not kill the thread
-            error = TextError(f"encoder call failed: {type(exc).__name__}: {exc}")
-        done = []
+            error = EncoderFailed(f"encoder call failed: {type(exc).__name__}: {exc}")
+        ended = self.clock()
+        if error is None:
+            out, error = self._check(out, len(picked))
         with self.counters.lock:
             self.counters.subs += 1
             self.counters.padded += ids.size
             self.counters.real += int(mask.sum())
             self.counters.texts += len(picked) if error is None else 0
-        ended = self.clock()
+        done = []
         with self.cond:
             for k, it in enumerate(picked):
                 job = it.job
+                if job.done:  # failed meanwhile (another sub-batch, its deadline, cancelled): answered already
+                    continue
                 job.started = started if job.started is None else min(job.started, started)
                 job.ended = ended if job.ended is None else max(job.ended, ended)
                 if error is not None:
-                    job.error = job.error or error
-                else:
-                    job.out[it.row] = out[k]
+                    if self._finish(job, error):
+                        done.append(job)
+                    continue
+                job.out[it.row] = out[k]
                 job.remaining -= 1
-                if job.remaining == 0:
+                if job.remaining == 0 and self._finish(job):
                     done.append(job)
-        for job in done if answer else ():
-            self.respond(job)
+        if answer:
+            self._answer(done)
 
     def close(self, timeout_s: float = 5.0) -> None:
-        """Stop the dispatchers; texts still waiting are answered UNAVAILABLE (the model is unloading)."""
+        """Stop the threads; texts still waiting are answered UNAVAILABLE (the model is unloading)."""
         with self.cond:
             self.closing = True
-            left = {id(it.job): it.job for items in self.levels.values() for it in items}
-            self.levels.clear()
-            self.pending = 0
-            self.waiting.clear()
+            left = [job for job in list(self.jobs.values())
+                    if self._finish(job, EncoderOverloaded("text endpoint is unloading: retry on another replica"))]
             self.cond.notify_all()
-        for job in left.values():
-            job.error = EncoderOverloaded("text endpoint is unloading: retry on another replica")
-            self.respond(job)
+        self.stop.set()
+        self._answer(left)
         for t in self.threads:
             t.join(timeout_s)
         if self.marker is not None:
             self.marker.close()
+

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import importlib
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 # command -> (module with main(argv), what it does). Each module also runs as `python -m <module>`.
 # The SDK's CLI has sub-commands of its own: `bge-triton embed X` is `python -m bge_triton.client embed X`.
@@ -11,6 +11,7 @@ SUBCOMMAND = {"embed": "embed", "health": "health"}
 COMMANDS = {
     "export": ("bge_triton.export.__main__", "HF model -> validated ONNX in the model repository [export]"),
     "serve": ("bge_triton.server.__main__", "the local tritonserver: up | status | down [server]"),
+    "verify": ("bge_triton.verify.__main__", "a running server's vectors against the export's reference vectors"),
     "embed": ("bge_triton.client.cli", "embed TEXT... through a running server (the SDK)"),
     "health": ("bge_triton.client.cli", "server and model readiness plus a canary embedding (the SDK)"),
     "demo": ("bge_triton.demo", "export, serve, embed, stop: the whole kit once [all]"),

@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -87,7 +91,7 @@ def test_every_flag_reaches_the_settings(tmp_path):
               "--precision": "int8", "--max-length": "64", "--pooling": "mean", "--opset": "18",
               "--int8-recipe": "plain", "--seed": "3", "--cache-dir": str(tmp_path / "c"),
               "--hf-cache": str(tmp_path / "hf"), "--threads": "1", "--retrieval-queries": "7",
-              "--retrieval-corpus": "70"}
+              "--retrieval-corpus": "70", "--server-onnxruntime": "1.23.2"}
     flags = {a.option_strings[-1] for a in build_parser()._actions if a.option_strings} - {"--help", "--quiet"}
     assert flags == set(values), "a new flag needs a value in this test"
     s = parse_settings([x for kv in values.items() for x in kv] + ["--quiet"])
@@ -99,3 +103,68 @@ def test_help_exits_zero(capsys):
     with pytest.raises(SystemExit) as exc:
         parse_settings(["--help"])
     assert exc.value.code == 0 and "--retrieval-queries" in capsys.readouterr().out
+
+
+def test_unwritable_cache_dir_is_an_export_error_naming_the_flag(tmp_path):
+    """A read-only cache dir (a pod's read-only root filesystem) gives an ExportError with the fix, no OSError."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        if os.access(ro, os.W_OK):
+            pytest.skip("running as a user that writes anywhere (root without CAP restrictions)")
+        with pytest.raises(ExportError, match=r"--cache-dir .*not writable.*pass --cache-dir DIR"):
+            _settings(tmp_path, cache_dir=ro / "cache").check()
+    finally:
+        ro.chmod(0o700)
+
+
+def test_cache_dir_that_is_a_file_is_an_export_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(ExportError, match=r"--cache-dir .*file/cache.*not writable.*writable absolute directory"):
+        _settings(tmp_path, cache_dir=blocker / "cache").check()
+
+
+def test_relative_cache_dir_is_resolved_and_named_when_unwritable(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert _settings(tmp_path, cache_dir=Path("rel/cache")).check().cache_dir == tmp_path / "rel" / "cache"
+    (tmp_path / "blocked").write_text("x")
+    with pytest.raises(ExportError, match=r"--cache-dir blocked/c \(relative: resolved against the current directory"):
+        _settings(tmp_path, cache_dir=Path("blocked/c")).check()
+
+
+def test_default_cache_dir_follows_xdg_then_cwd_then_tmp(tmp_path):
+    from bge_triton.export.settings import default_cache_dir
+
+    assert default_cache_dir({"XDG_CACHE_HOME": str(tmp_path / "x")}) == tmp_path / "x" / "bge-triton"
+    assert default_cache_dir({}, tmp_path / ".kit") == tmp_path / ".kit" / "cache"
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        if not os.access(ro, os.W_OK):
+            assert default_cache_dir({}, ro / ".kit") == Path(tempfile.gettempdir()) / "bge-triton-cache"
+    finally:
+        ro.chmod(0o700)
+    assert parse_settings(["--model", "m/x", "--repository", str(tmp_path / "r"), "--name", "m"],
+                          environ={"XDG_CACHE_HOME": str(tmp_path / "xdg")}).cache_dir == tmp_path / "xdg" / "bge-triton"
+
+
+def test_int8_recipe_the_server_cannot_run_is_refused_with_versions(tmp_path):
+    with pytest.raises(ExportError, match=r"nbits8 .*needs ONNX Runtime >= 1\.22\.0.*server runs 1\.19\.2.*24\.10.*"
+                                          r"--int8-recipe qdq8"):
+        _settings(tmp_path, precision="int8", int8_recipe="nbits8").check()
+    assert _settings(tmp_path, precision="int8", int8_recipe="nbits8", server_onnxruntime="1.23.2").check()
+    assert _settings(tmp_path, precision="int8").check().int8_recipe == "qdq8"  # the default runs in 1.19.2
+    assert _settings(tmp_path, precision="fp16", int8_recipe="nbits8").check()  # not int8: nothing to refuse
+    with pytest.raises(ExportError, match="--server-onnxruntime 'latest' is not a version"):
+        _settings(tmp_path, server_onnxruntime="latest").check()
+
+
+def test_settings_import_no_other_export_step():
+    """The former circle settings -> optimize -> onnx_export/source -> settings is gone: settings imports leaves."""
+    code = ("import sys, bge_triton.export.settings; "
+            "print(sorted(m for m in sys.modules if m.startswith('bge_triton.export.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert eval(out) == ["bge_triton.export.recipes", "bge_triton.export.settings"]  # noqa: S307 - our own output

@@ -2,46 +2,20 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
 import onnx
+from onnx import helper, numpy_helper
 
 from bge_triton.errors import ExportError
 
 from .onnx_export import MAX_IR_VERSION, save_external
+from .recipes import DEFAULT_RECIPE, RECIPES, Int8Recipe
 from .source import ModelSource
 
-
-@dataclass(frozen=True)
-class Int8Recipe:
-    """A dynamic INT8 quantisation recipe: which ops, per-channel or not, and which nodes stay float."""
-
-    name: str
-    method: str = "dynamic"  # dynamic: quantize_dynamic (int8 weights + activations); nbits: MatMulNBits weight-only
-    op_types: tuple[str, ...] = ("MatMul", "Attention", "Gather")
-    per_channel: bool = False
-    reduce_range: bool = False
-    exclude: tuple[str, ...] = ()  # node-name patterns: "ffn_out" = each layer's FFN output projection
-    extra: dict = field(default_factory=dict)
-    block_size: int = 32  # nbits only: weights per quantisation block
-    accuracy_level: int | None = None  # nbits only: 4 = int8 compute (activations quantised per block)
-
-
-# Measured on all-MiniLM-L6-v2 against its FP32 graph (reports/export/fidelity.md): the quantize_dynamic recipes
-# (per-tensor activation scales) miss the top-10 bar; 8-bit blockwise MatMulNBits with int8 compute
-# (accuracy_level 4: activations quantised per block of 32, per token) holds every bar. It is the default.
-RECIPES: dict[str, Int8Recipe] = {
-    "plain": Int8Recipe("plain"),
-    "per-channel": Int8Recipe("per-channel", per_channel=True),
-    "matmul-pc": Int8Recipe("matmul-pc", op_types=("MatMul",), per_channel=True),
-    "matmul-pc-ffn-float": Int8Recipe("matmul-pc-ffn-float", op_types=("MatMul",), per_channel=True,
-                                      exclude=("ffn_out",)),
-    "nbits8-weight-only": Int8Recipe("nbits8-weight-only", method="nbits", block_size=32),
-    "nbits8": Int8Recipe("nbits8", method="nbits", block_size=32, accuracy_level=4),
-    "nbits8-b128": Int8Recipe("nbits8-b128", method="nbits", block_size=128, accuracy_level=4),
-}
-DEFAULT_RECIPE = "nbits8"
+__all__ = ["DEFAULT_RECIPE", "RECIPES", "Int8Recipe", "convert", "fuse", "to_fp16", "to_int8"]
 
 
 def fuse(src: Path, dst: Path, source: ModelSource, use_gpu: bool, external_data: bool = False) -> dict[str, int]:
@@ -112,6 +86,54 @@ def _weight_only(src: Path, dst: Path, recipe: Int8Recipe, excluded: list[str]) 
     q.model.save_model_to_file(str(dst), use_external_data_format=False)
 
 
+def _qdq_weight_only(src: Path, dst: Path, excluded: list[str]) -> int:
+    """Int8 weights per output channel (symmetric, zero point 0) with a DequantizeLinear before each MatMul.
+
+    Activations and arithmetic stay float: the vectors move by the weights' rounding only (the INT8 gate holds),
+    and the graph uses standard ONNX ops (opset >= 13) that ONNX Runtime 1.19.2, the 24.10 server image's, runs.
+    The scale is ONNX Runtime's symmetric int8 one (quant_utils.compute_scale_zp: max |w| / 127 per channel).
+    """
+    from onnxruntime.quantization.quant_utils import compute_scale_zp
+
+    model = onnx.load(str(src))
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    uses: dict[str, int] = {}
+    for n in g.node:
+        for i in n.input:
+            uses[i] = uses.get(i, 0) + 1
+    done, new_nodes = 0, []
+    for node in g.node:
+        w = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
+        if w is None or node.name in excluded or w.data_type != onnx.TensorProto.FLOAT or len(w.dims) != 2:
+            new_nodes.append(node)
+            continue
+        arr = numpy_helper.to_array(w)
+        absmax = np.abs(arr).max(axis=0)
+        scales = np.array([compute_scale_zp(-m, m, -127, 127, symmetric=True)[1] for m in absmax], np.float32)
+        scales[scales == 0] = 1.0
+        q = np.clip(np.rint(arr / scales), -127, 127).astype(np.int8)
+        base = f"{w.name}_qdq8"
+        g.initializer.extend([numpy_helper.from_array(q, base + "_q"), numpy_helper.from_array(scales, base + "_scale"),
+                              numpy_helper.from_array(np.zeros_like(scales, dtype=np.int8), base + "_zp")])
+        new_nodes.append(helper.make_node("DequantizeLinear", [base + "_q", base + "_scale", base + "_zp"],
+                                          [base + "_deq"], axis=1, name=f"{node.name}_dequant_weight"))
+        node.input[1] = base + "_deq"
+        new_nodes.append(node)
+        uses[w.name] -= 1
+        done += 1
+    unused = [t for t in g.initializer if uses.get(t.name, 1) == 0 and t.name in inits]
+    for t in unused:
+        g.initializer.remove(t)
+    del g.node[:]
+    g.node.extend(new_nodes)
+    if max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0) < 13:
+        raise ExportError(f"{src}: per-channel DequantizeLinear needs opset >= 13; export with --opset 17.")
+    model.ir_version = min(model.ir_version, MAX_IR_VERSION)
+    onnx.save(model, str(dst))
+    return done
+
+
 def to_int8(src: Path, dst: Path, recipe: Int8Recipe) -> dict:
     """Dynamic INT8 quantisation (weights int8, activations quantised at run time) per the recipe."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -123,6 +145,9 @@ def to_int8(src: Path, dst: Path, recipe: Int8Recipe) -> dict:
         if recipe.method == "nbits":
             _weight_only(src, dst, recipe, excluded)
             return {**asdict(recipe), "excluded_nodes": len(excluded)}
+        if recipe.method == "qdq":
+            quantized = _qdq_weight_only(src, dst, excluded)
+            return {**asdict(recipe), "excluded_nodes": len(excluded), "quantized_matmuls": quantized}
         quantize_dynamic(str(src), str(dst), op_types_to_quantize=list(recipe.op_types), per_channel=recipe.per_channel,
                          reduce_range=recipe.reduce_range, weight_type=QuantType.QInt8, nodes_to_exclude=excluded,
                          extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT, **recipe.extra})

@@ -16,9 +16,11 @@ from bge_triton.errors import ExportError
 
 from .onnx_export import describe_io, export_embedding_model
 from .optimize import convert
+from .recipes import DEFAULT_RECIPE, SERVER_IMAGE_ORT
+from .reference import build_reference, probe_cosines
 from .settings import ExportSettings
 from .source import ModelSource, inspect_model, load_tokenizer, load_torch_model
-from .validate import Fidelity, torch_reference, validate
+from .validate import Fidelity, OnnxEmbedder, torch_reference, validate
 from .writer import write_all, write_report
 
 STAGES = ("resolve model", "load PyTorch", "PyTorch reference", "export ONNX + pooling", "fuse + convert", "validate",
@@ -42,8 +44,10 @@ def command_line(s: ExportSettings) -> str:
         parts.append(f"--max-length {s.max_length}")
     if s.pooling:
         parts.append(f"--pooling {s.pooling}")
-    if s.precision == "int8" and s.int8_recipe != "nbits8":
+    if s.precision == "int8" and s.int8_recipe != DEFAULT_RECIPE:
         parts.append(f"--int8-recipe {s.int8_recipe}")
+    if s.server_onnxruntime != SERVER_IMAGE_ORT:
+        parts.append(f"--server-onnxruntime {s.server_onnxruntime}")
     if s.seed:
         parts.append(f"--seed {s.seed}")
     if s.retrieval_queries is not None:
@@ -102,6 +106,23 @@ def build_report(s: ExportSettings, source: ModelSource, graph: Path, info: dict
     }
 
 
+def check_probes(probes: dict, graph: Path, s: ExportSettings, fid: Fidelity) -> None:
+    """The verify probes through the exported graph (this ONNX Runtime, the stored tokens): each probe's cosine goes
+    into the reference file, and a probe below the precision's tolerance fails the export as any other bar."""
+    cos = probe_cosines(probes, OnnxEmbedder(graph, s.threads))
+    for p, c in zip(probes["probes"], cos):
+        p["export_cosine"] = round(float(c), 7)
+    tol = probes["tolerance"]
+    worst = int(cos.argmin())
+    fid.thresholds["verify_probes_min_cosine"] = {"min": tol["min_cosine"], "enforced": True}
+    fid.enforced.append("verify_probes_min_cosine")
+    if cos.min() < tol["min_cosine"]:
+        fid.failures.append(f"{s.precision} verify probe {probes['probes'][worst]['name']!r} cosine {cos.min():.6f}, "
+                            f"bar >= {tol['min_cosine']}")
+    if "mean_cosine" in tol and cos.mean() < tol["mean_cosine"]:
+        fid.failures.append(f"{s.precision} verify probes mean cosine {cos.mean():.6f}, bar >= {tol['mean_cosine']}")
+
+
 def run_export(s: ExportSettings) -> ExportResult:
     """Run every stage; raise ExportError (nothing written to the repository) when validation fails.
 
@@ -131,6 +152,7 @@ def run_export(s: ExportSettings) -> ExportResult:
         done(1, t)
         t = stage(2)
         reference = torch_reference(model, tokenizer, source)
+        probes = build_reference(model, tokenizer, source, s.name, s.precision, s.thresholds)
         done(2, t)
         work = s.cache_dir / "work" / f"{s.name}-{s.precision}"
         shutil.rmtree(work, ignore_errors=True)
@@ -145,6 +167,7 @@ def run_export(s: ExportSettings) -> ExportResult:
         done(4, t)
         t = stage(5)
         fid = validate(reference, tokenizer, graph, fused_fp32, source, s, s.precision)
+        check_probes(probes, graph, s, fid)
         done(5, t)
         report = build_report(s, source, graph, info, fid, timings, memory)
         if not fid.passed:
@@ -154,7 +177,8 @@ def run_export(s: ExportSettings) -> ExportResult:
                               f"was written to {s.repository}; the report is at {failed}. For int8 try another "
                               f"--int8-recipe, or export fp32/fp16.")
         t = stage(6)
-        paths = write_all(s.repository, s.name, graph, tokenizer, source, s.precision, report, command_line(s))
+        paths = write_all(s.repository, s.name, graph, tokenizer, source, s.precision, report, command_line(s),
+                          probes)
         done(6, t)
         report["timings_s"] = {k: round(v, 2) for k, v in timings.items()}
         report["peak_rss_mb_after"] = {k: round(v) for k, v in memory.items()}

@@ -2,11 +2,16 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field
+import os
+import tempfile
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from bge_triton.errors import ExportError
+from bge_triton.paths import STATE_DIR
+
+from .recipes import DEFAULT_RECIPE, RECIPES, SERVER_IMAGE_ORT, version_tuple
 
 PRECISIONS = ("fp32", "fp16", "int8")
 POOLINGS = ("cls", "mean")
@@ -15,6 +20,33 @@ MAX_OPSET = 21  # Triton 24.10 ships ONNX Runtime 1.19, which reads opset <= 21
 DEFAULT_OPSET = 17
 SYNTHETIC_PREFIX = "synthetic:"
 REAL_QUERIES, REAL_CORPUS = 100, 1000  # the int8 top-k neighbour check on real weights
+CACHE_FIX = ("pass --cache-dir DIR with a writable absolute directory (on a read-only root filesystem: a volume "
+             "such as an emptyDir, or /tmp/bge-triton-cache)")
+
+
+def default_cache_dir(environ: Mapping[str, str], cwd_state: Path = STATE_DIR) -> Path:
+    """$XDG_CACHE_HOME/bge-triton when set; else ./.kit/cache when the current directory is writable; else
+    <tmp>/bge-triton-cache (a read-only root filesystem, e.g. a Kubernetes pod, still has a writable /tmp)."""
+    if environ.get("XDG_CACHE_HOME"):
+        return Path(environ["XDG_CACHE_HOME"]) / "bge-triton"
+    here = cwd_state.parent
+    if os.access(cwd_state if cwd_state.exists() else here, os.W_OK):
+        return cwd_state / "cache"
+    return Path(tempfile.gettempdir()) / "bge-triton-cache"
+
+
+def usable_cache_dir(path: Path) -> Path:
+    """PATH made absolute and created; ExportError naming --cache-dir when it cannot be written."""
+    full = path.expanduser().absolute()
+    try:
+        full.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=full, prefix=".write-test-"):
+            pass
+    except OSError as err:
+        relative = f" (relative: resolved against the current directory {Path.cwd()})" if not path.is_absolute() else ""
+        raise ExportError(f"--cache-dir {path}{relative} is not writable: {err.strerror or err}. To fix: "
+                          f"{CACHE_FIX}.") from err
+    return full
 
 
 @dataclass(frozen=True)
@@ -41,9 +73,10 @@ class ExportSettings:
     max_length: int | None = None  # None: the model's own (sentence-transformers max_seq_length, else positions)
     pooling: str | None = None  # None: from 1_Pooling/config.json, CLS when absent
     opset: int = DEFAULT_OPSET
-    int8_recipe: str = "nbits8"  # export.optimize.RECIPES
+    int8_recipe: str = DEFAULT_RECIPE  # export.recipes.RECIPES
+    server_onnxruntime: str = SERVER_IMAGE_ORT  # the ONNX Runtime of the server image that will load the graph
     seed: int = 0  # synthetic weights and the validation sample are drawn with it
-    cache_dir: Path = Path(".kit/cache")  # synthetic model dirs and intermediate ONNX files
+    cache_dir: Path = STATE_DIR / "cache"  # synthetic model dirs and intermediate ONNX files
     hf_cache: Path | None = None  # a Hugging Face hub cache dir to look in (default: transformers' own)
     threads: int = 0  # ONNX Runtime intra-op threads for validation; 0 = ORT default
     retrieval_queries: int | None = None  # None: 100 (real weights) / not run (synthetic, see neighbour_check)
@@ -73,10 +106,21 @@ class ExportSettings:
         """Reject bad values early, each with the value and the fix."""
         if self.precision not in PRECISIONS:
             raise ExportError(f"--precision {self.precision!r} is not one of {PRECISIONS}; pick fp16 (GPU) or int8 (CPU).")
-        from .optimize import RECIPES
-
         if self.int8_recipe not in RECIPES:
-            raise ExportError(f"--int8-recipe {self.int8_recipe!r} is not one of {sorted(RECIPES)}; omit it for nbits8.")
+            raise ExportError(f"--int8-recipe {self.int8_recipe!r} is not one of {sorted(RECIPES)}; omit it for "
+                              f"{DEFAULT_RECIPE}.")
+        recipe = RECIPES[self.int8_recipe]
+        if not version_tuple(self.server_onnxruntime) or version_tuple(self.server_onnxruntime)[0] < 1:
+            raise ExportError(f"--server-onnxruntime {self.server_onnxruntime!r} is not a version such as "
+                              f"{SERVER_IMAGE_ORT}.")
+        if self.precision == "int8" and not recipe.runs_on(self.server_onnxruntime):
+            runs = sorted(n for n, r in RECIPES.items() if r.runs_on(self.server_onnxruntime))
+            raise ExportError(
+                f"--int8-recipe {recipe.name} writes a graph that needs ONNX Runtime >= {recipe.min_ort}, but the "
+                f"server runs {self.server_onnxruntime} (--server-onnxruntime; {SERVER_IMAGE_ORT} is Triton 24.10's, "
+                f"the default image). Use --int8-recipe {DEFAULT_RECIPE} (runs there; recipes that do: {runs}), or "
+                f"--server-onnxruntime with the version of a newer image (>= {recipe.min_ort}) or of the local "
+                f"server (this kit's onnxruntime).")
         if self.pooling is not None and self.pooling not in POOLINGS:
             raise ExportError(f"--pooling {self.pooling!r} is not one of {POOLINGS}; omit it to use the model's own.")
         if not MIN_OPSET <= self.opset <= MAX_OPSET:
@@ -90,13 +134,15 @@ class ExportSettings:
             raise ExportError(f"--name {self.name!r} is not a valid Triton model name; use letters, digits and _ (e.g. bge_large_zh).")
         if self.repository.exists() and not self.repository.is_dir():
             raise ExportError(f"--repository {self.repository} is a file, not a directory; pass a model repository folder.")
+        if self.cache_dir is None or str(self.cache_dir) == "":
+            raise ExportError(f"--cache-dir is empty; {CACHE_FIX}.")
         q, c = self.neighbour_check(synthetic=False)
         if q < 1 or c < self.thresholds.topk:
             raise ExportError(
                 f"--retrieval-queries {q} / --retrieval-corpus {c} too small; "
                 f"need >= 1 query and >= {self.thresholds.topk} texts."
             )
-        return self
+        return replace(self, cache_dir=usable_cache_dir(Path(self.cache_dir)))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -115,11 +161,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pooling", choices=POOLINGS, default=None, help="override the model's pooling (default: its "
                    "1_Pooling/config.json, CLS when absent)")
     p.add_argument("--opset", type=int, default=DEFAULT_OPSET, help=f"ONNX opset {MIN_OPSET}..{MAX_OPSET} (default {DEFAULT_OPSET})")
-    p.add_argument("--int8-recipe", default="nbits8", help="INT8 quantisation recipe (export.optimize.RECIPES; "
-                   "default nbits8: 8-bit blockwise MatMulNBits with int8 compute, the one that holds the bars)")
+    p.add_argument("--int8-recipe", default=DEFAULT_RECIPE, help="INT8 quantisation recipe (export.recipes.RECIPES; "
+                   f"default {DEFAULT_RECIPE}: per-channel int8 weights, float compute, holds the bars and runs in "
+                   "ONNX Runtime 1.19.2; nbits8: int8 compute, faster on CPU, needs a newer ONNX Runtime)")
+    p.add_argument("--server-onnxruntime", default=SERVER_IMAGE_ORT, metavar="VERSION",
+                   help=f"ONNX Runtime of the server that will load the graph (default {SERVER_IMAGE_ORT}: Triton "
+                   "24.10's); an INT8 recipe it cannot run is refused")
     p.add_argument("--seed", type=int, default=0, help="seed of synthetic weights and validation sampling (default 0)")
-    p.add_argument("--cache-dir", type=Path, default=Path(".kit/cache"), help="where synthetic models and "
-                   "intermediate files go (default .kit/cache)")
+    p.add_argument("--cache-dir", type=Path, default=None, help="where synthetic models and intermediate files go "
+                   "(default: $XDG_CACHE_HOME/bge-triton, else ./.kit/cache when writable, else <tmp>/bge-triton-cache)")
     p.add_argument("--hf-cache", type=Path, default=None, help="Hugging Face hub cache to resolve hub ids from "
                    "(default: transformers' own, e.g. ~/.cache/huggingface/hub)")
     p.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads in validation (0 = default)")
@@ -131,11 +181,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_settings(argv: Sequence[str] | None = None) -> ExportSettings:
-    """Build and check the settings from flags."""
+def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> ExportSettings:
+    """Build and check the settings from flags (and $XDG_CACHE_HOME for the default --cache-dir)."""
     a = build_parser().parse_args(argv)
+    cache_dir = a.cache_dir if a.cache_dir is not None else default_cache_dir(os.environ if environ is None else environ)
     return ExportSettings(
         model=a.model, repository=a.repository, name=a.name, precision=a.precision, max_length=a.max_length,
-        pooling=a.pooling, opset=a.opset, int8_recipe=a.int8_recipe, seed=a.seed, cache_dir=a.cache_dir, hf_cache=a.hf_cache, threads=a.threads,
+        pooling=a.pooling, opset=a.opset, int8_recipe=a.int8_recipe,
+        server_onnxruntime=a.server_onnxruntime, seed=a.seed, cache_dir=cache_dir, hf_cache=a.hf_cache, threads=a.threads,
         retrieval_queries=a.retrieval_queries, retrieval_corpus=a.retrieval_corpus, quiet=a.quiet,
     ).check()

@@ -7,6 +7,7 @@ from bge_triton.errors import (
     Overloaded,
     ServerNotReady,
     ServerUnavailable,
+    Timeout,
 )
 
 __all__ = [
@@ -16,5 +17,6 @@ __all__ = [
     "ServerNotReady",
     "ServerUnavailable",
     "Overloaded",
+    "Timeout",
     "InputError",
 ]

@@ -94,7 +94,8 @@ def ensure_export(s: DemoSettings, model: str) -> dict:
             print(f"reusing export in {s.repository} (--force-export to redo)")
             from bge_triton.server.repository import install_text_endpoint
 
-            install_text_endpoint(s.repository / s.name / "1")  # this checkout's text endpoint, as the exporter writes it
+            # this checkout's text endpoint, as the exporter writes it
+            install_text_endpoint(s.repository / s.name / "1")
             return report
     from bge_triton.export.__main__ import main as export_main
 
@@ -111,7 +112,7 @@ def show(vectors: np.ndarray, synthetic: bool) -> None:
     """Dims, norms and the cosine similarity matrix."""
     print(f"\nembeddings: shape {vectors.shape}, dtype {vectors.dtype}"
           + ("  [SYNTHETIC weights: similarities are meaningless]" if synthetic else ""))
-    for text, vec in zip(SENTENCES, vectors):
+    for text, vec in zip(SENTENCES, vectors, strict=False):
         print(f"  norm {np.linalg.norm(vec):.4f}  {text}")
     sim = vectors @ vectors.T
     print("\ncosine similarity:")
@@ -158,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = ServerSettings(repository=s.repository, http_port=s.http_port, grpc_port=s.grpc_port,
                                   metrics_port=s.metrics_port, state_dir=STATE_DIR / "demo" / "server")
         with LocalServer(settings) as srv:
-            print(f"tritonserver pid {srv.proc.pid} ready on {srv.grpc_url} (gRPC), {srv.http_url} (HTTP)")
+            print(f"tritonserver pid {srv.pid} ready on {srv.grpc_url} (gRPC), {srv.http_url} (HTTP)")
             with EmbeddingClient(url=srv.grpc_url, model=s.name) as client:
                 t0 = time.perf_counter()
                 vectors = client.embed_documents(SENTENCES)

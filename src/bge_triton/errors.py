@@ -1,4 +1,11 @@
-"""One small exception tree for the whole kit; every message says what was wrong and what to do."""
+"""One small exception tree for the whole kit; every message says what was wrong and what to do.
+
+KitError
+ +-- ExportError, ModelConfigError, ServerNotReady, InputError
+ +-- ServerUnavailable (retryable unless the instance says otherwise)
+      +-- Overloaded (UNAVAILABLE / 503 / 429: queue full or queue timeout)
+      +-- Timeout (the caller's deadline passed: never retried)
+"""
 from __future__ import annotations
 
 
@@ -20,6 +27,13 @@ class ServerNotReady(KitError):
 
 class ServerUnavailable(KitError):
     """The server cannot be reached (connection refused, reset, or it went away mid-request)."""
+
+
+class Timeout(ServerUnavailable):
+    """No answer within the caller's deadline (timeout_s). The server may still be working on the request,
+    so it is never retried; raise timeout_s or lower the load. A ServerUnavailable for code that catches those."""
+
+    retryable = False
 
 
 class Overloaded(ServerUnavailable):

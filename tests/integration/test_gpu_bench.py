@@ -1,4 +1,4 @@
-"""The GPU bench script end to end on CPU: real tritonserver, tiny model, every scenario and the shipped text endpoint."""
+"""The GPU bench script end to end on CPU: real tritonserver, tiny model, every scenario, the shipped text endpoint."""
 from __future__ import annotations
 
 import csv

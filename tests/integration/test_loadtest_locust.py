@@ -18,7 +18,8 @@ def _rows(path: Path) -> list[dict]:
 
 @pytest.mark.parametrize("mode,shape", [("closed", "step"), ("paced", "spike")])
 def test_locust_headless(triton_server, tmp_path, mode, shape):
-    cmd = [sys.executable, "-m", "locust", "-f", "src/bge_triton/loadtest/locustfile.py", "--headless", "--only-summary",
+    cmd = [sys.executable, "-m", "locust", "-f", "src/bge_triton/loadtest/locustfile.py", "--headless",
+           "--only-summary",
            "--host", f"http://{triton_server.http_url}", "-u", "4", "-r", "4", "-t", "5",
            "--triton-model", "minilm", "--corpus", "queries", "--shape", shape, "--mode", mode,
            "--rate-per-user", "5", "--window-s", "1", "--window-csv", str(tmp_path / "windows.csv"),

@@ -13,6 +13,7 @@ from bge_triton.client.errors import (
     ModelConfigError,
     Overloaded,
     ServerUnavailable,
+    Timeout,
     classify,
     is_retryable,
 )
@@ -28,7 +29,7 @@ from bge_triton.client.retry import RetryPolicy, acall_with_retry, call_with_ret
     ("400", "unexpected shape for input 'text'", InputError, False),
     ("StatusCode.NOT_FOUND", "Request for unknown model: 'x' is not found", ModelConfigError, False),
     ("400", "Request for unknown model: 'x' is not found", ModelConfigError, False),
-    ("StatusCode.DEADLINE_EXCEEDED", "Deadline Exceeded", ServerUnavailable, False),
+    ("StatusCode.DEADLINE_EXCEEDED", "Deadline Exceeded", Timeout, False),
     ("StatusCode.INTERNAL", "python model crashed", KitError, False),
 ])
 def test_classify_triton_errors(status: str, msg: str, cls: type, retry: bool) -> None:
@@ -41,8 +42,8 @@ def test_classify_triton_errors(status: str, msg: str, cls: type, retry: bool) -
 @pytest.mark.parametrize("exc, cls, retry", [
     (ConnectionRefusedError(111, "refused"), ServerUnavailable, True),
     (ConnectionResetError(104, "reset"), ServerUnavailable, True),
-    (asyncio.TimeoutError(), ServerUnavailable, False),
-    (TimeoutError(), ServerUnavailable, False),
+    (asyncio.TimeoutError(), Timeout, False),
+    (TimeoutError(), Timeout, False),
     (ValueError("odd"), KitError, False),
 ])
 def test_classify_python_errors(exc: BaseException, cls: type, retry: bool) -> None:
@@ -53,7 +54,7 @@ def test_classify_python_errors(exc: BaseException, cls: type, retry: bool) -> N
 def test_classify_gevent_timeout_and_passthrough() -> None:
     import gevent
 
-    assert is_retryable(classify(gevent.Timeout(1))) is False
+    assert type(classify(gevent.Timeout(1))) is Timeout and is_retryable(classify(gevent.Timeout(1))) is False
     mine = InputError("x")
     assert classify(mine) is mine
 

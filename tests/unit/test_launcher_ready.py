@@ -18,7 +18,7 @@ from bge_triton.server.launcher import LocalServer, ServerSettings
 
 
 class Ready(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:
         self.send_response(200 if self.path == "/v2/health/ready" else 404)
         self.send_header("Content-Length", "0")
         self.end_headers()

@@ -32,7 +32,7 @@ def test_percentile_matches_numpy():
 def test_histogram_percentile_is_the_same_definition():
     rng = np.random.default_rng(2)
     for _ in range(50):
-        hist = {int(v): int(n) for v, n in zip(rng.integers(0, 400, 6), rng.integers(0, 9, 6))}
+        hist = {int(v): int(n) for v, n in zip(rng.integers(0, 400, 6), rng.integers(0, 9, 6), strict=False)}
         expanded = [float(v) for v, n in hist.items() for _ in range(n)]
         for q in (0, 10, 50, 90, 99, 100):
             got, want = histogram_percentile(hist, q), percentile(expanded, q)
@@ -105,8 +105,8 @@ def test_costmodel_fit_clamps_to_non_negative_costs():
 
 def test_costmodel_fit_recovers_noisy_profile():
     rng = np.random.default_rng(1)
-    pts = [costmodel.ProfilePoint(b, l, (2000 + 3.0 * b * l) / 1000 * (1 + rng.normal(0, 0.01)))
-           for b in (1, 2, 4, 8, 16, 32) for l in (16, 64, 128)]
+    pts = [costmodel.ProfilePoint(b, n, (2000 + 3.0 * b * n) / 1000 * (1 + rng.normal(0, 0.01)))
+           for b in (1, 2, 4, 8, 16, 32) for n in (16, 64, 128)]
     m = costmodel.fit(pts)
     assert m.a_us == pytest.approx(2000, rel=0.05) and m.b_us == pytest.approx(3.0, rel=0.03)
     with pytest.raises(InputError, match="two or more"):

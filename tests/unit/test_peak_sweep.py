@@ -120,7 +120,8 @@ def test_queue_check_names_what_would_reject_c_users():
     assert "Request timeout expired" in tensor and "6.0 s > timeout 2 s" in tensor and "Exceeds" not in tensor
     assert "Exceeds maximum queue size" in targets.queue_check(2000, 1024, 0, 1e6)
     both = targets.queue_check(5000, 2048, 5_000_000, 900.0)
-    assert both.startswith("C=5000 > max_queue_size 2048") and both.endswith("5.6 s > timeout 5 s: 'Request timeout expired'")
+    assert both.startswith("C=5000 > max_queue_size 2048") and both.endswith("5.6 s > timeout 5 s: 'Request timeout "
+                                                                             "expired'")
     assert targets.queue_check(5000, 0, 0, 1.0) == ""  # 0 = no limit, no timeout
     assert "timeout" in targets.queue_check(10, 0, 1_000_000, 0.0)  # nothing served: every request expires
 
@@ -153,7 +154,8 @@ def test_ensure_open_files_raises_the_soft_limit_or_names_the_fix(monkeypatch: p
 def _row(cand: str, path: str, phase: str, c: int | None, rate: float, errors: int = 0) -> dict:
     return {"candidate": cand, "path": path, "phase": phase, "load": f"C={c}" if c else "30/s", "concurrency": c,
             "throughput": rate, "p50_ms": 10.0, "p99_ms": 20.0, "avg_batch": 8.0, "front_batch": 40.0, "queue_ms": 1.0,
-            "compute_ms": 9.0, "errors": errors, "unanswered": 0, "first_error": "HTTP 503: Request timeout expired" if errors else "",
+            "compute_ms": 9.0, "errors": errors, "unanswered": 0,
+            "first_error": "HTTP 503: Request timeout expired" if errors else "",
             "server_cores": 0.5, "text_cores": 0.1, "gen_cores": 0.2, "server_rate": rate, "server_in_flight": c or 1.0,
             "loop_lag_ms": 2.0, "loop_lag_max_ms": 9.0, "max_queue_size": 1024, "queue_timeout_us": 2_000_000,
             "text_instances": 2}

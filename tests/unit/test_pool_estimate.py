@@ -10,7 +10,7 @@ from bge_triton.loadtest.pool_estimate import closed_loop_rate
 from bge_triton.server.repository import DEFAULT_CANONICAL
 
 sys.path.insert(0, str(DEFAULT_CANONICAL / "bge_large_zh" / "1"))
-from text_scheduler import choose  # noqa: E402
+from text_scheduler import choose
 
 COST = CostModel(6259.0, 9.96)
 MIX = [12, 20, 33, 48, 48, 64, 71, 90, 130, 250]

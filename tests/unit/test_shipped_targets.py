@@ -11,8 +11,13 @@ from bge_triton.errors import ModelConfigError
 from bge_triton.loadtest import costmodel, targets
 from bge_triton.loadtest.shipped import Candidate, write_pick
 from bge_triton.loadtest.tune import pair_candidates
-from bge_triton.server.repository import (DEFAULT_CANONICAL, batching_of, load_config, text_settings,
-                                          update_text_settings_in_place)
+from bge_triton.server.repository import (
+    DEFAULT_CANONICAL,
+    batching_of,
+    load_config,
+    text_settings,
+    update_text_settings_in_place,
+)
 
 
 def _rows(text_p50: float, text_p99: float, direct_p50: float, direct_p99: float, text_rate: float, tensor_rate: float):
@@ -90,7 +95,8 @@ def test_write_pick_updates_both_configs_through_the_schema(tmp_path: Path):
 
 
 def test_update_text_settings_rejects_unknown_keys_and_bad_counts(tmp_path: Path):
-    shutil.copytree(DEFAULT_CANONICAL / "bge_large_zh", tmp_path / "t", ignore=shutil.ignore_patterns("*.py", "tokenizer"))
+    shutil.copytree(DEFAULT_CANONICAL / "bge_large_zh", tmp_path / "t", ignore=shutil.ignore_patterns("*.py",
+                                                                                                      "tokenizer"))
     with pytest.raises(ModelConfigError, match="not text endpoint settings"):
         update_text_settings_in_place(tmp_path / "t", window_ms=3)
     with pytest.raises(ModelConfigError, match="instance count 0"):

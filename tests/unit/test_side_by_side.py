@@ -42,7 +42,7 @@ def test_legs_take_turns_abba_and_each_row_counts_its_own_turns(monkeypatch: pyt
     monkeypatch.setattr(loadgen, "run", run)
     monkeypatch.setattr(bench, "fetch_stats", stats)
     monkeypatch.setattr(bench, "CpuMeter", _Meter)
-    h = SimpleNamespace(host_port=("127.0.0.1", 1), server=SimpleNamespace(http_url="127.0.0.1:1", proc=SimpleNamespace(pid=1)))
+    h = SimpleNamespace(host_port=("127.0.0.1", 1), live=SimpleNamespace(http_url="127.0.0.1:1", pid=1))
     s = bench.BenchSettings(low_duration_s=8.0, warmup_s=2.0)
     cpu = iter(range(100))
     text, ref = bench.measure_side_by_side(h, s, [bench.Leg("txt", ("txt", "enc"), (b"t",)),
@@ -53,7 +53,7 @@ def test_legs_take_turns_abba_and_each_row_counts_its_own_turns(monkeypatch: pyt
     assert (text["errors"], ref["errors"]) == (4, 0) and text["first_error"] == "HTTP 503"
     assert text["throughput"] == ref["throughput"] == 240 / 8.0 and text["window_s"] == 8.0 and text["turns"] == 4
     # Triton's counters: each leg's own models over its own turns only (the other leg's requests are not in them)
-    assert text["queue_ms"] == pytest.approx(0.2) and text["compute_ms"] == pytest.approx(8.0)  # queue of txt, compute of enc
+    assert text["queue_ms"] == pytest.approx(0.2) and text["compute_ms"] == pytest.approx(8.0)  # txt queue, enc compute
     assert ref["compute_ms"] == pytest.approx(8.0) and ref["avg_batch"] == pytest.approx(1.0)
     assert text["server_cores"] == pytest.approx(0.5) and text["phase"] == "low" and text["load"] == "30/s"
     assert text["probe_cores"] > 0 and ref["probe_cores"] > 0  # one CPU-second per turn, over the leg's wall time

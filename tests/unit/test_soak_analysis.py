@@ -78,7 +78,8 @@ def test_bucket_rows_and_tally() -> None:
 
 
 def test_rss_drift_whole_run_and_per_server() -> None:
-    samples = [{"t": 0.0, "server_rss_mb": 300.0, "server_pid": 1}, {"t": 60.0, "server_rss_mb": 330.0, "server_pid": 1},
+    samples = [{"t": 0.0, "server_rss_mb": 300.0, "server_pid": 1}, {"t": 60.0, "server_rss_mb": 330.0,
+                                                                     "server_pid": 1},
                {"t": 120.0, "server_rss_mb": 250.0, "server_pid": 2}, {"t": 180.0, "server_rss_mb": 270.0,
                                                                        "server_pid": 2},
                {"t": 240.0, "server_rss_mb": 271.0, "server_pid": 2}, {"t": 300.0, "server_rss_mb": 272.0,

@@ -27,9 +27,9 @@ def test_fifo_padding_ratio() -> None:
 
 
 def test_scrape_parses_only_this_models_kit_counters(monkeypatch) -> None:
-    body = ('# HELP kit_real_tokens_total x\nkit_real_tokens_total{model="m"} 120\n'
-            'kit_real_tokens_total{model="other"} 7\nkit_padded_tokens_total{model="m"} 1.32e+02\n'
-            'nv_inference_count{model="m",version="1"} 3\n').encode()
+    body = (b'# HELP kit_real_tokens_total x\nkit_real_tokens_total{model="m"} 120\n'
+            b'kit_real_tokens_total{model="other"} 7\nkit_padded_tokens_total{model="m"} 1.32e+02\n'
+            b'nv_inference_count{model="m",version="1"} 3\n')
 
     class Resp:
         def __enter__(self):

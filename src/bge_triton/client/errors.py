@@ -9,10 +9,10 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from bge_triton.errors import InputError, KitError, ModelConfigError, Overloaded, ServerUnavailable
+from bge_triton.errors import InputError, KitError, ModelConfigError, Overloaded, ServerUnavailable, Timeout
 from tritonclient.utils import InferenceServerException
 
-__all__ = ["KitError", "InputError", "ModelConfigError", "Overloaded", "ServerUnavailable",
+__all__ = ["KitError", "InputError", "ModelConfigError", "Overloaded", "ServerUnavailable", "Timeout",
            "classify", "is_retryable", "status_code"]
 
 _QUEUE_FULL = ("exceeds maximum queue size", "request timeout expired")
@@ -33,11 +33,9 @@ def status_code(exc: InferenceServerException) -> str | None:
     return _HTTP.get(status, status)
 
 
-def _timeout_error(where: str, timeout_s: float | None) -> ServerUnavailable:
-    err = ServerUnavailable(f"{where}: no answer within timeout_s={timeout_s}; raise timeout_s, or lower the "
-                            "load / batch size (the server may still be working on it, so it is not retried)")
-    err.retryable = False  # type: ignore[attr-defined]
-    return err
+def _timeout_error(where: str, timeout_s: float | None) -> Timeout:
+    return Timeout(f"{where}: no answer within timeout_s={timeout_s}; raise timeout_s, or lower the "
+                   "load / batch size (the server may still be working on it, so it is not retried)")
 
 
 def _overloaded(where: str, msg: str) -> Overloaded:

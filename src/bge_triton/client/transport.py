@@ -1,11 +1,13 @@
 """The I/O edge: four thin adapters (gRPC / HTTP x sync / asyncio).
 
 Both gRPC adapters call grpc's generated stub for Triton's service with the request client.wire builds
-(see GrpcSync, GrpcAsync), sync HTTP a lean keep-alive connection (see HttpSync); asyncio HTTP wraps
-tritonclient.http.aio.
+(see GrpcSync, GrpcAsync), sync HTTP urllib3's keep-alive pool (client.http1, see HttpSync); asyncio HTTP
+wraps tritonclient.http.aio.
 
 Each adapter exposes the same four calls - model_config, infer, ready, close - with a per-call
-timeout, and lets transport exceptions escape untouched: client.retry classifies them.
+timeout. Sync HTTP raises the kit's own Timeout / ServerUnavailable; the others let their library's
+exceptions escape untouched, and client.errors.classify maps them (gRPC DEADLINE_EXCEEDED and asyncio's
+timeout become Timeout there).
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import asyncio
 import gzip
 import json
 import zlib
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
@@ -85,8 +88,8 @@ class GrpcSync:
 
 
 class HttpSync:
-    """Triton's HTTP/REST protocol on client.http1's lean keep-alive connection; thread-safe (calls take
-    turns on the connection: use gRPC for many calls in flight from one client); deadlines per call.
+    """Triton's HTTP/REST protocol on urllib3's keep-alive pool (client.http1); thread-safe (each call in
+    flight holds its own connection); deadlines per call (bge_triton.errors.Timeout when one passes).
 
     Sends the body client.wire.http_request builds (tritonclient.http's bytes, unit-tested) and reads
     the answer with HttpInferResult, with no per-call objects beyond those. Error answers become
@@ -95,12 +98,12 @@ class HttpSync:
     """
 
     def __init__(self, url: str) -> None:
-        from bge_triton.client.http1 import Http1Connection
+        from bge_triton.client.http1 import HttpPool
 
         host, _, port = url.rpartition(":")
         if not host or not port.isdigit():
             raise InputError(f"url={url!r}: give host:port, e.g. 127.0.0.1:8000")
-        self.conn = Http1Connection(host.strip("[]"), int(port))
+        self.conn = HttpPool(host.strip("[]"), int(port))
         self._infer_paths: dict[str, str] = {}
 
     def _get(self, path: str, timeout_s: float) -> Any:
@@ -133,20 +136,20 @@ class HttpSync:
 
     def ready(self, model: str | None, timeout_s: float) -> bool:
         path = "/v2/health/ready" if model is None else f"/v2/models/{quote(model)}/ready"
-        return self._get(path, timeout_s).status == 200
+        return bool(self._get(path, timeout_s).status == 200)
 
     def close(self) -> None:
         self.conn.close()
 
 
-_WIRE_DTYPES: dict[str, np.dtype] = {}  # Triton datatype -> little-endian numpy dtype (binary outputs)
+_WIRE_DTYPES: dict[str, np.dtype[Any]] = {}  # Triton datatype -> little-endian numpy dtype (binary outputs)
 
 
 class HttpInferResult:
     """An HTTP infer response: `as_numpy(name)` as tritonclient.http.InferResult reads it (JSON header,
     then each binary output's bytes in order), without the classes tritonclient builds per response."""
 
-    def __init__(self, body: bytes, headers: dict[str, str]) -> None:
+    def __init__(self, body: bytes, headers: Mapping[str, str]) -> None:
         encoding = headers.get("content-encoding")
         if encoding == "gzip":
             body = gzip.decompress(body)
@@ -157,7 +160,7 @@ class HttpInferResult:
         self._result = json.loads(body[:split])
         self._buffer = memoryview(body)[split:]
 
-    def as_numpy(self, name: str) -> np.ndarray | None:
+    def as_numpy(self, name: str) -> np.ndarray[Any, Any] | None:
         """The output `name` as a numpy array (None if the response has no such output)."""
         offset = 0
         for output in self._result.get("outputs", []):
@@ -170,7 +173,8 @@ class HttpInferResult:
                 return np.array(output["data"], dtype=triton_to_np_dtype(dtype)).reshape(shape)
             raw = self._buffer[offset:offset + size]
             if dtype == "BYTES":
-                return deserialize_bytes_tensor(bytes(raw)).reshape(shape)
+                strings: np.ndarray[Any, Any] = deserialize_bytes_tensor(bytes(raw))
+                return strings.reshape(shape)
             np_dtype = _WIRE_DTYPES.get(dtype)
             if np_dtype is None:
                 np_dtype = _WIRE_DTYPES[dtype] = np.dtype(triton_to_np_dtype(dtype)).newbyteorder("<")
@@ -239,7 +243,8 @@ class HttpAsync:
         return config_from_json(await asyncio.wait_for(self._client().get_model_config(name), timeout_s))
 
     async def infer(self, call: InferCall, timeout_s: float) -> Any:
-        coro = self._client().infer(call.model, build_inputs(self.mod, call), outputs=build_outputs(self.mod, call.outputs),
+        coro = self._client().infer(call.model, build_inputs(self.mod, call), outputs=build_outputs(self.mod,
+                                                                                                    call.outputs),
                                     parameters=custom_parameters(call), priority=call.priority)
         return await asyncio.wait_for(coro, timeout_s)
 
@@ -255,13 +260,17 @@ class HttpAsync:
 
 def make_sync_transport(settings: ClientSettings) -> GrpcSync | HttpSync:
     """The sync adapter for settings.protocol."""
-    if settings.protocol == "grpc":
-        return GrpcSync(settings.url)
-    return HttpSync(settings.url)
+    url = _url(settings)
+    return GrpcSync(url) if settings.protocol == "grpc" else HttpSync(url)
 
 
 def make_async_transport(settings: ClientSettings) -> GrpcAsync | HttpAsync:
     """The asyncio adapter for settings.protocol."""
-    if settings.protocol == "grpc":
-        return GrpcAsync(settings.url)
-    return HttpAsync(settings.url, settings.timeout_s)
+    url = _url(settings)
+    return GrpcAsync(url) if settings.protocol == "grpc" else HttpAsync(url, settings.timeout_s)
+
+
+def _url(settings: ClientSettings) -> str:
+    if not settings.url:  # ClientSettings fills the protocol's default port; a bare settings object may not
+        raise InputError("url is not set: give host:port, e.g. 127.0.0.1:8001 (gRPC) or 127.0.0.1:8000 (HTTP)")
+    return settings.url

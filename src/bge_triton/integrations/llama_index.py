@@ -28,8 +28,9 @@ class BgeTritonEmbedding(BaseEmbedding):
 
     def __init__(self, url: str = "127.0.0.1:8001", model: str = "bge_large_zh", embed_batch_size: int = 64,
                  client_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> None:
-        super().__init__(url=url, triton_model=model, model_name=kwargs.pop("model_name", model),
-                         embed_batch_size=embed_batch_size, **kwargs)
+        # pydantic fields of this subclass: mypy (no pydantic plugin) sees only BaseEmbedding's
+        super().__init__(url=url, triton_model=model,  # type: ignore[call-arg]
+                         model_name=kwargs.pop("model_name", model), embed_batch_size=embed_batch_size, **kwargs)
         self._clients = SdkClients(url, model, **(client_kwargs or {}))
 
     @classmethod

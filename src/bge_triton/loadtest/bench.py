@@ -11,22 +11,22 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
+from typing import Any
 
 from bge_triton.client.core import DEFAULT_BUCKETS, tensor_call
 from bge_triton.client.tokens import BucketTokenizer
 from bge_triton.errors import ExportError
+from bge_triton.extras import require
 from bge_triton.loadtest import corpus, harness, loadgen, report
 from bge_triton.loadtest.costmodel import DEFAULT as DEFAULT_COST
 from bge_triton.loadtest.costmodel import CostModel
 from bge_triton.loadtest.stats import CpuMeter, fetch_stats, stats_delta, summarize
+from bge_triton.paths import REPORTS_DIR, STATE_DIR
 from bge_triton.server.cpu_variant import CpuVariant
 from bge_triton.server.repository import ENCODER_SUFFIX, SCENARIOS
-
-from bge_triton.extras import require  # noqa: E402  (after the imports: a clean ImportError)
-from bge_triton.paths import STATE_DIR, REPORTS_DIR
 
 require("loadtest", "python -m bge_triton.loadtest.bench")
 
@@ -120,12 +120,12 @@ def measure(h: harness.Harness, s: BenchSettings, model: str, watch: list[str], 
     dur = s.duration_s if mode == "closed" else s.low_duration_s
     spec = loadgen.LoadSpec(*h.host_port, model, bodies, mode, concurrency=users if mode == "closed" else 512,
                             rate=rate, warmup_s=s.warmup_s, duration_s=dur, processes=s.processes, ramp_s=ramp_s)
-    before = {m: fetch_stats(h.server.http_url, m) for m in watch}
-    meter = CpuMeter(h.server.proc.pid)
+    before = {m: fetch_stats(h.live.http_url, m) for m in watch}
+    meter = CpuMeter(h.live.pid)
     meter.start()
     res = loadgen.run(spec)
     cpu = meter.stop()
-    deltas = {m: stats_delta(before[m], fetch_stats(h.server.http_url, m)) for m in watch}
+    deltas = {m: stats_delta(before[m], fetch_stats(h.live.http_url, m)) for m in watch}
     return _row(mode, users, rate, res, deltas, cpu)
 
 
@@ -136,10 +136,13 @@ def _row(mode: str, users: int, rate: float, res: loadgen.LoadResult, deltas: di
     cpu_pct, server_cores, gen_cores = cpu
     enc = deltas[list(deltas)[-1]]  # the encoder (last watched): batch size and compute
     front = deltas[list(deltas)[0]]  # what the client called: its queue time
-    return {"phase": "peak" if mode == "closed" else "low", "load": f"C={users}" if mode == "closed" else f"{rate:.0f}/s",
+    return {"phase": "peak" if mode == "closed" else "low",
+            "load": f"C={users}" if mode == "closed" else f"{rate:.0f}/s",
             "throughput": res.throughput, "avg_ms": lat.avg_ms, "p50_ms": lat.p50_ms, "p99_ms": lat.p99_ms,
-            "n": lat.count, "errors": res.errors + res.late, "unanswered": res.late, "first_error": res.first_error[:120],
-            "avg_batch": enc.avg_batch, "front_batch": front.avg_batch, "queue_ms": front.queue_ms, "compute_ms": enc.compute_ms,
+            "n": lat.count, "errors": res.errors + res.late, "unanswered": res.late,
+            "first_error": res.first_error[:120],
+            "avg_batch": enc.avg_batch, "front_batch": front.avg_batch, "queue_ms": front.queue_ms,
+            "compute_ms": enc.compute_ms,
             "cpu_pct": cpu_pct, "server_cores": server_cores, "gen_cores": gen_cores, "window_start": res.window_start,
             "loop_lag_ms": res.loop_lag_ms, "loop_lag_max_ms": res.loop_lag_max_ms}
 
@@ -166,16 +169,17 @@ def measure_side_by_side(h: harness.Harness, s: BenchSettings, legs: list[Leg], 
     count per leg (row key "probe_cores", cores busy over the leg's turns), optional.
     """
     rounds = max(1, round(s.low_duration_s / block_s))
-    acc = [{"res": loadgen.LoadResult(), "before": {m: {} for m in leg.watch}, "after": {m: {} for m in leg.watch},
+    acc: list[dict[str, Any]] = [{"res": loadgen.LoadResult(), "before": {m: {} for m in leg.watch},
+                                  "after": {m: {} for m in leg.watch},
             "wall": 0.0, "server": 0.0, "gen": 0.0, "pct": 0.0, "probe": 0.0} for leg in legs]
     for k in range(rounds):
         for i in (range(len(legs)) if k % 2 == 0 else reversed(range(len(legs)))):
             leg, a = legs[i], acc[i]
             spec = loadgen.LoadSpec(*h.host_port, leg.model, leg.bodies, "open", concurrency=512, rate=rate,
                                     warmup_s=min(0.25, s.warmup_s), duration_s=block_s, seed=1000 * k + i)
-            before = {m: fetch_stats(h.server.http_url, m) for m in leg.watch}
+            before = {m: fetch_stats(h.live.http_url, m) for m in leg.watch}
             p0 = probe() if probe else {}
-            meter = CpuMeter(h.server.proc.pid)
+            meter = CpuMeter(h.live.pid)
             meter.start()
             t0 = time.monotonic()
             res = loadgen.run(spec)
@@ -183,7 +187,7 @@ def measure_side_by_side(h: harness.Harness, s: BenchSettings, legs: list[Leg], 
             wall = time.monotonic() - t0
             p1 = probe() if probe else {}
             for m in leg.watch:
-                for key, value in fetch_stats(h.server.http_url, m).items():
+                for key, value in fetch_stats(h.live.http_url, m).items():
                     a["after"][m][key] = a["after"][m].get(key, 0.0) + value
                 for key, value in before[m].items():
                     a["before"][m][key] = a["before"][m].get(key, 0.0) + value
@@ -193,7 +197,7 @@ def measure_side_by_side(h: harness.Harness, s: BenchSettings, legs: list[Leg], 
             a["server"], a["gen"], a["pct"] = a["server"] + server * wall, a["gen"] + gen * wall, a["pct"] + pct * wall
             a["probe"] += sum(v - p0.get(pid, 0.0) for pid, v in p1.items())
     rows = []
-    for leg, a in zip(legs, acc):
+    for leg, a in zip(legs, acc, strict=False):
         res = a["res"]
         res.window_s = rounds * block_s
         deltas = {m: stats_delta(a["before"][m], a["after"][m]) for m in leg.watch}
@@ -220,7 +224,8 @@ def run_executor(h: harness.Harness, s: BenchSettings, executor: str, run: Bench
                 h.load(txt)
             else:  # both committed configs as shipped (only the encoder swapped for the cost model; issue 14)
                 h.load(enc, executor=executor, params=params, variant=enc_variant)
-                h.load(txt, params=s.text_params, variant=CpuVariant(executor="costmodel", text_instances=s.text_instances))
+                h.load(txt, params=s.text_params, variant=CpuVariant(executor="costmodel",
+                                                                     text_instances=s.text_instances))
             model, watch = txt, [txt, enc]
         else:
             knobs = SCENARIOS["delay_0" if scenario in TENSOR_MIX else scenario]
@@ -236,7 +241,8 @@ def run_executor(h: harness.Harness, s: BenchSettings, executor: str, run: Bench
             batch1 = peak["throughput"] if scenario == "no_batching" else s.cost.capacity_qps(1, s.seq_len)
         cap1 = batch1
         if scenario == "text_endpoint":  # other texts than the tensor rows: its own batch-1 capacity (one user)
-            cap1 = measure(h, replace(win, duration_s=win.duration_s / 2), model, watch, bodies, "closed", users=1)["throughput"]
+            cap1 = measure(h, replace(win, duration_s=win.duration_s / 2), model, watch, bodies, "closed",
+                           users=1)["throughput"]
         low = measure(h, win, model, watch, bodies, "open", rate=max(1.0, s.low_fraction * cap1))
         for row in (peak, low):
             row.update(executor=executor, scenario=scenario, model=model,
@@ -294,17 +300,20 @@ def parse_args(argv: list[str] | None = None) -> BenchSettings:
     p.add_argument("--text-param", action="append", default=[], metavar="KEY=VALUE",
                    help="emulated rows: a text-endpoint parameter, e.g. max_in_flight=2")
     p.add_argument("--no-cpu-lock", dest="cpu_lock", action="store_false",
-                   help="real rows: one instance per ONNX Runtime model and no shared CPU lock (`server up --no-cpu-lock`)")
+                   help="real rows: one instance per ONNX Runtime model and no shared CPU lock (`server up "
+                        "--no-cpu-lock`)")
     a = p.parse_args(argv)
     dur = a.duration or (1.5 if a.quick else 10.0)
     return BenchSettings(
         out=a.out, executors=tuple(e for e in a.executor.split(",") if e), scenarios=tuple(a.scenarios.split(",")),
         real_repo=a.real_repo, real_model=a.real_model, real_name=a.real_name, seq_len=a.seq_len,
-        concurrency=a.concurrency, real_seq_len=a.real_seq_len, real_concurrency=a.real_concurrency, low_fraction=a.low_fraction, warmup_s=0.5 if a.quick else 2.0, duration_s=dur,
+        concurrency=a.concurrency, real_seq_len=a.real_seq_len, real_concurrency=a.real_concurrency,
+        low_fraction=a.low_fraction, warmup_s=0.5 if a.quick else 2.0, duration_s=dur,
         low_duration_s=dur * 1.5, processes=a.processes, intra_op_threads=a.threads,
         cost=DEFAULT_COST if (a.cost_a_us, a.cost_b_us) == (DEFAULT_COST.a_us, DEFAULT_COST.b_us)
         else CostModel(a.cost_a_us, a.cost_b_us, source="--cost-a-us/--cost-b-us"),
-        state_dir=a.state_dir, command="python -m bge_triton.loadtest.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
+        state_dir=a.state_dir,
+        command="python -m bge_triton.loadtest.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
         encoder_instances=a.encoder_instances, text_instances=a.text_instances,
         text_params=dict(item.partition("=")[::2] for item in a.text_param), cpu_lock=a.cpu_lock)
 

@@ -19,12 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bge_triton.errors import KitError
+from bge_triton.extras import require
 from bge_triton.loadtest.chaos_common import start_server
 from bge_triton.loadtest.chaos_faults import broken_start, kill9_under_load, kill_stub
 from bge_triton.loadtest.chaos_inputs import flood, run_catalogue
 from bge_triton.loadtest.chaos_overload import OverloadSettings, run_overload
-
-from bge_triton.extras import require  # noqa: E402  (after the imports: a clean ImportError)
 
 require("loadtest", "python -m bge_triton.loadtest.chaos")
 
@@ -59,7 +58,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _export_minilm(work: Path) -> Path:
     repo = work / "repo"
-    cmd = [sys.executable, "-m", "bge_triton.export", "--model", "sentence-transformers/all-MiniLM-L6-v2", "--repository",
+    cmd = [sys.executable, "-m", "bge_triton.export", "--model", "sentence-transformers/all-MiniLM-L6-v2",
+           "--repository",
            str(repo), "--name", "minilm", "--precision", "fp32", "--quiet"]
     subprocess.run(cmd, check=True)
     return repo
@@ -73,7 +73,7 @@ def run(settings: ChaosSettings, work: Path) -> dict:
     srv = start_server(settings.repository, work / "inputs")
     try:
         res["catalogue"] = run_catalogue({"grpc": srv.grpc_url, "http": srv.http_url}, settings.model)
-        res["flood"] = flood(srv.grpc_url, settings.model, srv.proc.pid, settings.flood)
+        res["flood"] = flood(srv.grpc_url, settings.model, srv.pid, settings.flood)
     finally:
         srv.stop()
     print("[2/5] overload at 3x capacity", flush=True)
@@ -132,7 +132,8 @@ def _figure(res: dict, path: Path) -> None:
     for outcome, colour in (("ok", "tab:blue"), ("overloaded", "tab:red")):
         pts = [(s.sched, s.latency * 1000) for s in shots if s.outcome == outcome]
         if pts:
-            ax.scatter(*zip(*pts), s=4, c=colour, label=outcome)
+            xs, ys = zip(*pts, strict=True)
+            ax.scatter(xs, ys, s=4, c=colour, label=outcome)
     ov = res["overload"]
     ax.axhline(ov["latency_bound_s"] * 1000, ls="--", c="grey", label="queue-policy bound")
     ax.set_xlabel("scheduled send time (s); overload between the baseline and recovery phases")
@@ -234,12 +235,13 @@ def write_report(res: dict, settings: ChaosSettings, argv: list[str]) -> Path:
         first = next((ln for ln in b["stderr"].splitlines() if ln.strip().startswith("- ")), b["stderr"][:200])
         lines.append(f"- `{b['case']}`: rc {b['rc']} after {b['seconds']:.1f} s: `{first.strip()[:260]}`")
     lines += ["", "## Bad-input catalogue", "", "| case | gRPC | HTTP | message |", "|---|---|---|---|"]
-    by = {}
+    by: dict[str, dict[str, dict]] = {}
     for r in res["catalogue"]:
         by.setdefault(r["case"], {})[r["protocol"]] = r
     for case, rows in by.items():
         g, h = rows.get("grpc", {}), rows.get("http", {})
-        lines.append(f"| {case} | {'ok' if g.get('ok') else g.get('status')} | {'ok' if h.get('ok') else h.get('status')} "
+        lines.append(f"| {case} | {'ok' if g.get('ok') else g.get('status')} | "
+                     f"{'ok' if h.get('ok') else h.get('status')} "
                      f"| {(g.get('message') or '').replace('|', '/')[:110]} |")
     (out / "chaos.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     return out / "chaos.md"

@@ -7,9 +7,10 @@ ever signalled.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import psutil
@@ -21,15 +22,15 @@ PORT_RANGE = range(18200, 18300)  # the chaos scenarios' own ports (bench: 18100
 
 
 
-def server_settings(repository: Path, state_dir: Path, variant: CpuVariant = CpuVariant(),
+def server_settings(repository: Path, state_dir: Path, variant: CpuVariant | None = None,
                     ports: Sequence[int] | None = None, **kwargs: Any) -> ServerSettings:
     """Settings for a chaos server on loopback ports from the chaos range."""
     http, grpc, metrics = ports or free_ports(3, PORT_RANGE)
     return ServerSettings(repository=Path(repository), http_port=http, grpc_port=grpc, metrics_port=metrics,
-                          state_dir=Path(state_dir), variant=variant, **kwargs)
+                          state_dir=Path(state_dir), variant=variant or CpuVariant(), **kwargs)
 
 
-def start_server(repository: Path, state_dir: Path, variant: CpuVariant = CpuVariant(),
+def start_server(repository: Path, state_dir: Path, variant: CpuVariant | None = None,
                  ports: Sequence[int] | None = None, **kwargs: Any) -> LocalServer:
     """Start (and wait for) a LocalServer that the caller owns and stops."""
     return LocalServer(server_settings(repository, state_dir, variant, ports, **kwargs)).start()

@@ -24,8 +24,14 @@ import psutil
 
 from bge_triton.client import EmbeddingClient, KitError, RetryPolicy, ServerUnavailable
 from bge_triton.errors import ServerNotReady
-from bge_triton.loadtest.chaos_common import (PORT_RANGE, listening_addresses, process_tree, server_settings, stub_pids,
-                                   wait_until)
+from bge_triton.loadtest.chaos_common import (
+    PORT_RANGE,
+    listening_addresses,
+    process_tree,
+    server_settings,
+    stub_pids,
+    wait_until,
+)
 from bge_triton.server.cpu_variant import CpuVariant
 from bge_triton.server.launcher import LocalServer, free_ports
 
@@ -82,7 +88,7 @@ class Load:
             if outcome != "ok":
                 time.sleep(0.05)
 
-    def start(self) -> "Load":
+    def start(self) -> Load:
         for w in self.workers:
             w.start()
         self.ready.wait(timeout=60)
@@ -106,12 +112,12 @@ def kill9_under_load(repository: Path, state_dir: Path, model: str = "minilm", t
     out: dict = {"protocol": protocol, "threads": threads}
     try:
         time.sleep(1.5)
-        pid = srv.proc.pid
+        pid = srv.pid
         stubs = stub_pids(pid)
         ok_before = sum(1 for _, _, o in load.log if o == "ok")
         killed_at = time.monotonic()
         os.kill(pid, signal.SIGKILL)  # the server this function started, by its pid
-        srv.proc.wait(timeout=10)
+        srv.running.wait(timeout=10)
         srv.proc = None
         # each worker's first error after the kill, and its kind
         first_err = wait_until(lambda: all(any(t > killed_at and o != "ok" and w == i for t, w, o in load.log)
@@ -177,8 +183,8 @@ def kill_stub(repository: Path, state_dir: Path, model: str = "minilm", watch_s:
     try:
         client = EmbeddingClient(srv.grpc_url, model=model, timeout_s=10.0, retry=RetryPolicy.off()).connect()
         client.embed_documents(["warm"])
-        out["listening"] = listening_addresses(srv.proc.pid)
-        stubs = stub_pids(srv.proc.pid)
+        out["listening"] = listening_addresses(srv.pid)
+        stubs = stub_pids(srv.pid)
         target = next(p for p, cmd in stubs.items() if f"{model}_onnx" in cmd)
         killed_at = time.monotonic()
         os.kill(target, signal.SIGKILL)  # a child of the server we started
@@ -196,12 +202,12 @@ def kill_stub(repository: Path, state_dir: Path, model: str = "minilm", watch_s:
             except KitError as exc:
                 outcomes.append((type(exc).__name__, time.monotonic() - t, str(exc)[:300]))
                 time.sleep(0.2)
-        out["server_alive"] = srv.proc.poll() is None
+        out["server_alive"] = srv.running.poll() is None
         out["server_ready"] = _model_ready(srv.settings.http_port, model)
         out["encoder_ready"] = _model_ready(srv.settings.http_port, f"{model}_onnx")
         out["errors"] = [(o, round(d, 3), m) for o, d, m in outcomes if o != "ok"]
         out["first_ok_after_kill_s"] = first_ok
-        out["new_stub"] = any(p != target for p, c in stub_pids(srv.proc.pid).items() if f"{model}_onnx" in c)
+        out["new_stub"] = any(p != target for p, c in stub_pids(srv.pid).items() if f"{model}_onnx" in c)
         log = srv.log_path.read_text(errors="replace")
         out["log_lines"] = [ln for ln in log.splitlines() if "stub" in ln.lower() or "unhealthy" in ln.lower()
                             or "not healthy" in ln.lower()][-6:]

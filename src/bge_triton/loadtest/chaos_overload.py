@@ -117,7 +117,7 @@ async def _open_loop(client: AsyncEmbeddingClient, phases: list[tuple[str, float
             outcome = "ok"
         except asyncio.TimeoutError:
             outcome = "hung"
-        except Exception as exc:  # noqa: BLE001 - every failure is classified and counted
+        except Exception as exc:
             outcome = _kind(exc)
         shots.append(Shot(phase, sched, time.monotonic() - t0 - sched, outcome, mine[0]))
 
@@ -225,8 +225,8 @@ def run_overload(settings: OverloadSettings) -> dict:
     """Start a costmodel server we own, run the phases, stop it; returns the figures (and every shot)."""
     srv = start_server(settings.repository, settings.state_dir, settings.variant())
     try:
-        result = asyncio.run(_run(settings, srv.grpc_url, srv.proc.pid))
-        result["server_alive_after"] = srv.proc.poll() is None
+        result = asyncio.run(_run(settings, srv.grpc_url, srv.pid))
+        result["server_alive_after"] = srv.running.poll() is None
         import urllib.request
 
         with urllib.request.urlopen(f"http://{srv.http_url}/v2/health/ready", timeout=5) as resp:

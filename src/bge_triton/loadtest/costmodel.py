@@ -37,7 +37,7 @@ class CostModel:
     rmse_ms: float = 0.0
     source: str = "seed A10G rows"
 
-    def batch_ms(self, batch: int, seq_len: int) -> float:
+    def batch_ms(self, batch: int, seq_len: float) -> float:
         return (self.a_us + self.b_us * batch * seq_len) / 1000.0
 
     def capacity_qps(self, batch: int, seq_len: int) -> float:

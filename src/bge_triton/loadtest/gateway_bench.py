@@ -15,8 +15,9 @@ import asyncio
 import datetime
 import sys
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any
 
 import psutil
 
@@ -50,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-ENCODERS = {  # --encoder -> the CpuVariant keywords the local server renders
+ENCODERS: dict[str, dict[str, Any]] = {  # --encoder -> the CpuVariant keywords the local server renders
     "costmodel": {"executor": "costmodel", "cost_a_us": 0.0, "cost_b_us": 0.0},
     "gpu-costmodel": {"executor": "costmodel"},  # the variant's defaults: the A10G fit (loadtest.costmodel)
     "onnxruntime": {},

@@ -15,8 +15,9 @@ import asyncio
 import datetime
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from bge_triton.loadtest.gateway_harness import bench_main, gateway_process, local_server, texts, write_csv
 from bge_triton.loadtest.stack_bench import machine
@@ -88,7 +89,7 @@ async def measure(args: argparse.Namespace, url: str) -> dict[str, Any]:
 def _run(args: argparse.Namespace, tmp: Path) -> list[dict[str, Any]]:
     from bge_triton.server.cpu_variant import CpuVariant
 
-    rows = []
+    rows: list[dict[str, Any]] = []
     with local_server(args.repository, CpuVariant(executor="costmodel"), tmp / "server") as srv:
         for label, flags in (("queries level 1, passages level 2 (shipped)", []),
                              ("one level for all (--query-priority 2)", ["--query-priority=2"])):

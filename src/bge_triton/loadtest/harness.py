@@ -7,6 +7,7 @@ are loaded one scenario at a time with a config override (no restarts).
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,8 +19,17 @@ from bge_triton.loadtest import loadgen
 from bge_triton.loadtest.costmodel import CostModel
 from bge_triton.server.cpu_variant import CpuVariant, cpu_config
 from bge_triton.server.launcher import LocalServer, ServerSettings, free_ports
-from bge_triton.server.repository import (CANONICAL_NAME, DEFAULT_CANONICAL, ENCODER_SUFFIX, Batching, apply_batching,
-                               TEXT_MODEL_PY, load_config, set_param, write_config)
+from bge_triton.server.repository import (
+    CANONICAL_NAME,
+    DEFAULT_CANONICAL,
+    ENCODER_SUFFIX,
+    TEXT_MODEL_PY,
+    Batching,
+    apply_batching,
+    load_config,
+    set_param,
+    write_config,
+)
 
 NOOP = "noop"
 EMULATED = CANONICAL_NAME  # bge_large_zh (+ _onnx) run by the costmodel executor
@@ -80,7 +90,8 @@ def build_repository(out: Path, real_repo: Path | None, real_name: str | None, c
     for name in (real_name, real_name + ENCODER_SUFFIX):
         if not (real_repo / name / "config.pbtxt").is_file():
             raise ModelConfigError(f"{real_repo}/{name} is missing: run `python -m bge_triton.export --model "
-                                   f"synthetic:bge-small-zh --repository {real_repo} --name {real_name} --precision fp32`")
+                                   f"synthetic:bge-small-zh --repository {real_repo} --name {real_name} --precision "
+                                   "fp32`")
     _link(real_repo / (real_name + ENCODER_SUFFIX), out / (real_name + ENCODER_SUFFIX))
     # The text endpoint: the export's config and tokenizer, but this checkout's model.py (an export made by an
     # older checkout keeps the model.py of its day).
@@ -107,7 +118,7 @@ class Harness:
     server: LocalServer | None = None
     self_check_result: loadgen.LoadResult | None = None  # the last self_check's whole result (errors, unanswered)
 
-    def start(self) -> "Harness":
+    def start(self) -> Harness:
         http, grpc, metrics = free_ports(3, PORT_RANGE)
         variant = self.variant_for("onnxruntime")
         settings = ServerSettings(repository=self.repository, http_port=http, grpc_port=grpc, metrics_port=metrics,
@@ -135,15 +146,22 @@ class Harness:
             self.server = None
 
     @property
+    def live(self) -> LocalServer:
+        """The running server (ServerNotReady before start() or after stop())."""
+        if self.server is None:
+            raise ServerNotReady("the bench harness has no server: call start() first")
+        return self.server
+
+    @property
     def host_port(self) -> tuple[str, int]:
-        return "127.0.0.1", self.server.settings.http_port
+        return "127.0.0.1", self.live.settings.http_port
 
     def rendered(self, name: str) -> mc.ModelConfig:
         """The CPU-variant config the server would load for `name`."""
         return load_config(self.state_dir / "repository" / name)
 
     def load(self, name: str, knobs: Batching | None = None, executor: str | None = None,
-             params: dict[str, object] | None = None, variant: CpuVariant | None = None) -> mc.ModelConfig:
+             params: Mapping[str, object] | None = None, variant: CpuVariant | None = None) -> mc.ModelConfig:
         """(Re)load one model with batching knobs / executor / parameters applied as a config override.
 
         `variant` re-derives the model from the bench repository's config with that CPU variant instead of
@@ -160,7 +178,7 @@ class Harness:
             set_param(cfg, key, value)
         self.client.load_model(name, config=json_format.MessageToJson(cfg, preserving_proto_field_name=True))
         if not self.client.is_model_ready(name):
-            raise ServerNotReady(f"model {name} did not become ready; see {self.server.log_path}")
+            raise ServerNotReady(f"model {name} did not become ready; see {self.live.log_path}")
         return cfg
 
     def unload(self, name: str) -> None:

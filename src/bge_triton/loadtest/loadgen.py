@@ -82,7 +82,7 @@ class LoadResult:
     def throughput(self) -> float:
         return self.ok / self.window_s if self.window_s else 0.0
 
-    def merge(self, other: "LoadResult") -> None:
+    def merge(self, other: LoadResult) -> None:
         self.ok += other.ok
         self.latencies_ms.extend(other.latencies_ms)
         self.errors += other.errors
@@ -96,7 +96,9 @@ class _Conn:
     """One keep-alive HTTP/1.1 connection to Triton."""
 
     def __init__(self, spec: LoadSpec):
-        self.spec, self.reader, self.writer = spec, None, None
+        self.spec = spec
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
         self.prefix = (f"POST /v2/models/{spec.model}/infer HTTP/1.1\r\nHost: {spec.host}\r\n"
                        "Content-Type: application/octet-stream\r\n").encode()
 
@@ -105,6 +107,7 @@ class _Conn:
         try:
             if self.writer is None:
                 self.reader, self.writer = await asyncio.open_connection(self.spec.host, self.spec.port)
+            assert self.reader is not None
             hlen = int.from_bytes(body[:8], "little")
             payload = body[8:]
             self.writer.write(self.prefix + f"Inference-Header-Content-Length: {hlen}\r\n"
@@ -155,8 +158,10 @@ async def _run_async(spec: LoadSpec) -> LoadResult:
     res = LoadResult(window_s=spec.duration_s)
     rng = random.Random(spec.seed)
     loop = asyncio.get_running_loop()
-    clock = lambda: spec.t0 + (loop.time() - base)  # noqa: E731 - loop clock on the shared wall scale
     base = loop.time() - (time.time() - spec.t0)
+
+    def clock() -> float:  # the loop clock on the shared wall scale
+        return spec.t0 + (loop.time() - base)
 
     def record(sched: float, done: float, err: str) -> None:
         in_window = begin <= (sched if spec.mode == "open" else done) <= end

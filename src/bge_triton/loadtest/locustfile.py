@@ -19,6 +19,7 @@ import logging
 import random
 import time
 from pathlib import Path
+from typing import Any
 
 import gevent
 from locust import FastHttpUser, LoadTestShape, constant_throughput, events, task
@@ -69,7 +70,7 @@ def _bodies(opts) -> list[bytes]:
 class TritonUser(FastHttpUser):
     """One client of Triton's HTTP/REST API (binary tensors); every request is reported, none raises."""
 
-    _pace = None  # paced mode: constant_throughput(--rate-per-user); closed mode: no wait
+    _pace: Any = None  # paced mode: constant_throughput(--rate-per-user); closed mode: no wait
 
     def wait_time(self) -> float:
         return self._pace(self) if self._pace else 0.0
@@ -89,7 +90,8 @@ class TritonUser(FastHttpUser):
         self.i += 1
         hlen = int.from_bytes(frame[:8], "little")
         headers = {"Inference-Header-Content-Length": str(hlen), "Content-Type": "application/octet-stream"}
-        with self.client.post(self.path, data=frame[8:], headers=headers, name=self.model,
+        # bytes go out as they are (locust types `data` as str | dict)
+        with self.client.post(self.path, data=frame[8:], headers=headers, name=self.model,  # type: ignore[arg-type]
                               catch_response=True) as resp:
             if resp.status_code != 200:  # connection errors arrive here too (status 0), never as an exception
                 resp.failure(f"HTTP {resp.status_code}: {(resp.text or str(resp.error))[:200]}")
@@ -101,6 +103,7 @@ class KitShape(LoadTestShape):
     use_common_options = True
 
     def tick(self):
+        assert self.runner is not None and self.runner.environment.parsed_options is not None
         opts = self.runner.environment.parsed_options
         params = shapes.ShapeParams(peak=max(1, opts.num_users or 1), duration_s=float(opts.run_time or 60))
         kind = "steady" if opts.shape == "none" else opts.shape
@@ -111,7 +114,7 @@ class KitShape(LoadTestShape):
 _WINDOWS: dict = {}
 
 
-def _client_window(stats, state: dict) -> dict:
+def _client_window(stats: Any, state: dict) -> dict:
     """Client view of the last window from cumulative Locust stats (works on a distributed master too)."""
     total = stats.total
     now, hist, fails = time.monotonic(), dict(total.response_times), total.num_failures

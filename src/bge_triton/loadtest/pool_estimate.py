@@ -8,8 +8,8 @@ no threads: the ceiling the scheduler's policy and the traffic leave, beside the
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from bge_triton.loadtest.costmodel import CostModel
 

@@ -19,14 +19,23 @@ from bge_triton.client.core import DEFAULT_BUCKETS, tensor_call
 from bge_triton.client.tokens import BucketTokenizer
 from bge_triton.loadtest import bench, corpus, harness, loadgen, report, sweep, targets
 from bge_triton.loadtest.costmodel import DEFAULT as DEFAULT_COST
+from bge_triton.paths import REPORTS_DIR, STATE_DIR
 from bge_triton.server.cpu_variant import CpuVariant
-from bge_triton.server.repository import (DEFAULT_CANONICAL, ENCODER_SUFFIX, SCENARIOS, Batching, load_config,
-                                          batching_of, update_batching_in_place, update_text_settings_in_place)
-from bge_triton.paths import STATE_DIR, REPORTS_DIR
+from bge_triton.server.repository import (
+    DEFAULT_CANONICAL,
+    ENCODER_SUFFIX,
+    SCENARIOS,
+    Batching,
+    batching_of,
+    load_config,
+    update_batching_in_place,
+    update_text_settings_in_place,
+)
 
 ENC, TXT, REF = harness.EMULATED + ENCODER_SUFFIX, harness.EMULATED, harness.REFERENCE
 REFERENCE = "reference (encoder at delay 0)"
-FIELDS = ("candidate", "path", "phase", "load", "concurrency", "throughput", "avg_ms", "p50_ms", "p99_ms", "n", "errors",
+FIELDS = ("candidate", "path", "phase", "load", "concurrency", "throughput", "avg_ms", "p50_ms", "p99_ms", "n",
+          "errors",
           "unanswered", "avg_batch", "front_batch", "queue_ms", "compute_ms", "server_cores", "text_cores", "gen_cores",
           "server_rate", "server_in_flight", "server_failures", "ramp_s", "warmup_s", "window_s", "max_queue_size",
           "queue_timeout_us", "text_instances", "loop_lag_ms", "loop_lag_max_ms", "turns", "turn_s", "first_error")
@@ -46,7 +55,7 @@ class Candidate:
     text_instances: int | None = None
 
     @classmethod
-    def parse(cls, text: str) -> "Candidate":
+    def parse(cls, text: str) -> Candidate:
         """'committed' or e.g. 'delay=0,preferred=none,split=628,mif=1,ti=2' (preferred sizes joined by '/')."""
         if text.strip() == "committed":
             return cls()
@@ -91,7 +100,7 @@ def _text_stub_cpu(h: harness.Harness) -> dict[int, float]:
     import psutil
 
     out = {}
-    for p in psutil.Process(h.server.proc.pid).children(recursive=True):
+    for p in psutil.Process(h.live.pid).children(recursive=True):
         try:
             if f"/{TXT}/1/model.py" in " ".join(p.cmdline()):
                 t = p.cpu_times()
@@ -159,7 +168,7 @@ def run_shipped(s: bench.BenchSettings, candidates: tuple[Candidate, ...],
         closed = lambda users, warmup_s, duration_s, ramp_s: _measure(  # noqa: E731
             h, replace(s, warmup_s=warmup_s, duration_s=duration_s), model, watch, body, "closed", users=users,
             ramp_s=ramp_s)
-        rows = sweep.peak_sweep(closed, h.server.http_url, model, peak_at, batch1, s.warmup_s, s.duration_s)
+        rows = sweep.peak_sweep(closed, h.live.http_url, model, peak_at, batch1, s.warmup_s, s.duration_s)
         for r in rows:
             label(r, cand, path, cfg)
         return rows
@@ -167,7 +176,7 @@ def run_shipped(s: bench.BenchSettings, candidates: tuple[Candidate, ...],
     try:
         run.selfcheck_rps = h.self_check(max(concurrencies), max(2.0, s.duration_s / 2),
                                          ramp_s=max(concurrencies) / sweep.CONNECTS_PER_S)
-        run.selfcheck_unanswered = h.self_check_result.late
+        run.selfcheck_unanswered = h.self_check_result.late if h.self_check_result else 0
         print(f"load-generator self-check: {run.selfcheck_rps:.0f} req/s against the no-op model at C="
               f"{max(concurrencies)}, {run.selfcheck_unanswered} unanswered", flush=True)
         # the quiet-hour reference, loaded for the whole run beside each candidate's encoder (its own emulated GPU)
@@ -206,8 +215,9 @@ def ideal(s: bench.BenchSettings, run: ShippedRun) -> float:
 def write_pick(cand: Candidate, canonical: Path = DEFAULT_CANONICAL) -> list[Path]:
     """Commit a candidate's values into both configs through the schema (comments kept)."""
     paths = []
-    if cand.batching() is not None:
-        paths.append(update_batching_in_place(canonical / ENC, cand.batching()))
+    batching = cand.batching()
+    if batching is not None:
+        paths.append(update_batching_in_place(canonical / ENC, batching))
     paths.append(update_text_settings_in_place(canonical / TXT, cand.text_instances, **{
         k: int(v) for k, v in cand.text_params().items()}))
     return paths

@@ -1,4 +1,4 @@
-"""The report of `python -m bge_triton.loadtest.shipped`: shipped.md, shipped.csv, shipped.png (each names its command)."""
+"""The report of `python -m bge_triton.loadtest.shipped`: shipped.md, .csv and .png (each names its command)."""
 from __future__ import annotations
 
 import functools
@@ -44,13 +44,15 @@ def _sizing(run, s) -> list[str]:
         per_inst = 1000.0 / stub if stub == stub and stub > 0 else float("nan")
         n = targets.instances_for_host(gpu, per_inst) if per_inst == per_inst else "-"
         inst = next(c.text_instances for c in run.candidates if c.name == cand) or "config's"
-        out.append(f"| {cand} | {inst} | {pk['throughput']:.0f} | {_f(pk['front_batch'])} | {_f(targets.cpu_s_per_1000(pk['server_cores'], pk['throughput']), 2)} | "
+        out.append(f"| {cand} | {inst} | {pk['throughput']:.0f} | {_f(pk['front_batch'])} | "
+                   f"{_f(targets.cpu_s_per_1000(pk['server_cores'], pk['throughput']), 2)} | "
                    f"{_f(stub, 2)} | {_f(per_inst, 0)} | {n} |")
     out += ["", f"Instances = ceil(ideal GPU rate {gpu:.0f} texts/s / texts/s per instance), at least 2 (one instance "
             "tokenizes and answers while the other's sub-batches run on the encoder), at most 16 - 4 cores (4 left to "
             "Triton's front ends, batchers and the encoder's host work): `loadtest.targets.instances_for_host`. The "
             "stub rate is CPU-bound (one stub = one core); the measured texts/s of a 1-instance candidate is bound by "
-            "the emulated GPU instead. A faster card: scale the GPU rate by its cost profile (--cost-a-us / --cost-b-us)."]
+            "the emulated GPU instead. A faster card: scale the GPU rate by its cost profile (--cost-a-us / "
+            "--cost-b-us)."]
     return out
 
 
@@ -77,7 +79,7 @@ def _endpoint():
             importlib.import_module("text_scheduler"))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _scheduled_cached(lengths: tuple[int, ...], users: int, instances: int, overhead: int, cost) -> float:
     from bge_triton.loadtest.pool_estimate import closed_loop_rate
 
@@ -86,7 +88,7 @@ def _scheduled_cached(lengths: tuple[int, ...], users: int, instances: int, over
                             max_batch=st.sub_batch_max, multiple=st.pad_to_multiple, overhead_tokens=overhead)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _planned_cached(lengths: tuple[int, ...], n: int, overhead: int, cost) -> float:
     st, stages, _ = _endpoint()
     return targets.planned_rate(list(lengths), n, cost, stages.plan_sub_batches, st.token_budget, st.sub_batch_max,
@@ -109,8 +111,10 @@ def _ceiling(run, s) -> list[str]:
         pk = _row(run, c.name, "text", "peak")
         so = c.split_overhead_tokens if c.split_overhead_tokens is not None else _committed_split()
         est = _scheduled(run, s, pk["concurrency"], pk.get("text_instances") or 1, so)
-        out.append(f"| {c.name} | {pk['load']} | {pk.get('text_instances', '-')} | {pk['throughput']:.0f} | {est:.0f} | "
-                   f"{pk['throughput'] / est:.2f} | {pk['throughput'] / ideal(s, run):.2f} / {est / ideal(s, run):.2f} |")
+        out.append(f"| {c.name} | {pk['load']} | {pk.get('text_instances', '-')} | {pk['throughput']:.0f} | {est:.0f} "
+                   "| "
+                   f"{pk['throughput'] / est:.2f} | {pk['throughput'] / ideal(s, run):.2f} / "
+                   f"{est / ideal(s, run):.2f} |")
     return out
 
 
@@ -122,14 +126,16 @@ def _sweep(run, s) -> list[str]:
     from bge_triton.loadtest.shipped import ideal
 
     gpu, so = ideal(s, run), _committed_split()
-    out = ["| candidate | C | text texts/s | tensor texts/s | text / tensor | text / ideal | planner ceiling, pool of C "
+    out = ["| candidate | C | text texts/s | tensor texts/s | text / tensor | text / ideal | planner ceiling, pool of "
+           "C "
            "texts | ceiling x ideal | text / ceiling | scheduler estimate, C users over the instances' pools | "
            "text / estimate | text p50 / p99 ms | texts per text batch | encoder batch | errors text / tensor |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in run.candidates:
         so_c = c.split_overhead_tokens if c.split_overhead_tokens is not None else so
         tensor = {r["concurrency"]: r for r in _peaks(run, c.name, "tensor_buckets")}
-        best = (_row(run, c.name, "text", "peak")["concurrency"], _row(run, c.name, "tensor_buckets", "peak")["concurrency"])
+        best = (_row(run, c.name, "text", "peak")["concurrency"], _row(run, c.name, "tensor_buckets",
+                                                                       "peak")["concurrency"])
         for r in _peaks(run, c.name, "text"):
             k, tr = r["concurrency"], tensor.get(r["concurrency"], {})
             ceil, est = _planned(run, s, k, so_c), _scheduled(run, s, k, r.get("text_instances") or 1, so_c)
@@ -194,7 +200,7 @@ def _committed_split() -> int:
     return _endpoint()[0].split_overhead_tokens
 
 
-def write(run: "ShippedRun", s: "BenchSettings") -> list[Path]:
+def write(run: ShippedRun, s: BenchSettings) -> list[Path]:
     """Write the three files into s.out."""
     from bge_triton.loadtest.shipped import FIELDS, ideal, t1_ms
 
@@ -205,16 +211,22 @@ def write(run: "ShippedRun", s: "BenchSettings") -> list[Path]:
              "# The committed config pair, measured as shipped (EMULATED GPU)", "",
              f"Command: `{run.command}`  ",
              f"Encoder: EMULATED GPU, cost model t(B, L) = {s.cost.a_us:.0f} us + {s.cost.b_us:.2f} us x B x L "
-             f"({s.cost.source}); both configs from model_repository/, the CPU variant only swaps the encoder for the cost model.  ",
-             f"Traffic: {len(set(r['path'] for r in run.rows))} paths, the same 512 reviews (loadtest/corpus.py, clipped to "
-             f"{s.max_chars} chars); tokens per text ([CLS]/[SEP] included, unpadded): median {lens['median']:.0f}, mean {lens['mean']:.1f}, max {lens['max']}.  ",
+             f"({s.cost.source}); both configs from model_repository/, the CPU variant only swaps the encoder for the "
+             "cost model.  ",
+             f"Traffic: {len(set(r['path'] for r in run.rows))} paths, the same 512 reviews (loadtest/corpus.py, "
+             "clipped to "
+             f"{s.max_chars} chars); tokens per text ([CLS]/[SEP] included, unpadded): median {lens['median']:.0f}, "
+             f"mean {lens['mean']:.1f}, max {lens['max']}.  ",
              f"t(1, median L) = {t1_ms(s, run):.2f} ms; ideal throughput at max batch (64 x mean L, no padding) = "
              f"{ideal(s, run):.0f} texts/s.  ",
-             f"Quiet hours: open loop at {s.low_fraction:.0%} of batch-1 capacity, {s.low_duration_s:g} s per path. The "
-             f"text endpoint and the reference (a second copy of the encoder at delay 0 on its own emulated GPU, called "
+             f"Quiet hours: open loop at {s.low_fraction:.0%} of batch-1 capacity, {s.low_duration_s:g} s per path. "
+             "The "
+             f"text endpoint and the reference (a second copy of the encoder at delay 0 on its own emulated GPU, "
+             "called "
              f"directly with the endpoint's own tokens) take turns in one window, {_turns(run)} (ABBA; each turn after "
              f"a 0.25 s warm-up not counted; `bench.measure_side_by_side`), so the machine's drift falls on both; the "
-             f"tensor path's window after {s.warmup_s:g} s warm-up, alone. Peak = saturation: closed loops of C = {', '.join(map(str, run.concurrencies))} "
+             f"tensor path's window after {s.warmup_s:g} s warm-up, alone. Peak = saturation: closed loops of C = "
+             f"{', '.join(map(str, run.concurrencies))} "
              f"users, each path judged by its highest texts/s over the sweep (`loadtest.targets.saturation`); base "
              f"window {s.duration_s:g} s, each point's warm-up >= 1.5 rounds of its C requests and window >= 3 rounds "
              "(at the previous point's rate), at most 3x the base (`loadtest.sweep.windows`; per row in the CSV).  ",
@@ -229,8 +241,10 @@ def write(run: "ShippedRun", s: "BenchSettings") -> list[Path]:
         lines.append("")
     lines += ["## Rows", "", "| candidate | path | phase | load | texts/s | p50 ms | p99 ms | encoder batch | "
               "queue ms | compute ms | errors |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['candidate']} | {r['path']} | {r['phase']} | {r['load']} | {r['throughput']:.0f} | {_f(r['p50_ms'])} | "
-              f"{_f(r['p99_ms'])} | {_f(r['avg_batch'])} | {_f(r['queue_ms'])} | {_f(r['compute_ms'])} | {r['errors']} |"
+    lines += [f"| {r['candidate']} | {r['path']} | {r['phase']} | {r['load']} | {r['throughput']:.0f} | "
+              f"{_f(r['p50_ms'])} | "
+              f"{_f(r['p99_ms'])} | {_f(r['avg_batch'])} | {_f(r['queue_ms'])} | {_f(r['compute_ms'])} | "
+              f"{r['errors']} |"
               for r in run.rows]
     lines += ["", "## Peak sweep: every C", "",
               "Each path's saturation point in bold. The planner ceiling for a pool of C texts is the bound any "
@@ -242,7 +256,8 @@ def write(run: "ShippedRun", s: "BenchSettings") -> list[Path]:
     lines += ["", "## Load generator and queue limits at peak", ""] + _generator(run)
     lines += ["", "## What the length mix allows at peak", "",
               "The ideal at max batch assumes 64 texts of the mean length, unpadded. The text endpoint pads each "
-              "sub-batch to its longest text (rounded to 8) and pays the cost model's fixed cost a per call; its planner "
+              "sub-batch to its longest text (rounded to 8) and pays the cost model's fixed cost a per call; its "
+              "planner "
               "(text_stages.plan_sub_batches) picks the cheapest split of the texts it holds. Priced by the same cost "
               "model, on the same lengths (`loadtest.targets.planned_rate`, 50 seeded pools each; no server). The "
               "sweep table's scheduler estimate (`loadtest.pool_estimate`) runs the shipped scheduler's policy "
@@ -261,6 +276,7 @@ def _plot(run, s, path: Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     from bge_triton.loadtest.shipped import ideal, t1_ms
 
     cands = list(run.verdicts)
@@ -275,7 +291,8 @@ def _plot(run, s, path: Path) -> Path:
             label="direct encoder, delay 0, same window: p99")
     a1.axhline(t1_ms(s, run), color="r", ls="-.", label="cost model t(1, median L)")
     a1.set_ylabel("quiet-hour latency (ms)")
-    a2.bar([i - 0.2 for i in x], [_row(run, c, "text", "peak")["throughput"] for c in cands], 0.4, label="text endpoint")
+    a2.bar([i - 0.2 for i in x], [_row(run, c, "text", "peak")["throughput"] for c in cands], 0.4,
+           label="text endpoint")
     a2.bar([i + 0.2 for i in x], [_row(run, c, "tensor_buckets", "peak")["throughput"] for c in cands], 0.4,
            label="tensor mode, client buckets")
     a2.axhline(ideal(s, run), color="r", ls="-.", label="ideal at max batch")
@@ -286,7 +303,8 @@ def _plot(run, s, path: Path) -> Path:
             pts = sorted((r["concurrency"], r["throughput"]) for r in _peaks(run, c.name, kind))
             a3.plot([p[0] for p in pts], [p[1] for p in pts], ls, color=f"C{k}", label=f"{c.name}: {kind}")
     pools = sorted({*POOLS, *run.concurrencies})
-    a3.plot(pools, [_planned(run, s, n, so) for n in pools], "k:", label=f"planner ceiling, pool of C texts (split {so})")
+    a3.plot(pools, [_planned(run, s, n, so) for n in pools], "k:",
+            label=f"planner ceiling, pool of C texts (split {so})")
     a3.axhline(ideal(s, run), color="r", ls="-.", label="ideal at max batch")
     a3.set_xscale("log", base=2)
     a3.set_xlabel("closed-loop users C (texts in the system)")

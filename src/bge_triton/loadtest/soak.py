@@ -24,9 +24,18 @@ import psutil
 from bge_triton.client import AsyncEmbeddingClient, KitError, Overloaded, RetryPolicy, ServerUnavailable
 from bge_triton.errors import InputError
 from bge_triton.loadtest import corpus
-from bge_triton.loadtest.soak_analysis import (PlannedEvent, Shot, ShotLog, baseline_p99, first_ok_after,
-                                                  normal_threshold, p99_back_after, parse_duration, plan_events,
-                                                  window_width)
+from bge_triton.loadtest.soak_analysis import (
+    PlannedEvent,
+    Shot,
+    ShotLog,
+    baseline_p99,
+    first_ok_after,
+    normal_threshold,
+    p99_back_after,
+    parse_duration,
+    plan_events,
+    window_width,
+)
 from bge_triton.loadtest.soak_watch import MODEL, Watcher, shipped_repository
 
 COMMAND = "python -m bge_triton.loadtest.chaos"
@@ -103,8 +112,8 @@ class Soak:
         if not done:  # neither a result nor an error within the deadline
             task.cancel()
             outcome = "lost"
-        elif task.exception() is not None:
-            outcome = _kind(task.exception())
+        elif (error := task.exception()) is not None:
+            outcome = _kind(error)
             seen = self.messages.setdefault(outcome, [])
             if len(seen) < 3 and str(task.exception())[:300] not in seen:
                 seen.append(str(task.exception())[:300])

@@ -69,7 +69,8 @@ class ShotLog:
     def view(self, index: int = 0, since: float = -math.inf) -> list[Shot]:
         """Shots recorded from `index` on that were scheduled at or after `since`."""
         k = self.kinds
-        return [Shot(a, b, k[c]) for a, b, c in zip(self.sched[index:], self.done[index:], self.code[index:])
+        return [Shot(a, b, k[c]) for a, b, c in zip(self.sched[index:], self.done[index:], self.code[index:],
+                                                    strict=False)
                 if a >= since]
 
 

@@ -14,13 +14,14 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 
 from bge_triton.errors import ServerNotReady
 from bge_triton.loadtest.chaos_common import PORT_RANGE, stub_pids, tree_rss_mb
-from bge_triton.server.launcher import free_ports, log_tail
 from bge_triton.paths import CANONICAL_REPOSITORY
+from bge_triton.server.launcher import free_ports, log_tail
 
 MODEL = "bge_large_zh"
 ENCODER = f"{MODEL}_onnx"
@@ -74,7 +75,7 @@ class Watcher:
     def command(self) -> str:
         return "python -m bge_triton.server up --executor costmodel --watch " + self.cmd[self.cmd.index("--watch") + 1]
 
-    def start(self) -> "Watcher":
+    def start(self) -> Watcher:
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, bufsize=1)
         threading.Thread(target=self._read, daemon=True).start()
@@ -88,6 +89,7 @@ class Watcher:
         return self
 
     def _read(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
         for line in self.proc.stdout:
             self.lines.append((time.monotonic(), line))
             if "watch: restarting" in line:  # the old server's log, before the restart reopens the file
@@ -98,7 +100,7 @@ class Watcher:
         try:
             pid = int((self.state / "server.pid").read_text())
             proc = psutil.Process(pid)
-            if proc.ppid() != self.proc.pid or proc.status() == psutil.STATUS_ZOMBIE:
+            if self.proc is None or proc.ppid() != self.proc.pid or proc.status() == psutil.STATUS_ZOMBIE:
                 return None
         except (OSError, ValueError, psutil.NoSuchProcess):
             return None
@@ -139,7 +141,7 @@ class Watcher:
     def stop(self) -> dict:
         """SIGTERM the watcher (it stops its server); stop stubs of killed servers that outlived them and the
         shared-memory regions those servers left. Returns what had to be cleaned up."""
-        out = {"watcher_rc": None, "orphan_stubs_killed": 0, "shm_regions_removed": 0}
+        out: dict[str, Any] = {"watcher_rc": None, "orphan_stubs_killed": 0, "shm_regions_removed": 0}
         if self.proc is None:
             return out
         pid = self.server_pid()

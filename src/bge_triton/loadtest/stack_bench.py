@@ -20,15 +20,20 @@ import time
 from pathlib import Path
 
 from bge_triton.errors import KitError
+from bge_triton.extras import require
 from bge_triton.loadtest import corpus, stack_client, stack_raw
 from bge_triton.loadtest.stack_report import StackResults, write_report
+from bge_triton.loadtest.stack_setup import (
+    StackSettings,
+    load_texts,
+    machine,
+    prepare_repository,
+    server_knobs,
+    server_settings,
+)
 from bge_triton.loadtest.stats import fetch_stats, phase_means_ms
-from bge_triton.loadtest.stack_setup import (StackSettings, load_texts, machine, prepare_repository, server_knobs,
-                                             server_settings)
 from bge_triton.server.cpu_variant import CPU_TEXT_INSTANCES
 from bge_triton.server.launcher import LocalServer
-
-from bge_triton.extras import require  # noqa: E402  (after the imports: a clean ImportError)
 
 require("loadtest", "python -m bge_triton.loadtest.stack_bench")
 
@@ -72,13 +77,15 @@ def run(s: StackSettings) -> StackResults:
     if s.text_params.get("sub_batch_max") == "auto":  # encoder sub-batches of the size this CPU likes best
         s.text_params["sub_batch_max"] = str(best.batch)
     settings = server_settings(s)
-    rounds, latency, latency_repeats = [], {"raw_on": [], "raw_off": [], "stack": []}, []
+    rounds: list[dict[str, float]] = []
+    latency: dict[str, list[float]] = {"raw_on": [], "raw_off": [], "stack": []}
+    latency_repeats: list[dict[str, list[float]]] = []
     with LocalServer(settings) as srv:
         knobs = server_knobs(s, srv.state / "repository")
         url, model = srv.grpc_url, s.name
         stack_client.saturate(url, model, tp_texts, s.per_request, s.concurrency, 0.5, s.warm_s)  # warm
         for r in range(s.rounds):
-            def side_a() -> float:
+            def side_a(r: int = r) -> float:
                 return raw.throughput(best, batches[best.batch], s.window_s, s.seed + r)[0]
 
             def side_b():
@@ -108,11 +115,11 @@ def run(s: StackSettings) -> StackResults:
             paths["stack_tritonclient"] = lambda text, row: ref.latency_ms(text)
             latency["stack_tritonclient"] = []
         try:
-            for text, row in list(zip(texts, ids))[:5]:  # warm every path
+            for text, row in list(zip(texts, ids, strict=False))[:5]:  # warm every path
                 for call in paths.values():
                     call(text, row)
             stats_before = fetch_stats(srv.http_url, model)  # (c)'s requests only: the split below
-            pairs = list(zip(texts[:s.latency_texts], ids[:s.latency_texts]))
+            pairs = list(zip(texts[:s.latency_texts], ids[:s.latency_texts], strict=False))
             # One request in flight, back to back: each path runs a block of texts in a row (a closed loop
             # of one user), then the next path runs the same block; the path order rotates block by block
             # so drift of the shared machine falls on every path alike. Per-text interleaving would make
@@ -120,7 +127,7 @@ def run(s: StackSettings) -> StackResults:
             # measurement here that made a no-op Triton round trip 1.35 ms instead of 0.48 ms.
             order = list(paths)
             for rep in range(s.latency_repeats):
-                repeat = {name: [] for name in paths}
+                repeat: dict[str, list[float]] = {name: [] for name in paths}
                 for k in range(0, len(pairs), s.latency_block):
                     for name in order:
                         for text, row in pairs[k:k + s.latency_block]:
@@ -158,7 +165,8 @@ def run(s: StackSettings) -> StackResults:
         "(b)": f"tritonclient gRPC aio, {s.concurrency} requests x {s.per_request} texts in flight, "
                f"{s.warm_s} s warm-up + {s.window_s} s window per round, {s.rounds} rounds; "
                "the client runs on the same cores",
-        "(c)": f"{CLIENTS[s.client]}, 1 text per request, {s.latency_texts} texts x {s.latency_repeats} passes, back to back (pause {s.settle_s} s); "
+        "(c)": f"{CLIENTS[s.client]}, 1 text per request, {s.latency_texts} texts x {s.latency_repeats} passes, back "
+               f"to back (pause {s.settle_s} s); "
                f"raw batch 1 (spin off, spin on) and the stack take turns in blocks of {s.latency_block} "
                "texts, the same texts on every path, order rotating"
                + ("; tritonclient's sync gRPC client on the same stack in the same blocks, as a reference"
@@ -213,7 +221,8 @@ def parse_args(argv: list[str] | None = None) -> StackSettings:
     s = StackSettings(out=a.out, repository=a.repository, threads=a.threads, concurrency=a.concurrency,
                       per_request=a.per_request, text_instances=a.text_instances, spin=a.spin, settle_s=a.settle_s,
                       client=a.client,
-                      command="python -m bge_triton.loadtest.stack_bench " + " ".join(sys.argv[1:] if argv is None else argv))
+                      command="python -m bge_triton.loadtest.stack_bench "
+                      + " ".join(sys.argv[1:] if argv is None else argv))
     if a.quick:
         s.rounds, s.window_s, s.warm_s, s.texts, s.latency_texts, s.sweep_texts = 2, 3.0, 1.0, 256, 40, 96
         s.latency_repeats = 2

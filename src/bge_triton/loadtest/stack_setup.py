@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bge_triton.errors import KitError
+from bge_triton.paths import REPORTS_DIR, STATE_DIR
 from bge_triton.server.cpu_variant import CPU_TEXT_INSTANCES, CPU_TEXT_PARAMS, CpuVariant
 from bge_triton.server.launcher import ServerSettings, free_ports
 from bge_triton.server.repository import Batching, install_text_endpoint, load_config
-from bge_triton.paths import STATE_DIR, REPORTS_DIR
 
 PORTS = range(18400, 18500)
 
@@ -94,7 +94,8 @@ def server_settings(s: StackSettings) -> ServerSettings:
     """The CPU variant under test: same threads as raw, encoder batcher work-conserving (no wait)."""
     http, grpc, metrics = free_ports(3, PORTS)
     variant = CpuVariant(intra_op_threads=s.threads, text_params=dict(s.text_params), text_instances=s.text_instances,
-                         allow_spinning=s.spin, batching={f"{s.name}_onnx": Batching(preferred_batch_sizes=(), max_queue_delay_us=0)})
+                         allow_spinning=s.spin, batching={f"{s.name}_onnx": Batching(preferred_batch_sizes=(),
+                                                                                     max_queue_delay_us=0)})
     return ServerSettings(repository=s.repository, http_port=http, grpc_port=grpc, metrics_port=metrics,
                           state_dir=s.state_dir, variant=variant)
 

@@ -12,7 +12,9 @@ import json
 import math
 import time
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
@@ -28,7 +30,7 @@ def percentile(values, q: float) -> float:
     return float(np.percentile(np.asarray(values, dtype=float), q))
 
 
-def histogram_percentile(hist: dict[float, int], q: float) -> float:
+def histogram_percentile(hist: Mapping[Any, int], q: float) -> float:
     """percentile() of the multiset a {value: count} histogram stands for (Locust's response_times)."""
     pairs = sorted((v, n) for v, n in hist.items() if n > 0)
     total = sum(n for _, n in pairs)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from bge_triton.loadtest.stats import fetch_stats
 
@@ -79,7 +79,7 @@ class StatsSampler:
             self.samples.append((time.time(), fetch_stats(self.http_url, self.model)))
             self._stop.wait(self.period_s)
 
-    def __enter__(self) -> "StatsSampler":
+    def __enter__(self) -> StatsSampler:
         self._thread.start()
         return self
 

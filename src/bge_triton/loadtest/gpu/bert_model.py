@@ -66,7 +66,7 @@ class TritonPythonModel:
         torch.manual_seed(int(p["seed"]))
         with torch.device(self.device):
             model = BertModel(bert, add_pooling_layer=False)
-        self.model = model.to(self.dtype).eval()
+        self.model = model.to(self.dtype).eval()  # type: ignore[arg-type]  # transformers types .to() narrowly
         self.hidden = int(p["hidden"])
         # warm up: allocator, cuBLAS handles and kernels for the largest batch before traffic
         warm = np.ones((int(p["warmup_batch"]), int(p["warmup_len"])), dtype=np.int32)
@@ -74,7 +74,7 @@ class TritonPythonModel:
             self._encode(warm)
 
     @torch.inference_mode()
-    def _encode(self, ids: np.ndarray, mask: np.ndarray = None) -> np.ndarray:
+    def _encode(self, ids: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
         mask = (ids != 0) if mask is None else mask
         lengths = mask.sum(axis=1)
         out = np.zeros((ids.shape[0], self.hidden), dtype=np.float32)
@@ -94,7 +94,7 @@ class TritonPythonModel:
         mask = None
         if all(m is not None for m in masks):
             mask = np.concatenate([np.pad(m.as_numpy(), ((0, 0), (0, width - a.shape[1])))
-                                   for m, a in zip(masks, arrays)], axis=0)
+                                   for m, a in zip(masks, arrays, strict=False)], axis=0)
         emb = self._encode(ids, mask)
         responses, start = [], 0
         for arr in arrays:

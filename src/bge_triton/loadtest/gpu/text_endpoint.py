@@ -1,4 +1,5 @@
-"""The shipped text endpoint on the GPU bench: the committed model.py (BLS) over a torch encoder of the ONNX encoder's contract.
+"""The shipped text endpoint on the GPU bench: the committed model.py (BLS) over a torch encoder with the ONNX encoder's
+contract.
 
 The bare GPU host cannot import bge_triton.server (it needs pytriton's own imports), so the endpoint's
 file list is repeated here (a unit test keeps it equal to server.repository.TEXT_ENDPOINT_FILES) and the

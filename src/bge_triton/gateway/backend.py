@@ -1,6 +1,7 @@
 """The gateway's one way to Triton: the kit's async SDK over gRPC (one channel, its retry budget),
 its MicroBatcher for one-text requests, an in-flight limit, and the readiness canary behind /ready.
-Every call asks for the text endpoint's token counts (usage), so the gateway tokenizes nothing."""
+Every call asks the text endpoint for its token counts (usage), its timings (the x-*-time headers) and
+cuts the side the request names (truncation_direction): the gateway tokenizes nothing."""
 from __future__ import annotations
 
 import asyncio
@@ -12,6 +13,7 @@ from typing import Any, Protocol, Sequence
 import numpy as np
 
 from bge_triton.client import AsyncEmbeddingClient, MicroBatcher, RetryPolicy
+from bge_triton.client.core import Timing
 from bge_triton.errors import KitError, ModelConfigError
 from bge_triton.gateway.errors import overloaded
 from bge_triton.gateway.settings import GatewaySettings
@@ -27,13 +29,15 @@ class Backend(Protocol):
 
     dim: int
     max_length: int
+    max_batch: int
     last_error: str
+    cuts_start: bool  # the text endpoint cuts either side (truncation_direction) and reports timing_us
 
     async def connect(self) -> None: ...
     async def start(self) -> None: ...
     async def close(self) -> None: ...
-    async def embed(self, texts: list[str], *, priority: int,
-                    truncate: bool) -> tuple[np.ndarray, np.ndarray]: ...
+    async def embed(self, texts: list[Any], *, priority: int, truncate: bool,
+                    direction: str = "right") -> tuple[np.ndarray, np.ndarray, Timing | None]: ...
     def ready(self) -> bool: ...
 
 
@@ -49,7 +53,7 @@ class TritonBackend:
         self.last_ok = float("-inf")
         self.last_error = "no canary has run yet"
         self._canary: asyncio.Task | None = None
-        self._batchers: dict[tuple[int, bool], MicroBatcher] = {}  # (priority, truncate) -> batcher
+        self._batchers: dict[tuple[int, bool, str], MicroBatcher] = {}  # (priority, truncate, direction) -> batcher
 
     @property
     def dim(self) -> int:
@@ -58,6 +62,14 @@ class TritonBackend:
     @property
     def max_length(self) -> int:
         return self.client.spec.max_length or 512
+
+    @property
+    def max_batch(self) -> int:
+        return self.client.spec.max_batch_size
+
+    @property
+    def cuts_start(self) -> bool:
+        return self.client.spec.timings
 
     async def connect(self) -> None:
         """Read the model's config once (dim, max_length); KitError while Triton is down, ModelConfigError
@@ -84,35 +96,47 @@ class TritonBackend:
         self._batchers.clear()
         await self.client.aclose()
 
-    def _batcher(self, priority: int, truncate: bool) -> MicroBatcher:
-        """The MicroBatcher of one (priority, truncate): only texts that Triton treats alike share a call."""
-        key = (priority, truncate)
+    async def _call(self, texts: Sequence[Any], priority: int, truncate: bool, direction: str
+                    ) -> tuple[np.ndarray, np.ndarray, Timing | None]:
+        """One SDK call: vectors, counts, and the endpoint's timings where it reports them."""
+        if self.cuts_start:
+            return await self.client.embed_with_timing(texts, truncate=truncate, priority=priority,
+                                                       truncation_direction=direction)
+        if direction != "right":
+            raise ModelConfigError("the text endpoint does not read truncation_direction (too old for truncate START)")
+        vectors, counts = await self.client.embed_with_counts(texts, truncate=truncate, priority=priority)
+        return vectors, counts, None
+
+    def _batcher(self, priority: int, truncate: bool, direction: str) -> MicroBatcher:
+        """The MicroBatcher of one (priority, truncate, direction): only texts Triton treats alike share a call."""
+        key = (priority, truncate, direction)
         batcher = self._batchers.get(key)
         if batcher is None:
-            async def embed(texts: Sequence[str]) -> list[tuple[np.ndarray, int]]:
-                vectors, counts = await self.client.embed_with_counts(texts, truncate=truncate, priority=priority)
-                return list(zip(vectors, counts.tolist()))  # one (vector, tokens) row per caller
+            async def embed(texts: Sequence[str]) -> list[tuple[np.ndarray, int, Timing | None]]:
+                vectors, counts, timing = await self._call(texts, priority, truncate, direction)
+                return [(v, c, timing) for v, c in zip(vectors, counts.tolist())]  # one row per caller
 
             batcher = self._batchers[key] = MicroBatcher(
                 embed, max_batch=min(32, self.client.spec.max_batch_size), max_wait_s=self.settings.micro_batch_wait_s,
                 max_queue=self.settings.max_in_flight, max_in_flight=4)
         return batcher
 
-    async def embed(self, texts: list[str], *, priority: int, truncate: bool) -> tuple[np.ndarray, np.ndarray]:
-        """float32 [n, dim] and int32 [n] token counts; 503 at once (no queueing here) while --max-in-flight
-        requests are at Triton."""
+    async def embed(self, texts: list[Any], *, priority: int, truncate: bool,
+                    direction: str = "right") -> tuple[np.ndarray, np.ndarray, Timing | None]:
+        """float32 [n, dim], int32 [n] token counts and the endpoint's timings; overloaded at once (no queueing
+        here) while --max-in-flight requests are at Triton."""
         if self.in_flight >= self.settings.max_in_flight:
-            raise overloaded(f"the gateway has {self.in_flight} requests at Triton (--max-in-flight "
+            raise overloaded(f"The gateway has {self.in_flight} requests at the model (--max-in-flight "
                              f"{self.settings.max_in_flight}); retry after {self.settings.retry_after_s} s",
                              self.settings.retry_after_s)
         shared = len(texts) == 1 and self.settings.micro_batch and self.in_flight > 0  # alone: no batcher hop
         self.in_flight += 1
         try:
             if shared:
-                row: Any = await self._batcher(priority, truncate).embed(texts[0])
-                out = row[0][None, :], np.array([row[1]], dtype=np.int32)
+                row: Any = await self._batcher(priority, truncate, direction).embed(texts[0])
+                out = row[0][None, :], np.array([row[1]], dtype=np.int32), row[2]
             else:
-                out = await self.client.embed_with_counts(texts, truncate=truncate, priority=priority)
+                out = await self._call(texts, priority, truncate, direction)
         finally:
             self.in_flight -= 1
         self.last_ok = time.monotonic()

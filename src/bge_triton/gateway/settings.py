@@ -57,6 +57,8 @@ class GatewaySettings:
     # proxies in front (nginx 75 s, AWS ALB 60 s, aiohttp 15 s): a server that closes first races a request
     # sent on the closing connection ("Server disconnected", a 502 at the proxy). uvicorn's own default is 5 s.
     keep_alive_s: float = 90.0
+    max_input_chars: int = 0  # characters per text; 0 = 250 x the model's max_length (TEI's rule)
+    parse_workers: int = 2  # worker processes that parse bodies over 64 KiB (off the event loop)
     log_level: str = "info"
 
     def __post_init__(self) -> None:
@@ -64,7 +66,11 @@ class GatewaySettings:
             raise InputError(f"--host {self.host} without an API key would serve embeddings to anyone who can "
                              "reach this machine: give --api-key / --api-keys-file, or bind 127.0.0.1 "
                              "(--unsafe-no-auth only inside a container whose port is published on 127.0.0.1)")
-        for name in ("max_body_bytes", "max_inputs", "max_in_flight", "rate_burst", "triton_attempts"):
+        if self.max_input_chars < 0:
+            raise InputError(f"--max-input-chars {self.max_input_chars}: must be >= 0 (0 = 250 x the model's "
+                             "max_length)")
+        for name in ("max_body_bytes", "max_inputs", "max_in_flight", "rate_burst", "triton_attempts",
+                     "parse_workers"):
             if getattr(self, name) < 1:
                 raise InputError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be >= 1")
         if self.rate_limit < 0 or self.timeout_s <= 0 or self.canary_interval_s <= 0 or self.micro_batch_wait_s < 0 \
@@ -84,14 +90,14 @@ class GatewaySettings:
         return (self.model, *[n for n in self.served_names if n != self.model])
 
     @property
-    def tokenizer_dir(self) -> str:
-        """The text endpoint's own tokenizer: --tokenizer, or MODEL_REPOSITORY/<model>/1/tokenizer."""
+    def tokenizer_dir(self) -> str | None:
+        """An optional local copy of the text endpoint's tokenizer (--tokenizer, or MODEL_REPOSITORY/<model>/1/
+        tokenizer): only truncate START against a text endpoint too old to cut the start itself needs it."""
         if self.tokenizer:
             return self.tokenizer
         if self.model_repository:
             return str(Path(self.model_repository) / self.model / "1" / "tokenizer")
-        raise InputError("the gateway counts usage and truncates with the server's tokenizer: give "
-                         "--model-repository DIR (reads DIR/<model>/1/tokenizer) or --tokenizer DIR")
+        return None
 
 
 def load_keys(keys: Sequence[str], keys_file: str | None) -> frozenset[str]:
@@ -123,9 +129,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="another name clients may send as `model`, e.g. BAAI/bge-large-zh-v1.5 (repeatable)")
     p.add_argument("--host", default=d.host, help="bind address (non-loopback needs an API key)")
     p.add_argument("--port", type=int, default=d.port)
-    p.add_argument("--model-repository", default=None, help="the model repository: the tokenizer is read from "
-                   "DIR/<model>/1/tokenizer (the text endpoint's own)")
-    p.add_argument("--tokenizer", default=None, help="tokenizer dir (tokenizer.json) instead of --model-repository")
+    p.add_argument("--model-repository", default=None, help="optional: a local tokenizer from DIR/<model>/1/tokenizer, "
+                   "only for truncate START against a text endpoint older than truncation_direction")
+    p.add_argument("--tokenizer", default=None, help="optional: that tokenizer's dir (tokenizer.json) instead")
+    p.add_argument("--max-input-chars", type=int, default=d.max_input_chars,
+                   help="characters per text: longer ones are cut before tokenizing (truncate START / END) or "
+                   "refused 413 (NONE); 0 = 250 x the model's max_length")
+    p.add_argument("--parse-workers", type=int, default=d.parse_workers,
+                   help="worker processes that parse bodies over 64 KiB (JSON parsing holds the GIL)")
     p.add_argument("--api-key", action="append", default=[], help="accepted bearer key (repeatable)")
     p.add_argument("--api-keys-file", default=None, help="file of accepted keys, one per line")
     p.add_argument("--unsafe-no-auth", action="store_true",
@@ -167,4 +178,4 @@ def settings_from_args(args: argparse.Namespace) -> GatewaySettings:
         passage_priority=args.passage_priority, query_instruction=args.query_instruction,
         canary_interval_s=args.canary_interval, ready_max_age_s=args.ready_max_age, log_level=args.log_level,
         micro_batch=not args.no_micro_batch, micro_batch_wait_s=args.micro_batch_wait_ms / 1e3,
-        keep_alive_s=args.keep_alive)
+        keep_alive_s=args.keep_alive, max_input_chars=args.max_input_chars, parse_workers=args.parse_workers)

@@ -84,6 +84,10 @@ class TritonPythonModel:
             self.run_lock = open(os.path.join(root, ".cpu_compute.lock"), "a+")
         self.session = None
         self.vocab_size = int(_param(cfg, "vocab_size", "0")) or None
+        # Fault injection for tests only (CPU stand-in): a request holding token fault_token_id is answered with
+        # an embedding one column short (fault "shape") or an error (fault "raise"). 0 = off.
+        self.fault_token = int(_param(cfg, "fault_token_id", "0"))
+        self.fault = _param(cfg, "fault", "shape")
         if self.executor == "onnxruntime":
             import onnxruntime as ort
 
@@ -178,5 +182,12 @@ class TritonPythonModel:
             start = 0
             for i, req_ids, _ in items:
                 n = req_ids.shape[0]
-                responses[i] = pb_utils.InferenceResponse([pb_utils.Tensor("embedding", out[start:start + n])])
+                rows = out[start:start + n]
                 start += n
+                if self.fault_token and (req_ids == self.fault_token).any():
+                    if self.fault == "raise":
+                        responses[i] = pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                            f"injected fault: token {self.fault_token}"))
+                        continue
+                    rows = np.ascontiguousarray(rows[:, :-1])
+                responses[i] = pb_utils.InferenceResponse([pb_utils.Tensor("embedding", rows)])

@@ -1,0 +1,124 @@
+"""The shipped text endpoint under faults, cancellation and request timeouts on a REAL tritonserver (issue 24).
+
+The exported MiniLM pair copied as `tf` / `tf_onnx`, the text endpoint's code from this checkout, BLS to an
+emulated encoder (cost model, 0.2 s a call, one instance) that answers an embedding one column short for any
+sub-batch holding the token "poison" (the CPU stand-in's fault injection, parameter fault_token_id). The text
+endpoint sends one text per sub-batch (sub_batch_max 1, max_in_flight 1), so a request of N texts is N
+encoder calls one after the other, counted by the encoder's own statistics. Waits are bounded by progress.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tokenizers import Tokenizer
+from tritonclient.utils import InferenceServerException
+
+from bge_triton.server.cpu_variant import CpuVariant
+from bge_triton.server.repository import TEXT_ENDPOINT_FILES, TEXT_MODEL_DIR, Batching, load_config, set_param, \
+    write_config
+
+pytestmark = pytest.mark.integration
+
+CALL_S = 0.2  # emulated encoder time per call
+
+
+def _repo(src: Path, out: Path) -> Path:
+    tok = Tokenizer.from_file(str(src / "minilm" / "1" / "tokenizer" / "tokenizer.json"))
+    for suffix in ("", "_onnx"):
+        cfg = load_config(src / f"minilm{suffix}")
+        cfg.name = f"tf{suffix}"
+        version = out / cfg.name / "1"
+        version.mkdir(parents=True)
+        if suffix:
+            set_param(cfg, "fault_token_id", tok.token_to_id("poison"))
+            set_param(cfg, "fault", "shape")
+            for item in (src / "minilm_onnx" / "1").iterdir():
+                os.symlink(item.resolve(), version / item.name)
+        else:
+            set_param(cfg, "onnx_model", "tf_onnx")
+            os.symlink((src / "minilm" / "1" / "tokenizer").resolve(), version / "tokenizer")
+            for name in TEXT_ENDPOINT_FILES:  # this checkout's text endpoint, not the export's copy
+                os.symlink(TEXT_MODEL_DIR / name, version / name)
+        write_config(cfg, out / cfg.name / "config.pbtxt", "tests/integration/test_text_endpoint_faults.py")
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(minilm_repo: Path, server_factory, tmp_path_factory):
+    repo = _repo(minilm_repo, tmp_path_factory.mktemp("text_faults_repo"))
+    batching = {"tf_onnx": Batching(max_queue_delay_us=0, preferred_batch_sizes=())}
+    variant = CpuVariant(executor="costmodel", cost_a_us=CALL_S * 1e6, cost_b_us=0.0, encoder_instances=1,
+                         text_instances=1, batching=batching,
+                         text_params={"sub_batch_max": "1", "max_in_flight": "1", "cancel_check_s": "0.02"})
+    return server_factory(repo, variant=variant)
+
+
+def _inputs(texts):
+    inp = grpcclient.InferInput("text", [len(texts), 1], "BYTES")
+    inp.set_data_from_numpy(np.array([[t.encode()] for t in texts], dtype=object))
+    return [inp]
+
+
+def _encoded(client) -> int:
+    """Texts the encoder ran (its own statistics: one text per call here)."""
+    stats = client.get_inference_statistics("tf_onnx", as_json=True)["model_stats"]
+    return sum(int(s.get("inference_count", 0)) for s in stats)
+
+
+def _until(check, timeout_s: float = 60.0, what: str = "") -> None:
+    end = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < end, f"gave up waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_an_encoder_answer_of_the_wrong_shape_fails_its_request_and_the_endpoint_serves_on(server) -> None:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("tf", _inputs(["hello", "a poison apple"]))
+    assert info.value.status() == "StatusCode.INTERNAL", info.value.message()
+    assert "answered shape [1, 383]" in info.value.message() and "expected [1, 384]" in info.value.message()
+    for _ in range(2):  # the dispatcher lived through it
+        out = client.infer("tf", _inputs(["hello", "world"])).as_numpy("embedding")
+        assert out.shape == (2, 384) and np.allclose(np.linalg.norm(out, axis=1), 1.0, atol=1e-3)
+
+
+def test_a_cancelled_request_sends_none_of_its_waiting_texts_to_the_encoder(server) -> None:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    before = _encoded(client)
+    answers: queue.Queue = queue.Queue()
+    n = 12  # twelve encoder calls of 0.2 s if nothing is dropped
+    call = client.async_infer("tf", _inputs([f"cancel me {i}" for i in range(n)]),
+                              callback=lambda result, error: answers.put((result, error)))
+    _until(lambda: _encoded(client) > before, what="the request's first text at the encoder")
+    call.cancel()
+    result, error = answers.get(timeout=60)
+    assert result is None and "CANCELLED" in str(error.status()).upper(), (error.status(), error.message())
+    # one more request at the same level: the pool is FIFO by the oldest text, so it runs after whatever of the
+    # cancelled request was still to run; once it is answered, the encoder's count is final
+    marker = client.infer("tf", _inputs(["marker"])).as_numpy("embedding")
+    assert marker.shape == (1, 384)
+    ran = _encoded(client) - before - 1
+    assert 1 <= ran <= n // 2, f"{ran} of the cancelled request's {n} texts reached the encoder"
+
+
+def test_a_request_timeout_shorter_than_the_default_is_honoured(server) -> None:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    answers: queue.Queue = queue.Queue()
+    before = _encoded(client)
+    busy = client.async_infer("tf", _inputs([f"busy {i}" for i in range(4)]),
+                              callback=lambda result, error: answers.put(("busy", result, error)))
+    _until(lambda: _encoded(client) > before, what="the busy request's first text")  # 3 x 0.2 s still to run
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("tf", _inputs(["in a hurry"]), timeout=100_000)  # its own 0.1 s; the config's default is 5 s
+    assert info.value.status() == "StatusCode.UNAVAILABLE", info.value.message()
+    assert "Request timeout expired" in info.value.message()
+    tag, result, error = answers.get(timeout=60)
+    assert error is None and result.as_numpy("embedding").shape == (4, 384)
+    del busy

@@ -95,6 +95,7 @@ def _qdq_weight_only(src: Path, dst: Path, excluded: list[str]) -> int:
     """
     from onnxruntime.quantization.quant_utils import compute_scale_zp
 
+    qmin, qmax = np.array(-127, np.int8), np.array(127, np.int8)
     model = onnx.load(str(src))
     g = model.graph
     inits = {t.name: t for t in g.initializer}
@@ -110,8 +111,7 @@ def _qdq_weight_only(src: Path, dst: Path, excluded: list[str]) -> int:
             continue
         arr = numpy_helper.to_array(w)
         absmax = np.abs(arr).max(axis=0)
-        scales = np.array([compute_scale_zp(-m, m, -127, 127, symmetric=True)[1] for m in absmax], np.float32)
-        scales[scales == 0] = 1.0
+        scales = np.array([compute_scale_zp(-m, m, qmin, qmax, symmetric=True)[1] for m in absmax], np.float32)
         q = np.clip(np.rint(arr / scales), -127, 127).astype(np.int8)
         base = f"{w.name}_qdq8"
         g.initializer.extend([numpy_helper.from_array(q, base + "_q"), numpy_helper.from_array(scales, base + "_scale"),

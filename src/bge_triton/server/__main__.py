@@ -12,7 +12,7 @@ from bge_triton.errors import KitError
 from bge_triton.server.canary import canary_all
 from bge_triton.server.cpu_variant import CpuVariant
 from bge_triton.server.launcher import DEFAULT_STATE, LocalServer, ServerSettings, _alive, _ready, stop_pid
-from bge_triton.server.repository import iter_models
+from bge_triton.server.repository import iter_models, load_config
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -54,6 +54,22 @@ def unhealthy(srv: LocalServer) -> str:
         return "tritonserver exited"
     failed = [f"{r.model}: {r.error}" for r in canary_all(f"http://{srv.http_url}") if not r.ok]
     return "; ".join(failed)
+
+
+def verified(info: dict) -> bool:
+    """`bge-triton verify` of every text endpoint in the served repository, one line each (docs/export.md)."""
+    from bge_triton.server.cpu_variant import is_text_endpoint
+    from bge_triton.verify import check
+
+    ok = True
+    repository = Path(info["repository"])
+    for name, model_dir in iter_models(repository):
+        if not is_text_endpoint(load_config(model_dir)):
+            continue
+        result = check(f"127.0.0.1:{info['http_port']}", name, repository=repository)
+        print(f"  {name}: {result.message}")
+        ok = ok and result.ok
+    return ok
 
 
 def watch(srv: LocalServer, every_s: float) -> int:
@@ -119,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
                 state = f"canary ok ({result.ms:.1f} ms)" if result.ok else f"CANARY FAILED: {result.error}"
                 print(f"  {result.model}: {state}")
                 healthy = healthy and result.ok
+            healthy = verified(info) and healthy
         return 0 if healthy else 3
     except KitError as exc:
         print(f"error: {exc}", file=sys.stderr)

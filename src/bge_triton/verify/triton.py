@@ -54,6 +54,9 @@ class TritonTransport:
         except InferenceServerException as err:
             raise VerifyError(f"{what} at {self.protocol}://{self.address} failed: {err.message()} "
                               f"({err.status() or 'no status'}); is --url the server's {self.protocol} address?") from err
+        except OSError as err:  # tritonclient.http lets connection errors through (refused, reset, timed out)
+            raise VerifyError(f"cannot reach Triton at {self.protocol}://{self.address} ({err}); is the server up and "
+                              f"--url its {self.protocol} address?") from err
 
     def encoder_of(self, model: str) -> str | None:
         if self.protocol == "grpc":

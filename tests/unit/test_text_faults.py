@@ -23,7 +23,7 @@ class Counting(Sender):
         self.calls: list[InferenceResponse] = []
         self.fail_times = fail_times
         self.cancel = cancelled or threading.Event()
-        self.checks = 0
+        self.checks = self.late_checks = 0
 
     def send(self, response=None, flags=0) -> None:
         assert flags == FINAL
@@ -36,6 +36,8 @@ class Counting(Sender):
 
     def is_cancelled(self) -> bool:
         self.checks += 1
+        if self.done.is_set():  # r24.10: the server deleted the response factory: a read of freed memory there
+            self.late_checks += 1
         return self.cancel.is_set()
 
 
@@ -52,8 +54,9 @@ def answered(requests, timeout_s: float = 10.0) -> None:
 
 
 def once(requests) -> None:
-    """Exactly one final response each (checked after finalize joined the threads)."""
+    """Exactly one final response each (checked after finalize joined the threads), and no is_cancelled() after it."""
     assert [len(r.sender.calls) for r in requests] == [1] * len(requests)
+    assert sum(r.sender.late_checks for r in requests) == 0
 
 
 def code(r: Request) -> int | None:
@@ -242,3 +245,23 @@ def test_unload_answers_everything_waiting_unavailable_and_server_is_stopping_is
     once([running, *waiting])
     assert [code(r) for r in (running, *waiting)] == [TritonError.UNAVAILABLE] * 3
     assert "unloading" in waiting[0].sender.calls[0].error().message()
+
+
+def test_cancellation_is_never_checked_after_the_answer(tmp_path, monkeypatch) -> None:
+    """The reaper checks every waiting request while dispatchers answer others: a check and an answer of one
+    request never overlap, and no check follows an answer (r24.10 frees the response factory at the answer)."""
+    gate = Gate()
+    model, _ = load_model(tmp_path, monkeypatch, gate, sub_batch_max=2, max_in_flight=2, cancel_check_s=0.001)
+    requests = [request(["hello", "world", "fast", "rag"][: 1 + k % 4] * 2) for k in range(60)]
+    for k in range(0, len(requests), 3):
+        assert model.execute(requests[k:k + 3]) is None  # 3 requests of 2+ texts: never one sub-batch
+    for _ in range(2000):  # bounded: until the reaper checked some while all wait
+        if sum(r.sender.checks for r in requests) >= 32:
+            break
+        threading.Event().wait(0.005)
+    else:
+        raise AssertionError("the reaper never checked the waiting requests")
+    gate.open.set()
+    answered(requests)
+    model.finalize()
+    once(requests)

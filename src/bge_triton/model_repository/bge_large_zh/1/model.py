@@ -17,6 +17,7 @@ Parameter `encoder` "bls" (the default) is the deployment. Any other value X loa
 module encoder_X.py beside this file: the local CPU variant (server/cpu_variant.py) renders one
 there; this file runs unchanged in both.
 """
+import contextlib
 import faulthandler
 import gc
 import importlib
@@ -201,8 +202,9 @@ class TritonPythonModel:
                         for _ in requests]
             for sender, job in senders:
                 if job is None or (job is not False and self.scheduler.claim(job)):  # not answered yet
-                    self._send(sender, pb_utils.InferenceResponse(
-                        error=pb_utils.TritonError(message, pb_utils.TritonError.INTERNAL)))
+                    with job.guard if job else contextlib.nullcontext():  # no is_cancelled() check meanwhile
+                        self._send(sender, pb_utils.InferenceResponse(
+                            error=pb_utils.TritonError(message, pb_utils.TritonError.INTERNAL)))
             return None
 
     def _execute(self, requests, taken: list):

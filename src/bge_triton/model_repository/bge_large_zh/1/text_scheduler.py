@@ -67,6 +67,10 @@ class Job:
     waiting: int = 0  # texts still in the pool
     done: bool = False  # answered, or being answered, by exactly one thread
     items: list = field(default_factory=list, repr=False)
+    # Held around the answer and around each is_cancelled() check: python_backend r24.10 asks the server about
+    # the request's response factory, which the server deletes once the final response is sent (a check after
+    # that would read freed memory in tritonserver), so a check runs only before the answer, never during it.
+    guard: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
         self.remaining = self.rows
@@ -336,7 +340,7 @@ class Scheduler:
 
     def claim(self, job: Job) -> bool:
         """Take over answering `job` (the adapter, after a fault of its own): True if nobody answered it yet; its
-        texts still waiting are dropped and nothing here will answer it."""
+        texts still waiting are dropped and nothing here will answer it (answer it holding job.guard)."""
         with self.cond:
             return self._finish(job, EncoderFailed("text endpoint failed on this request's batch"))
 
@@ -344,7 +348,8 @@ class Scheduler:
         """Outside the lock: respond() for each (already _finish-ed) job; a respond that raises is logged."""
         for job in jobs:
             try:
-                self.respond(job)
+                with job.guard:
+                    self.respond(job)
             except Exception as exc:  # noqa: BLE001 - one failed answer must not stop the others or the thread
                 self.log(f"text endpoint: answering a request raised {type(exc).__name__}: {exc}")
 
@@ -423,10 +428,11 @@ class Scheduler:
                     batch = self._rotate(CANCEL_CHECKS_PER_ROUND) if self.cancelled and self.s.cancel_check_s else []
                 self._answer(expired)
                 gone = []
-                for job in batch:  # outside the lock: each check is a round trip to the server
+                for job in batch:  # outside the pool lock: each check is a round trip to the server
                     try:
-                        if self.cancelled(job):
-                            gone.append(job)
+                        with job.guard:  # never once its answer went (see Job.guard)
+                            if not job.done and self.cancelled(job):
+                                gone.append(job)
                     except Exception as exc:  # noqa: BLE001 - a failed check leaves the job as it is
                         self.log(f"text endpoint: is_cancelled raised {type(exc).__name__}: {exc}")
                 if gone:

@@ -5,7 +5,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-# command -> (module with main(argv), what it does). Each module also runs as `python -m <module>`.
+# command -> (module with main(argv), or module:function, what it does). The benchmark commands are one tree
+# (loadtest.commands); the others also run as `python -m <module>`.
 # The SDK's CLI has sub-commands of its own: `bge-triton embed X` is `python -m bge_triton.client embed X`.
 SUBCOMMAND = {"embed": "embed", "health": "health"}
 COMMANDS = {
@@ -15,11 +16,11 @@ COMMANDS = {
     "embed": ("bge_triton.client.cli", "embed TEXT... through a running server (the SDK)"),
     "health": ("bge_triton.client.cli", "server and model readiness plus a canary embedding (the SDK)"),
     "demo": ("bge_triton.demo", "export, serve, embed, stop: the whole kit once [all]"),
-    "bench": ("bge_triton.loadtest.bench", "the seed-table benchmark; --scenarios shipped: the committed pair "
-              "as shipped [loadtest, server]"),
-    "tune": ("bge_triton.loadtest.tune", "the queue-delay tuner [loadtest, server]"),
-    "chaos": ("bge_triton.loadtest.chaos", "bad input, overload and faults [loadtest, server]"),
-    "stack": ("bge_triton.loadtest.stack_bench", "full stack against raw ONNX Runtime [loadtest, server]"),
+    "bench": ("bge_triton.loadtest.commands:bench_main", "bench <scenario>: seed, shipped, stack, gateway, soak, "
+              "client, ... (`bge-triton bench --help` lists them) [loadtest, server]"),
+    "tune": ("bge_triton.loadtest.commands:tune_main", "tune [pair]: the queue delay, or the encoder and text "
+             "endpoint together [loadtest, server]"),
+    "chaos": ("bge_triton.loadtest.commands:chaos_main", "bad input, overload and faults [loadtest, server]"),
     "gateway": ("bge_triton.gateway.__main__", "OpenAI-compatible /v1/embeddings in front of Triton [gateway]"),
 }
 
@@ -41,13 +42,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bge-triton: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
     try:
-        module = importlib.import_module(COMMANDS[name][0])
+        target, _, function = COMMANDS[name][0].partition(":")
+        module = importlib.import_module(target)
     except ImportError as exc:
         print(f"bge-triton {name}: {exc}", file=sys.stderr)
         return 1
     if name in SUBCOMMAND:
         rest = [SUBCOMMAND[name], *rest]
-    return int(module.main(rest) or 0)
+    return int(getattr(module, function or "main")(rest) or 0)
 
 
 if __name__ == "__main__":

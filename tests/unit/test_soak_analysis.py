@@ -24,7 +24,7 @@ def test_parse_duration(text: str, seconds: float) -> None:
 
 @pytest.mark.parametrize("text", ["", "twenty", "20x", "-5m", "10s"])
 def test_parse_duration_rejects_with_the_format(text: str) -> None:
-    with pytest.raises(InputError, match="--soak"):
+    with pytest.raises(InputError, match="--duration"):
         sa.parse_duration(text)
 
 

@@ -1,4 +1,4 @@
-"""`python -m bge_triton.loadtest.bench`: the seed table reproduced on a real local Triton, each scenario at
+"""`bge-triton bench seed`: the seed table reproduced on a real local Triton, each scenario at
 peak (closed loop) and at low load (open-loop Poisson at ~20% of batch-1 capacity), side by side.
 
 Rows run twice: the real exported model on ONNX Runtime (CPU), and the calibrated cost model
@@ -28,7 +28,7 @@ from bge_triton.paths import REPORTS_DIR, STATE_DIR
 from bge_triton.server.cpu_variant import CpuVariant
 from bge_triton.server.repository import ENCODER_SUFFIX, SCENARIOS
 
-require("loadtest", "python -m bge_triton.loadtest.bench")
+require("loadtest", "bge-triton bench seed")
 
 SCENARIO_ORDER = ("no_batching", "static_32", "dynamic_5ms", "delay_0", "text_endpoint")
 # Opt-in (--scenarios): tensor mode on real review lengths, encoder at delay 0, each request one text padded
@@ -36,9 +36,6 @@ SCENARIO_ORDER = ("no_batching", "static_32", "dynamic_5ms", "delay_0", "text_en
 # equal shapes, so the second should batch far less (the equal-shape rule, docs/benchmarks.md).
 TENSOR_MIX = {"tensor_buckets": DEFAULT_BUCKETS, "tensor_own_length": tuple(range(1, 513))}
 EXECUTORS = ("onnxruntime", "costmodel")
-# Scenarios that are a whole measurement with flags of their own, run alone: `bench --scenarios shipped [flags]` is
-# `python -m bge_triton.loadtest.shipped [flags]` (the same harness, load generator and measure()).
-OWN_RUN = {"shipped": "bge_triton.loadtest.shipped"}
 
 
 @dataclass(frozen=True)
@@ -64,7 +61,7 @@ class BenchSettings:
     max_chars: int = 256
     cost: CostModel = DEFAULT_COST
     state_dir: Path = STATE_DIR / "loadtest" / "bench_state"
-    command: str = "python -m bge_triton.loadtest.bench"
+    command: str = "bge-triton bench seed"
     # Emulated rows only: instance counts / text-endpoint parameters other than the canonical configs'
     # (None = the canonical value), to compare GPU configurations side by side.
     encoder_instances: int | None = None
@@ -274,13 +271,13 @@ def run_bench(s: BenchSettings) -> BenchRun:
 
 
 def parse_args(argv: list[str] | None = None) -> BenchSettings:
-    p = argparse.ArgumentParser(prog="python -m bge_triton.loadtest.bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="bge-triton bench seed", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="short windows (about a minute or two in all)")
     p.add_argument("--out", type=Path, default=BenchSettings.out, help="report directory (default reports/bench)")
     p.add_argument("--executor", default=",".join(EXECUTORS), help="onnxruntime, costmodel, or both (comma list)")
     p.add_argument("--scenarios", default=",".join(SCENARIO_ORDER),
-                   help=f"comma list of {SCENARIO_ORDER}, or the opt-in {tuple(TENSOR_MIX)}; or alone one of "
-                   f"{tuple(OWN_RUN)} (the committed pair as shipped, issue 14: `--scenarios shipped --help`)")
+                   help=f"comma list of {SCENARIO_ORDER}, or the opt-in {tuple(TENSOR_MIX)} (the committed pair as "
+                   "shipped is its own scenario: `bge-triton bench shipped`)")
     p.add_argument("--real-repo", type=Path, default=BenchSettings.real_repo, help="exported repository for real rows")
     p.add_argument("--real-model", default=BenchSettings.real_model, help="model to export if --real-repo lacks it")
     p.add_argument("--real-name", default=BenchSettings.real_name, help="model name in --real-repo")
@@ -313,47 +310,24 @@ def parse_args(argv: list[str] | None = None) -> BenchSettings:
         cost=DEFAULT_COST if (a.cost_a_us, a.cost_b_us) == (DEFAULT_COST.a_us, DEFAULT_COST.b_us)
         else CostModel(a.cost_a_us, a.cost_b_us, source="--cost-a-us/--cost-b-us"),
         state_dir=a.state_dir,
-        command="python -m bge_triton.loadtest.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
+        command="bge-triton bench seed " + " ".join(argv if argv is not None else sys.argv[1:]),
         encoder_instances=a.encoder_instances, text_instances=a.text_instances,
         text_params=dict(item.partition("=")[::2] for item in a.text_param), cpu_lock=a.cpu_lock)
 
 
-def own_run(argv: list[str]) -> tuple[str, list[str]] | None:
-    """(module, its argv) when --scenarios names an OWN_RUN scenario (`--scenario` works too), else None."""
-    p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--scenarios", default="")
-    known, rest = p.parse_known_args(argv)
-    names = [n for n in known.scenarios.split(",") if n]
-    own = [n for n in names if n in OWN_RUN]
-    if not own:
-        return None
-    if len(names) > 1:
-        raise SystemExit(f"--scenarios {known.scenarios}: {own[0]!r} is a measurement of its own and runs alone: "
-                         f"`bge-triton bench --scenarios {own[0]} --help` for its flags")
-    return OWN_RUN[own[0]], rest
-
-
 def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")  # the load-generator processes print as they go
     argv = sys.argv[1:] if argv is None else list(argv)
-    if (own := own_run(argv)) is not None:
-        import importlib
-
-        return int(importlib.import_module(own[0]).main(own[1]) or 0)
     s = parse_args(argv)
     for e in s.executors:
         if e not in EXECUTORS:
             raise SystemExit(f"unknown executor {e!r}: choose from {EXECUTORS}")
     for sc in s.scenarios:
         if sc not in SCENARIO_ORDER and sc not in TENSOR_MIX:
-            raise SystemExit(f"unknown scenario {sc!r}: choose from {SCENARIO_ORDER + tuple(TENSOR_MIX)}, or "
-                             f"{tuple(OWN_RUN)} alone")
+            raise SystemExit(f"unknown scenario {sc!r}: choose from {SCENARIO_ORDER + tuple(TENSOR_MIX)} "
+                             "(the committed pair as shipped: `bge-triton bench shipped`)")
     t0 = time.monotonic()
     run = run_bench(s)
     paths = report.write_bench(run, s.out)
     print(f"bench done in {time.monotonic() - t0:.0f} s: " + ", ".join(str(p) for p in paths))
     return 0
-
-
-if __name__ == "__main__":
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    sys.exit(main())

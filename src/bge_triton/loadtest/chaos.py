@@ -1,4 +1,4 @@
-"""`python -m bge_triton.loadtest.chaos [--quick] [--out reports/chaos]`: bad input, overload and faults against
+"""`bge-triton chaos [--quick] [--out reports/chaos]`: bad input, overload and faults against
 real local tritonservers it starts itself (ports 18200-18299), then chaos.md + chaos.csv + PNG.
 
 Figures: bad inputs tried, requests sent, requests lost (must be 0), errors by kind, max
@@ -25,9 +25,9 @@ from bge_triton.loadtest.chaos_faults import broken_start, kill9_under_load, kil
 from bge_triton.loadtest.chaos_inputs import flood, run_catalogue
 from bge_triton.loadtest.chaos_overload import OverloadSettings, run_overload
 
-require("loadtest", "python -m bge_triton.loadtest.chaos")
+require("loadtest", "bge-triton chaos")
 
-COMMAND = "python -m bge_triton.loadtest.chaos"
+COMMAND = "bge-triton chaos"
 
 
 @dataclass(frozen=True)
@@ -51,8 +51,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="CI-sized: 1500 bad requests, 8 s of overload")
     p.add_argument("--flood", type=int, default=None, help="bad requests in the RSS flood (default 10000)")
     p.add_argument("--overload-s", type=float, default=None, help="seconds at 3x capacity (default 60)")
-    p.add_argument("--soak", metavar="DURATION", help="run the soak instead (e.g. 20m): 70%% load with a server "
-                   "kill, a dead stub and a spike, reports/soak; its flags: --soak 1m --help")
     return p
 
 
@@ -249,10 +247,6 @@ def write_report(res: dict, settings: ChaosSettings, argv: list[str]) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if any(a == "--soak" or a.startswith("--soak=") for a in argv):
-        from bge_triton.loadtest.soak import main as soak_main
-
-        return soak_main(argv)
     args = _parser().parse_args(argv)
     flood_n = args.flood or (1500 if args.quick else 10_000)
     overload_s = args.overload_s or (8.0 if args.quick else 60.0)
@@ -270,7 +264,3 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {path}: {s['requests_sent']} requests, lost {s['requests_lost']}, max recovery "
           f"{s['max_recovery_s']:.2f} s, RSS growth {s['rss_growth_mb_flood']:+.1f} MiB")
     return 0 if s["requests_lost"] == 0 and s["catalogue_problems"] == 0 else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,4 @@
-"""`python -m bge_triton.loadtest.gateway_bench --repository DIR --model NAME --out reports/gateway`: the
+"""`bge-triton bench gateway --repository DIR --model NAME --out reports/gateway`: the
 gateway against the SDK straight to Triton, side by side in one run (markdown + CSV).
 
 One local tritonserver (the shipped text endpoint; encoder: `costmodel` = a zero-cost one, so the
@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
-import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -32,7 +31,7 @@ Call = Callable[[str], Awaitable[Any]]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bge_triton.loadtest.gateway_bench", description=__doc__,
+    p = argparse.ArgumentParser(prog="bge-triton bench gateway", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repository", type=Path, required=True, help="an exported model repository")
     p.add_argument("--model", default="bge_large_zh", help="text endpoint NAME in it")
@@ -203,7 +202,3 @@ def _run(args: argparse.Namespace, tmp: Path) -> list[dict[str, Any]]:
             gateway_process(srv.grpc_url, tmp / "gateway.log", model=args.model, repository=args.repository,
                             flags=args.gateway_arg) as (gateway, url):
         return asyncio.run(measure(args, srv.grpc_url, url, psutil.Process(gateway.pid)))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,4 @@
-"""`python -m bge_triton.loadtest.gateway_priority --repository DIR --model NAME --out reports/gateway`:
+"""`bge-triton bench gateway-priority --repository DIR --model NAME --out reports/gateway`:
 do online queries keep their latency while a bulk indexing job floods the same Triton?
 
 One local tritonserver on the emulated GPU (the cost-model encoder: a fixed time per batch plus a
@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,7 +26,7 @@ __all__ = ["build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bge_triton.loadtest.gateway_priority", description=__doc__,
+    p = argparse.ArgumentParser(prog="bge-triton bench gateway-priority", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repository", type=Path, required=True, help="an exported model repository")
     p.add_argument("--model", default="bge_large_zh", help="text endpoint NAME in it")
@@ -122,7 +121,3 @@ def write_report(args: argparse.Namespace, rows: list[dict[str, Any]], command: 
 
 def main(argv: Sequence[str] | None = None) -> int:
     return bench_main("bge_triton.loadtest.gateway_priority", build_parser(), argv, _run, write_report)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -9,7 +9,7 @@ A FastHttpUser posts the SDK's own request bytes (loadtest.loadgen) with catch_r
 exception. Closed mode: each user sends back to back. Paced mode: constant_throughput(--rate-per-user)
 per user, so -u x rate is the offered load while latency stays under it; when the server falls
 behind, paced users wait on their answers (a closed loop): for open-loop latency from the scheduled
-send time use the harness (python -m bge_triton.loadtest.bench / tune). Shapes (--shape /
+send time use the harness (bge-triton bench seed / bge-triton tune). Shapes (--shape /
 LOCUST_SHAPE): steady, step, tidal, spike (loadtest/shapes.py), scaled by -u (peak users) and -t.
 Per --window-s: Triton's batch size, queue and compute time (loadtest/window.py).
 """

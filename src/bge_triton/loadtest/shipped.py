@@ -1,4 +1,4 @@
-"""`python -m bge_triton.loadtest.shipped`: the committed config pair measured as shipped, against issue 14's targets.
+"""`bge-triton bench shipped`: the committed config pair measured as shipped, against issue 14's targets.
 
 On the emulated GPU (the encoder = cost model, loadtest/costmodel.py) with the real review length mix, side by
 side in one run: (a) the text endpoint, (b) tensor mode to the encoder with the client's length buckets, (c) the
@@ -225,7 +225,7 @@ def write_pick(cand: Candidate, canonical: Path = DEFAULT_CANONICAL) -> list[Pat
 
 def parse_args(argv: list[str] | None = None) -> tuple[bench.BenchSettings, tuple[Candidate, ...], Path | None,
                                                      tuple[int, ...]]:
-    p = argparse.ArgumentParser(prog="python -m bge_triton.loadtest.shipped", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="bge-triton bench shipped", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="short windows (about 3 minutes per candidate)")
     p.add_argument("--out", type=Path, default=REPORTS_DIR / "bench" / "shipped", help="report directory")
     p.add_argument("--candidate", action="append", default=[], help="'committed' (default) or key=value,... "
@@ -244,7 +244,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[bench.BenchSettings, tupl
     p.add_argument("--real-name", default=bench.BenchSettings.real_name, help="model name in --real-repo")
     a = p.parse_args(argv)
     dur = a.duration or (3.0 if a.quick else 8.0)
-    cmd = "python -m bge_triton.loadtest.shipped " + " ".join(argv if argv is not None else sys.argv[1:])
+    cmd = "bge-triton bench shipped " + " ".join(argv if argv is not None else sys.argv[1:])
     s = replace(bench.BenchSettings(), concurrency=max(a.peak_concurrency), warmup_s=0.5 if a.quick else 2.0,
                 duration_s=dur, low_duration_s=2 * dur, state_dir=a.state_dir, real_repo=a.real_repo,
                 real_name=a.real_name, command=cmd.strip(), out=a.out, cost=DEFAULT_COST)
@@ -265,7 +265,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote the pick {cand.name!r} into", ", ".join(map(str, paths[-2:])))
     print(f"shipped done in {time.monotonic() - t0:.0f} s; pick:", run.picked, "|", ", ".join(map(str, paths)))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

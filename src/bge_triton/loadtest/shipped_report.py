@@ -1,4 +1,4 @@
-"""The report of `python -m bge_triton.loadtest.shipped`: shipped.md, .csv and .png (each names its command)."""
+"""The report of `bge-triton bench shipped`: shipped.md, .csv and .png (each names its command)."""
 from __future__ import annotations
 
 import functools

@@ -23,10 +23,10 @@ def parse_duration(text: str) -> float:
     """'20m', '40s', '1h', '90' (seconds) or '1m30s' -> seconds; InputError naming the format otherwise."""
     parts = re.fullmatch(r"\s*((?:\d+(?:\.\d+)?[smh]?\s*)+)\s*", text or "")
     if not parts:
-        raise InputError(f"--soak {text!r}: use a duration such as 20m, 40s, 1h or 1m30s")
+        raise InputError(f"--duration {text!r}: use a duration such as 20m, 40s, 1h or 1m30s")
     total = sum(float(n) * _UNITS[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)([smh]?)", parts.group(1)))
     if total < 20:
-        raise InputError(f"--soak {text!r} is {total:.0f} s: a soak needs at least 20 s (three faults and "
+        raise InputError(f"--duration {text!r} is {total:.0f} s: a soak needs at least 20 s (three faults and "
                          "their recoveries)")
     return total
 

@@ -8,7 +8,7 @@ pad-to-longest on the same traffic; (c) split by Triton's own statistics (queue,
 outside Triton). `--text-param encoder=bls` measures the GPU topology (text endpoint -> BLS -> encoder)
 instead of the CPU variant's in-process encoder. A report, not a test:
 
-    python -m bge_triton.loadtest.stack_bench [--quick] [--out reports/stack]
+    bge-triton bench stack [--quick] [--out reports/stack]
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from bge_triton.loadtest.stats import fetch_stats, phase_means_ms
 from bge_triton.server.cpu_variant import CPU_TEXT_INSTANCES
 from bge_triton.server.launcher import LocalServer
 
-require("loadtest", "python -m bge_triton.loadtest.stack_bench")
+require("loadtest", "bge-triton bench stack")
 
 
 def _padding(before: dict[str, float], after: dict[str, float]) -> tuple[float, float, float]:
@@ -191,7 +191,7 @@ def _latency_client(name: str, srv: LocalServer, model: str):
 
 
 def parse_args(argv: list[str] | None = None) -> StackSettings:
-    p = argparse.ArgumentParser(prog="python -m bge_triton.loadtest.stack_bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="bge-triton bench stack", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="small run (about a minute): 2 rounds, short windows")
     p.add_argument("--out", type=Path, default=StackSettings.out, help="report folder (default reports/stack)")
     p.add_argument("--repository", type=Path, default=StackSettings.repository,
@@ -221,7 +221,7 @@ def parse_args(argv: list[str] | None = None) -> StackSettings:
     s = StackSettings(out=a.out, repository=a.repository, threads=a.threads, concurrency=a.concurrency,
                       per_request=a.per_request, text_instances=a.text_instances, spin=a.spin, settle_s=a.settle_s,
                       client=a.client,
-                      command="python -m bge_triton.loadtest.stack_bench "
+                      command="bge-triton bench stack "
                       + " ".join(sys.argv[1:] if argv is None else argv))
     if a.quick:
         s.rounds, s.window_s, s.warm_s, s.texts, s.latency_texts, s.sweep_texts = 2, 3.0, 1.0, 256, 40, 96
@@ -249,7 +249,3 @@ def main(argv: list[str] | None = None) -> int:
     for path in write_report(res, s.out, s.command):
         print("wrote", path)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -50,7 +50,7 @@ class StackSettings:
     spin: bool = CpuVariant.allow_spinning  # ORT spin-waiting (inside runs) in the stack, as the CPU variant
     client: str = "sdk-http"  # the (c) client: a key of CLIENTS
     seed: int = 0
-    command: str = "python -m bge_triton.loadtest.stack_bench"
+    command: str = "bge-triton bench stack"
 
 
 def machine() -> str:

@@ -105,7 +105,7 @@ def peak_sweep(measure: Callable[..., dict], http_url: str, front: str, concurre
 
 
 def probe_main(argv: list[str] | None = None) -> int:
-    """`python -m bge_triton.loadtest.sweep`: how many closed-loop users this machine's tritonserver answers,
+    """`bge-triton bench probe`: how many closed-loop users this machine's tritonserver answers,
     against the no-op model (the harness self-check), one fresh server per C so a stall cannot carry over."""
     import sys
     from pathlib import Path
@@ -113,7 +113,7 @@ def probe_main(argv: list[str] | None = None) -> int:
     from bge_triton.loadtest import harness, loadgen
     from bge_triton.loadtest.costmodel import DEFAULT
 
-    p = argparse.ArgumentParser(prog="python -m bge_triton.loadtest.sweep", description=probe_main.__doc__)
+    p = argparse.ArgumentParser(prog="bge-triton bench probe", description=probe_main.__doc__)
     p.add_argument("--concurrency", type=parse_concurrency, default=DEFAULT_SWEEP, help="users per probe")
     p.add_argument("--ramp-s", type=float,
                    help=f"seconds over which the users connect (default C / {CONNECTS_PER_S:g}; 0 = all at once)")
@@ -121,7 +121,7 @@ def probe_main(argv: list[str] | None = None) -> int:
     p.add_argument("--state-dir", type=Path, default=Path(__file__).resolve().parent.parent / ".kit" / "loadtest" /
                    "sweep_probe")
     a = p.parse_args(sys.argv[1:] if argv is None else argv)
-    repo = harness.build_repository(a.state_dir / "repo", None, None, "python -m bge_triton.loadtest.sweep")
+    repo = harness.build_repository(a.state_dir / "repo", None, None, "bge-triton bench probe")
     for c in a.concurrency:
         ramp = c / CONNECTS_PER_S if a.ramp_s is None else a.ramp_s
         h = harness.Harness(repo, a.state_dir / "state", DEFAULT).start()
@@ -135,7 +135,3 @@ def probe_main(argv: list[str] | None = None) -> int:
         print(f"C={c} ramp {ramp:.2f} s: {res.throughput:.0f} req/s, {res.errors} errors, {res.late} unanswered"
               + (f" ({res.first_error})" if res.first_error else ""), flush=True)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(probe_main())

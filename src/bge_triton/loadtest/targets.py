@@ -1,6 +1,6 @@
 """Issue 14's targets for the shipped config pair, as pure functions: verdicts, the ideal rate, host sizing.
 
-`python -m bge_triton.loadtest.shipped` measures the rows; this module turns them into pass/fail and
+`bge-triton bench shipped` measures the rows; this module turns them into pass/fail and
 picks the candidate pair, so the rules are unit-tested without a server.
 """
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""`python -m bge_triton.loadtest.tune --slo-p99-ms X --rate R`: sweep the batcher's queue delay and preferred sizes.
+"""`bge-triton tune --slo-p99-ms X --rate R`: sweep the batcher's queue delay and preferred sizes.
 
 Each candidate is loaded with a config override (explicit model control, no restarts), driven by an
 open-loop Poisson load at R req/s, and measured (goodput, p50/p99 from the scheduled send time, batch
 size, queue/compute split). The pick: the highest goodput among candidates that meet the SLO (p99 <= X,
 errors <= 1%); within 2% of that goodput, the lowest p99. --write puts the pick into model_repository/.
-`--pair` tunes the encoder's batching and the text endpoint's settings together (loadtest.shipped, issue 14's
-targets) and `--pair --write` writes both configs.
+`bge-triton tune pair` tunes the encoder's batching and the text endpoint's settings together (bench shipped,
+issue 14's targets) and `tune pair --write` writes both configs.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from bge_triton.loadtest.stats import fetch_stats, stats_delta, summarize
 from bge_triton.paths import REPORTS_DIR, STATE_DIR
 from bge_triton.server.repository import DEFAULT_CANONICAL, ENCODER_SUFFIX, Batching, update_batching_in_place
 
-require("loadtest", "python -m bge_triton.loadtest.tune")
+require("loadtest", "bge-triton tune")
 
 TUNE_FIELDS = ("delay_us", "preferred", "rate", "goodput", "p50_ms", "p99_ms", "n", "errors", "avg_batch",
                "queue_ms", "compute_ms", "meets_slo", "picked")
@@ -51,7 +51,7 @@ class TuneSettings:
     max_error_rate: float = 0.01
     cost: CostModel = DEFAULT_COST
     state_dir: Path = STATE_DIR / "loadtest" / "tune_state"
-    command: str = "python -m bge_triton.loadtest.tune"
+    command: str = "bge-triton tune"
 
 
 @dataclass
@@ -204,9 +204,9 @@ def _preferred(text: str) -> tuple[tuple[int, ...], ...]:
 
 
 def parse_args(argv: list[str] | None = None) -> TuneSettings:
-    p = argparse.ArgumentParser(prog="python -m bge_triton.loadtest.tune", description=__doc__.split("\n\n")[0],
-                                epilog="--pair [--write]: tune the encoder AND the text endpoint together (`tune "
-                                       "--pair --help`)")
+    p = argparse.ArgumentParser(prog="bge-triton tune", description=__doc__.split("\n\n")[0],
+                                epilog="`bge-triton tune pair [--write]`: the encoder AND the text endpoint "
+                                       "together (`tune pair --help`)")
     p.add_argument("--slo-p99-ms", type=float, required=True, help="p99 latency objective (ms)")
     p.add_argument("--rate", type=float, required=True, help="offered load, requests per second (open loop)")
     p.add_argument("--out", type=Path, default=TuneSettings.out, help="report directory (default reports/tune)")
@@ -237,11 +237,11 @@ def parse_args(argv: list[str] | None = None) -> TuneSettings:
         preferred=_preferred(a.preferred), seq_len=a.seq_len, warmup_s=a.warmup, duration_s=a.duration,
         repeats=a.repeats, cost=cost,
         state_dir=a.state_dir,
-        command="python -m bge_triton.loadtest.tune " + " ".join(argv if argv is not None else sys.argv[1:]))
+        command="bge-triton tune " + " ".join(argv if argv is not None else sys.argv[1:]))
 
 
 def pair_candidates(delays_us: str, preferred: str, split: str, max_in_flight: str, instances: str = "") -> list[str]:
-    """The grid of `--pair` as loadtest.shipped --candidate strings ('committed' first: it wins ties)."""
+    """The grid of `tune pair` as `bench shipped` --candidate strings ('committed' first: it wins ties)."""
     grid = ["committed"]
     for d in delays_us.split(","):
         for pref in _preferred(preferred):
@@ -254,9 +254,8 @@ def pair_candidates(delays_us: str, preferred: str, split: str, max_in_flight: s
 
 
 def pair_main(argv: list[str]) -> int:
-    """`--pair`: tune the encoder's batching AND the text endpoint's settings against issue 14's targets."""
-    p = argparse.ArgumentParser(prog="python -m bge_triton.loadtest.tune --pair", description=pair_main.__doc__)
-    p.add_argument("--pair", action="store_true", required=True)
+    """`tune pair`: tune the encoder's batching AND the text endpoint's settings against issue 14's targets."""
+    p = argparse.ArgumentParser(prog="bge-triton tune pair", description=pair_main.__doc__)
     p.add_argument("--delays-us", default="0,5000", help="encoder max_queue_delay candidates")
     p.add_argument("--preferred", default="none;16,32", help="encoder preferred-size sets, ';'-separated")
     p.add_argument("--split-overhead", default="64,628", help="text endpoint split_overhead_tokens candidates")
@@ -286,8 +285,6 @@ def pair_main(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if "--pair" in argv:
-        return pair_main(argv)
     s = parse_args(argv)
     run = run_tune(s)
     if s.write and run.picked:
@@ -297,7 +294,3 @@ def main(argv: list[str] | None = None) -> int:
     paths = write_tune(run, s.out)
     print("pick:", _label(run.picked) if run.picked else "none meets the SLO", "|", ", ".join(map(str, paths)))
     return 0 if run.picked else 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,72 @@
+"""The benchmark command tree: `bge-triton bench <scenario>`, `bge-triton tune [pair]`, `bge-triton chaos`.
+
+Every scenario is a module with main(argv) run on the same harness pieces (harness / loadgen / stats /
+report); this table is the one place that names them, and no command hands over to another behind the
+user's back. The other two benchmark entry points are Locust (`locust -f src/bge_triton/loadtest/locustfile.py`)
+and the bare GPU host's `bash src/bge_triton/loadtest/gpu/run.sh` (which runs `bench gpu`'s module).
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+
+# scenario -> (module, its main function, what it measures, [extra] it needs)
+BENCH: dict[str, tuple[str, str, str]] = {
+    "seed": ("bge_triton.loadtest.bench", "main",
+             "the seed table: no batching, static 32, dynamic 5 ms, delay 0, text endpoint; peak and low load"),
+    "shipped": ("bge_triton.loadtest.shipped", "main",
+                "the committed config pair as shipped against issue 14's targets (emulated GPU)"),
+    "stack": ("bge_triton.loadtest.stack_bench", "main", "raw ONNX Runtime against the full Triton stack"),
+    "gateway": ("bge_triton.loadtest.gateway_bench", "main", "the OpenAI gateway against the SDK straight to Triton"),
+    "gateway-priority": ("bge_triton.loadtest.gateway_priority", "main", "online queries under a bulk flood"),
+    "gateway-stall": ("bge_triton.loadtest.gateway_stall", "main", "can one request stall the gateway"),
+    "soak": ("bge_triton.loadtest.soak", "main", "a long run at 70% of capacity with a kill -9, a dead stub, a spike"),
+    "client": ("bge_triton.loadtest.client_cost", "main", "the sync HTTP transport's one-in-flight cost, old vs new"),
+    "plan-cost": ("bge_triton.loadtest.plan_cost", "main", "the text scheduler's planning cost per dispatch"),
+    "probe": ("bge_triton.loadtest.sweep", "probe_main", "how many closed-loop users this machine's server answers"),
+    "gpu": ("bge_triton.loadtest.gpu.bench_gpu", "main",
+            "the GPU host's bench (torch encoder, five scenarios + text endpoint); on a GPU host run gpu/run.sh"),
+}
+TUNE: dict[str, tuple[str, str, str]] = {
+    "delay": ("bge_triton.loadtest.tune", "main", "the encoder's queue delay and preferred sizes (default)"),
+    "pair": ("bge_triton.loadtest.tune", "pair_main", "the encoder's batching and the text endpoint together"),
+}
+
+
+def usage(command: str, table: dict[str, tuple[str, str, str]]) -> str:
+    rows = "\n".join(f"  {name:<17} {what}" for name, (_, _, what) in table.items())
+    return f"usage: bge-triton {command} <scenario> [flags]   (--help after the scenario for its flags)\n\n{rows}\n"
+
+
+def _run(command: str, table: dict[str, tuple[str, str, str]], argv: Sequence[str],
+         default: str | None = None) -> int:
+    args = list(argv)
+    if default is not None and (not args or args[0].startswith("-")) and args[:1] not in (["-h"], ["--help"]):
+        args = [default, *args]
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(usage(command, table))
+        return 0 if args else 2
+    name, rest = args[0], args[1:]
+    if name not in table:
+        print(f"bge-triton {command}: unknown scenario {name!r}\n\n{usage(command, table)}", file=sys.stderr)
+        return 2
+    module, function, _ = table[name]
+    return int(getattr(importlib.import_module(module), function)(rest) or 0)
+
+
+def bench_main(argv: Sequence[str]) -> int:
+    """`bge-triton bench <scenario> [flags]`."""
+    return _run("bench", BENCH, argv)
+
+
+def tune_main(argv: Sequence[str]) -> int:
+    """`bge-triton tune [delay|pair] [flags]` (delay when no scenario is named)."""
+    return _run("tune", TUNE, argv, default="delay")
+
+
+def chaos_main(argv: Sequence[str]) -> int:
+    """`bge-triton chaos [flags]`: bad input, overload and faults."""
+    from bge_triton.loadtest import chaos
+
+    return int(chaos.main(list(argv)) or 0)

@@ -1,0 +1,42 @@
+"""The benchmark command tree (loadtest.commands): every scenario reaches its own parser, nothing hands over."""
+from __future__ import annotations
+
+import pytest
+
+from bge_triton.loadtest import commands
+
+
+@pytest.mark.parametrize("table, name", [(commands.BENCH, n) for n in commands.BENCH]
+                         + [(commands.TUNE, n) for n in commands.TUNE])
+def test_every_scenario_prints_its_own_help(table, name: str, capsys: pytest.CaptureFixture) -> None:
+    run = commands.bench_main if table is commands.BENCH else commands.tune_main
+    with pytest.raises(SystemExit) as info:
+        run([name, "--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage:") and "bge-triton bench <scenario>" not in out  # the scenario's, not the tree's
+
+
+def test_the_tree_lists_its_scenarios_and_rejects_unknown_ones(capsys: pytest.CaptureFixture) -> None:
+    assert commands.bench_main([]) == 2
+    listing = capsys.readouterr().out
+    assert all(name in listing for name in commands.BENCH)
+    assert commands.bench_main(["nope"]) == 2
+    assert "unknown scenario 'nope'" in capsys.readouterr().err
+    assert commands.tune_main(["--help"]) == 0 and "pair" in capsys.readouterr().out
+
+
+def test_tune_without_a_scenario_is_the_delay_tuner(monkeypatch: pytest.MonkeyPatch) -> None:
+    from bge_triton.loadtest import tune
+
+    seen = []
+    monkeypatch.setattr(tune, "main", lambda argv: seen.append(("delay", argv)) or 0)
+    monkeypatch.setattr(tune, "pair_main", lambda argv: seen.append(("pair", argv)) or 0)
+    assert commands.tune_main(["--rate", "5"]) == 0 and commands.tune_main(["pair", "--quick"]) == 0
+    assert seen == [("delay", ["--rate", "5"]), ("pair", ["--quick"])]
+
+
+def test_chaos_has_no_soak_hand_over(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as info:
+        commands.chaos_main(["--soak", "20m"])
+    assert info.value.code == 2 and "unrecognized arguments: --soak" in capsys.readouterr().err

@@ -20,8 +20,14 @@ from tokenizers import Tokenizer
 from tritonclient.utils import InferenceServerException
 
 from bge_triton.server.cpu_variant import CpuVariant
-from bge_triton.server.repository import TEXT_ENDPOINT_FILES, TEXT_MODEL_DIR, Batching, load_config, set_param, \
-    write_config
+from bge_triton.server.repository import (
+    TEXT_ENDPOINT_FILES,
+    TEXT_MODEL_DIR,
+    Batching,
+    load_config,
+    set_param,
+    write_config,
+)
 
 pytestmark = pytest.mark.integration
 

@@ -14,8 +14,18 @@ MODEL_DIR = DEFAULT_CANONICAL / "bge_large_zh" / "1"
 sys.path.insert(0, str(MODEL_DIR))  # as the python backend stub does for model.py
 
 import text_core  # noqa: E402
-from text_core import (BadInput, Cancelled, EncoderFailed, EncoderOverloaded, TextError,  # noqa: E402
-                       TextSettings, TokenizerFailed, TooLong, encoder_error, triton_code)
+from text_core import (  # noqa: E402
+    BadInput,
+    Cancelled,
+    EncoderFailed,
+    EncoderOverloaded,
+    TextError,
+    TextSettings,
+    TokenizerFailed,
+    TooLong,
+    encoder_error,
+    triton_code,
+)
 
 
 @pytest.mark.parametrize("error, code", [

@@ -14,10 +14,9 @@ from bge_triton.server.repository import DEFAULT_CANONICAL
 
 sys.path.insert(0, str(DEFAULT_CANONICAL / "bge_large_zh" / "1"))  # as the python backend stub does
 
-from text_core import (BadInput, EncoderBackend, EncoderFailed, EncoderOverloaded, TextSettings,  # noqa: E402
-                       TooLong, encoder_error)
-from text_scheduler import Job, QueuePolicy, Scheduler  # noqa: E402
-from text_stages import TextPipeline, Tokenizers, decode  # noqa: E402
+from text_core import BadInput, EncoderBackend, EncoderFailed, EncoderOverloaded, TextSettings, TooLong, encoder_error
+from text_scheduler import Job, QueuePolicy, Scheduler
+from text_stages import TextPipeline, Tokenizers, decode
 
 WORDS = ["hello", "world", "fast", "embedding", "##s", "rag", "今", "天", "气", "很", "好", "poison"]
 VOCAB = {w: i for i, w in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", *WORDS])}
@@ -68,11 +67,11 @@ class FakeEncoder(EncoderBackend):
 class Endpoint:
     """The pipeline and a scheduler wired as model.py wires them; __call__ answers a Triton batch."""
 
-    def __init__(self, backend: EncoderBackend | None = None, policy: QueuePolicy = QueuePolicy(), **settings) -> None:
+    def __init__(self, backend: EncoderBackend | None = None, policy: QueuePolicy | None = None, **settings) -> None:
         self.s = TextSettings(**{"max_length": 12, **settings})
         self.backend = backend or FakeEncoder()
         self.pipeline = TextPipeline(self.s, Tokenizers(tiny_tokenizer(), self.s.max_length))
-        self.scheduler = Scheduler(self.s, self.backend, 0, DIM, self.answer, policy=policy)
+        self.scheduler = Scheduler(self.s, self.backend, 0, DIM, self.answer, policy=policy or QueuePolicy())
         self.answered: list[Job] = []
         self.cond = threading.Condition()
 
@@ -230,7 +229,7 @@ def test_a_bad_request_fails_alone() -> None:
     assert isinstance(out[1], BadInput) and "not valid UTF-8" in out[1].message
     assert isinstance(out[3], BadInput) and "text 1 is empty" in out[3].message
     assert isinstance(out[4], TooLong) and "text 0 has 22 tokens, over the limit of 12" in out[4].message
-    for got, r in zip((out[0], out[2], out[5]), good):
+    for got, r in zip((out[0], out[2], out[5]), good, strict=True):
         np.testing.assert_allclose(got, p([r])[0], atol=1e-6)
     assert p.pipeline.encode_pre([bad[0], good[0], bad[2]]).rejected == 2
     assert isinstance(p([req("hello " * 20)])[0], np.ndarray)  # truncate=true (default) embeds it

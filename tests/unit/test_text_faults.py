@@ -10,7 +10,6 @@ import threading
 
 import numpy as np
 import pytest
-
 from test_text_core_adapter import FINAL, InferenceResponse, Request, Sender, TritonError, execute, load_model, ok
 from test_text_core_stages import DIM, VOCAB
 
@@ -163,7 +162,8 @@ def test_a_tokenizer_that_raises_answers_its_request_and_the_batch_goes_on(tmp_p
     model.pipeline.tok.encode = encode
     responses = model.execute([request(["hello"]), request(["fast rag"]), request(["world"])])
     assert [r.has_error() for r in responses] == [False, True, False]  # one sub-batch: answered inline
-    assert responses[1].error().code() == TritonError.INTERNAL and "tokenizer exploded" in responses[1].error().message()
+    assert responses[1].error().code() == TritonError.INTERNAL
+    assert "tokenizer exploded" in responses[1].error().message()
     serves(model)
     model.finalize()
 

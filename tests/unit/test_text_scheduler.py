@@ -8,7 +8,6 @@ import weakref
 
 import numpy as np
 import pytest
-
 from test_text_core_stages import DIM, Endpoint, FakeEncoder, req
 from text_core import EncoderOverloaded, TextSettings, encoder_error
 from text_scheduler import Item, Job, QueryMarker, QueuePolicy, choose
@@ -17,7 +16,7 @@ from text_scheduler import Item, Job, QueryMarker, QueuePolicy, choose
 def items(lengths, arrivals=None) -> list[Item]:
     job = Job(len(lengths), 2, np.zeros((len(lengths), DIM), np.float32), np.zeros(len(lengths), np.int32))
     arrivals = arrivals or [0.0] * len(lengths)
-    return [Item(job, i, [1] * n, -(-n // 8) * 8, t) for i, (n, t) in enumerate(zip(lengths, arrivals))]
+    return [Item(job, i, [1] * n, -(-n // 8) * 8, t) for i, (n, t) in enumerate(zip(lengths, arrivals, strict=True))]
 
 
 def taken(p: Endpoint) -> None:
@@ -201,7 +200,8 @@ def test_a_text_waiting_past_the_queue_timeout_fails_its_request_unavailable() -
     enc.gate.set()
     p.wait(running + late)
     assert running[0].error is None
-    assert isinstance(late[0].error, EncoderOverloaded) and str(late[0].error).startswith("Request timeout expired: a text waited 6.0 s")
+    assert isinstance(late[0].error, EncoderOverloaded)
+    assert str(late[0].error).startswith("Request timeout expired: a text waited 6.0 s")
     assert p.answered.count(late[0]) == 1 and p.scheduler.pending == 0
     p.close()
 

@@ -146,7 +146,8 @@ def run(backlogs: list[int], out: Path, dispatches: int, old_budget_s: float, se
              f"{settings.split_overhead_tokens}, pad_to_multiple {settings.pad_to_multiple}). Lengths: load-test "
              "corpus reviews (one token per character + 2, capped at max_length). One priority level; after each "
              "take the backlog is refilled (untimed). Both policies measured in this run, one after the other.", "",
-             "| backlog (texts) | policy | dispatches | plan p50 (us) | plan p99 (us) | expiry p50 (us) | texts per run |",
+             "| backlog (texts) | policy | dispatches | plan p50 (us) | plan p99 (us) | expiry p50 (us) "
+             "| texts per run |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['backlog']} | {r['policy']} | {r['dispatches']} | {r['plan_us_p50']:.1f} | "

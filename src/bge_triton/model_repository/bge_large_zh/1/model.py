@@ -194,7 +194,7 @@ class TritonPythonModel:
         senders: list = []  # (sender, its job | None = not queued | False = answered) once senders are taken
         try:
             return self._execute(requests, senders)
-        except Exception as exc:  # noqa: BLE001 - a bug in this path answers the batch INTERNAL, the model goes on
+        except Exception as exc:
             _log(f"text endpoint: execute caught {type(exc).__name__}: {exc}")
             message = f"text endpoint failed on this batch: {type(exc).__name__}: {exc}"
             if not senders:
@@ -214,7 +214,8 @@ class TritonPythonModel:
             self.pending["batches"] += 1
             self.pending["bad"] += batch.rejected
         slot_of = {r: k for k, (r, _, _) in enumerate(batch.slots)}
-        jobs = [(self.scheduler.new_job(n, batch.priorities[r] or self.default_priority, timeout_s=_timeout_s(requests[r])),
+        jobs = [(self.scheduler.new_job(n, batch.priorities[r] or self.default_priority,
+                                        timeout_s=_timeout_s(requests[r])),
                  batch.ids[start:start + n]) for r, start, n in batch.slots]
         for job, _ in jobs:
             job.tokenize_us = batch.tokenize_us
@@ -225,7 +226,7 @@ class TritonPythonModel:
         taken.extend((sender, jobs[slot_of[r]][0] if r in slot_of else None) for r, sender in enumerate(senders))
         for r, k in slot_of.items():
             jobs[k][0].context = (senders[r], wanted[r])
-        for r, (sender, error) in enumerate(zip(senders, batch.errors)):
+        for r, (sender, error) in enumerate(zip(senders, batch.errors, strict=True)):
             if error is not None:
                 taken[r] = (sender, False)  # answered here: never again
                 self._send(sender, self._response(error)[0])
@@ -238,7 +239,7 @@ class TritonPythonModel:
         try:
             sender.send(response, flags=FINAL)
             return True
-        except Exception as exc:  # noqa: BLE001 - the caller carries on with the other requests
+        except Exception as exc:
             _log(f"text endpoint: sending a response raised {type(exc).__name__}: {exc}")
             return False
 
@@ -267,12 +268,13 @@ class TritonPythonModel:
         sender, wanted = job.context
         try:
             response, tensors = self._response(job, wanted)
-        except Exception as exc:  # noqa: BLE001 - e.g. an output that cannot be built: answer the error instead
+        except Exception as exc:
             response, tensors = pb_utils.InferenceResponse(error=pb_utils.TritonError(
                 f"text endpoint could not build its response: {type(exc).__name__}: {exc}",
                 pb_utils.TritonError.INTERNAL)), []
         if not self._send(sender, response) and tensors:
             # the embeddings could not go (e.g. no shared memory for them): a small error response may
             self._send(sender, pb_utils.InferenceResponse(error=pb_utils.TritonError(
-                "text endpoint could not send its response (see the server log); retry", pb_utils.TritonError.INTERNAL)))
+                "text endpoint could not send its response (see the server log); retry",
+                pb_utils.TritonError.INTERNAL)))
         del response, tensors  # dropped here, with the GIL

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, ContextManager, Mapping
+from typing import Any
 
 __all__ = ["TextSettings", "TextError", "BadInput", "TooLong", "EncoderOverloaded", "EncoderFailed",
            "TokenizerFailed", "Cancelled", "TRITON_CODES", "triton_code", "encoder_error", "EncoderBackend", "truthy"]
@@ -58,14 +60,14 @@ class TextSettings:
             raise ValueError("parameter encoder is empty: use 'bls' (the default)")
 
     @classmethod
-    def from_params(cls, params: Mapping[str, str], model_name: str = "") -> "TextSettings":
+    def from_params(cls, params: Mapping[str, str], model_name: str = "") -> TextSettings:
         """Build from a config's string parameters; keys that are not settings are ignored."""
         values: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
             if f.name not in params:
                 continue
             raw = str(params[f.name]).strip()
-            kind = type(f.default)
+            kind: Any = type(f.default)
             try:
                 values[f.name] = kind(raw) if kind is not str else raw
             except ValueError:
@@ -172,7 +174,7 @@ class EncoderBackend:
     def run(self, ids: Any, mask: Any) -> Any:
         raise NotImplementedError
 
-    def hold(self) -> ContextManager[object]:
+    def hold(self) -> AbstractContextManager[object]:
         return contextlib.nullcontext()
 
     def close(self) -> None:

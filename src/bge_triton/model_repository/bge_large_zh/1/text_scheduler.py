@@ -34,10 +34,11 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
-
-from text_core import Cancelled, EncoderFailed, EncoderOverloaded, TextError, TextSettings
+import numpy.typing as npt
+from text_core import Cancelled, EncoderBackend, EncoderFailed, EncoderOverloaded, TextError, TextSettings
 from text_stages import plan_sub_batches
 
 __all__ = ["Job", "Item", "Level", "choose", "QueryMarker", "QueuePolicy", "Scheduler", "CANCEL_CHECKS_PER_ROUND"]
@@ -51,8 +52,8 @@ class Job:
 
     rows: int
     priority: int
-    out: np.ndarray  # [rows, dim] float32
-    tokens: np.ndarray  # [rows] int32
+    out: npt.NDArray[np.float32]  # [rows, dim]
+    tokens: npt.NDArray[np.int32]  # [rows]
     remaining: int = 0  # texts not yet back from the encoder
     error: TextError | None = None
     context: object = None  # the adapter's handle (the response sender)
@@ -66,7 +67,7 @@ class Job:
     deadline: float = float("inf")
     waiting: int = 0  # texts still in the pool
     done: bool = False  # answered, or being answered, by exactly one thread
-    items: list = field(default_factory=list, repr=False)
+    items: list[Item] = field(default_factory=list, repr=False)
     # Held around the answer and around each is_cancelled() check: python_backend r24.10 asks the server about
     # the request's response factory, which the server deletes once the final response is sent (a check after
     # that would read freed memory in tritonserver), so a check runs only before the answer, never during it.
@@ -90,11 +91,18 @@ class Item:
 
     job: Job
     row: int
-    ids: Sequence[int]
+    ids: npt.NDArray[np.int32] | Sequence[int]
     padded: int  # length rounded up to pad_to_multiple
     arrival: float
     dead: bool = False  # its request failed while it waited: skipped, never sent
     taken: bool = False  # left the pool for the encoder
+
+
+class Pooled(Protocol):
+    """What a level reads of a waiting text (Item; loadtest.pool_estimate passes its own)."""
+
+    padded: int
+    arrival: float
 
 
 class Level:
@@ -105,16 +113,16 @@ class Level:
     head is its oldest text and the level's oldest is the oldest head."""
 
     def __init__(self) -> None:
-        self.buckets: dict[int, collections.deque] = {}
+        self.buckets: dict[int, collections.deque[Any]] = {}
         self.live: dict[int, int] = {}
         self.count = 0
 
-    def add(self, item) -> None:
+    def add(self, item: Pooled) -> None:
         self.buckets.setdefault(item.padded, collections.deque()).append(item)
         self.live[item.padded] = self.live.get(item.padded, 0) + 1
         self.count += 1
 
-    def drop(self, item) -> None:
+    def drop(self, item: Item) -> None:
         """`item` leaves without running (its request failed)."""
         item.dead = True
         self.live[item.padded] -= 1
@@ -123,18 +131,18 @@ class Level:
         if len(bucket) > 64 and len(bucket) > 2 * self.live[item.padded]:
             self.buckets[item.padded] = collections.deque(it for it in bucket if not it.dead)
 
-    def _head(self, padded: int):
+    def _head(self, padded: int) -> Any:
         bucket = self.buckets[padded]
         while bucket and getattr(bucket[0], "dead", False):
             bucket.popleft()
         return bucket[0] if bucket else None
 
-    def oldest(self):
+    def oldest(self) -> Any:
         heads = [self._head(p) for p, n in self.live.items() if n > 0]
         return min((h for h in heads if h is not None), key=lambda it: it.arrival, default=None)
 
-    def pop(self, padded: int, n: int) -> list:
-        out = []
+    def pop(self, padded: int, n: int) -> list[Any]:
+        out: list[Any] = []
         while len(out) < n:
             self._head(padded)  # past the dead
             item = self.buckets[padded].popleft()
@@ -144,7 +152,7 @@ class Level:
         self.count -= n
         return out
 
-    def pick(self, budget: int, max_batch: int, overhead: int) -> list:
+    def pick(self, budget: int, max_batch: int, overhead: int) -> list[Any]:
         """The next run (see the module doc): the oldest text and its neighbours by length; [] if empty."""
         head = self.oldest()
         if head is None:
@@ -171,7 +179,7 @@ class Level:
         return [it for p, n in sorted(wanted.items()) for it in self.pop(p, n)]
 
 
-def choose(items: Sequence, budget: int, max_batch: int, overhead: int) -> list:
+def choose(items: Sequence[Any], budget: int, max_batch: int, overhead: int) -> list[Any]:
     """The scheduler's policy on a plain list of texts (anything with .padded and .arrival): the run the
     scheduler would send next from a level holding them (Level.pick). For estimates (loadtest.pool_estimate)."""
     level = Level()
@@ -233,7 +241,7 @@ class QueuePolicy:
     levels: tuple[tuple[int, int, float], ...] = ()  # priority_queue_policy: (level, max_queue_size, timeout_s)
 
     @classmethod
-    def from_config(cls, cfg: dict) -> QueuePolicy:
+    def from_config(cls, cfg: dict[str, Any]) -> QueuePolicy:
         batching = cfg.get("dynamic_batching", {})
         policy = batching.get("default_queue_policy", {})
         levels = tuple(sorted((int(level), int(p.get("max_queue_size", 0) or 0),
@@ -279,7 +287,7 @@ class Scheduler:
     `cancelled(job)` (optional) says whether the job's client cancelled it (the adapter asks Triton);
     `log(message)` reports what a thread caught and carried on from."""
 
-    def __init__(self, settings: TextSettings, backend, pad_id: int, dim: int,
+    def __init__(self, settings: TextSettings, backend: EncoderBackend, pad_id: int, dim: int,
                  respond: Callable[[Job], None], marker: QueryMarker | None = None,
                  clock: Callable[[], float] = time.monotonic, policy: QueuePolicy = QueuePolicy(),
                  cancelled: Callable[[Job], bool] | None = None,
@@ -350,7 +358,7 @@ class Scheduler:
             try:
                 with job.guard:
                     self.respond(job)
-            except Exception as exc:  # noqa: BLE001 - one failed answer must not stop the others or the thread
+            except Exception as exc:
                 self.log(f"text endpoint: answering a request raised {type(exc).__name__}: {exc}")
 
     # --- admission ------------------------------------------------------------------------------------------
@@ -399,7 +407,8 @@ class Scheduler:
         job.queued_at = now
         for row, tok in enumerate(ids):
             job.tokens[row] = len(tok)
-        return [Item(job, row, np.asarray(tok, np.int32), -(-len(tok) // m) * m, now) for row, tok in enumerate(ids)]
+        return [Item(job, row, np.asarray(tok, np.int32), -(-len(tok) // m) * m, now)
+                for row, tok in enumerate(ids)]
 
     # --- deadlines and cancellation ------------------------------------------------------------------------
 
@@ -425,22 +434,23 @@ class Scheduler:
             try:
                 with self.cond:
                     expired = self._expire(self.clock())
-                    batch = self._rotate(CANCEL_CHECKS_PER_ROUND) if self.cancelled and self.s.cancel_check_s else []
+                    check = self.cancelled if self.s.cancel_check_s else None
+                    batch = self._rotate(CANCEL_CHECKS_PER_ROUND) if check is not None else []
                 self._answer(expired)
                 gone = []
                 for job in batch:  # outside the pool lock: each check is a round trip to the server
                     try:
                         with job.guard:  # never once its answer went (see Job.guard)
-                            if not job.done and self.cancelled(job):
+                            if not job.done and check is not None and check(job):
                                 gone.append(job)
-                    except Exception as exc:  # noqa: BLE001 - a failed check leaves the job as it is
+                    except Exception as exc:
                         self.log(f"text endpoint: is_cancelled raised {type(exc).__name__}: {exc}")
                 if gone:
                     with self.cond:
                         gone = [j for j in gone if self._finish(j, Cancelled(
                             "the request was cancelled by its client: its texts still waiting were dropped"))]
                     self._answer(gone)
-            except Exception as exc:  # noqa: BLE001 - the reaper carries on
+            except Exception as exc:
                 self.log(f"text endpoint: reaper caught {type(exc).__name__}: {exc}")
 
     def _rotate(self, n: int) -> list[Job]:
@@ -489,7 +499,7 @@ class Scheduler:
                 self.counters.queue_us += sum(int((now - job.queued_at) * 1e6) for job in left)
         return picked, query, slot
 
-    def _next(self, queries_only: bool):
+    def _next(self, queries_only: bool) -> tuple[tuple[list[Item], bool, bool] | None, list[Job]]:
         """Under the lock: (work, expired) once there is something to do; (None, []) when closing."""
         while not self.closing:
             expired = self._expire(self.clock())
@@ -509,7 +519,8 @@ class Scheduler:
 
     def _dispatch(self, queries_only: bool) -> None:
         while True:
-            picked, slot, query = [], False, True
+            picked: list[Item] = []
+            slot, query = False, True
             try:
                 with self.cond:
                     work, expired = self._next(queries_only)
@@ -524,13 +535,13 @@ class Scheduler:
                     self._answer(expired)
                     continue
                 self._run(picked)
-            except Exception as exc:  # noqa: BLE001 - a bug here must not strand requests or end the thread
+            except Exception as exc:
                 self.log(f"text endpoint: dispatcher caught {type(exc).__name__}: {exc}")
                 self._fail(picked, EncoderFailed(f"text endpoint failed on a sub-batch: {type(exc).__name__}: {exc}"))
                 self.stop.wait(0.01)  # no busy loop if the fault repeats
             finally:
                 if picked:
-                    if slot:
+                    if slot and self.marker is not None:
                         self.marker.release_bulk()
                     with self.cond:
                         self.running -= 1
@@ -568,7 +579,7 @@ class Scheduler:
             with self.counters.lock:  # never waited in the pool
                 self.counters.queued += len(jobs)
             self._run(picked, answer=False)
-        except Exception as exc:  # noqa: BLE001 - answered by the return value, with this error
+        except Exception as exc:
             with self.cond:
                 for job, _ in jobs:
                     self._finish(job, EncoderFailed(f"text endpoint failed on a sub-batch: {type(exc).__name__}: "
@@ -578,7 +589,7 @@ class Scheduler:
                 self.running -= 1
         return True
 
-    def _check(self, out, rows: int) -> tuple[np.ndarray | None, TextError | None]:
+    def _check(self, out: Any, rows: int) -> tuple[npt.NDArray[np.float32] | None, TextError | None]:
         """The encoder's answer as float32 [rows, dim], or the error naming what came back instead."""
         try:
             arr = np.asarray(out, dtype=np.float32)
@@ -607,11 +618,12 @@ class Scheduler:
                 out = self.backend.run(ids, mask)
         except TextError as exc:
             error = exc.with_traceback(None)  # its frames hold the encoder's response: no cycle through this one
-        except Exception as exc:  # noqa: BLE001 - a bug in a backend must answer its rows, not kill the thread
+        except Exception as exc:
             error = EncoderFailed(f"encoder call failed: {type(exc).__name__}: {exc}")
         ended = self.clock()
+        arr = None
         if error is None:
-            out, error = self._check(out, len(picked))
+            arr, error = self._check(out, len(picked))
         with self.counters.lock:
             self.counters.subs += 1
             self.counters.padded += ids.size
@@ -629,7 +641,8 @@ class Scheduler:
                     if self._finish(job, error):
                         done.append(job)
                     continue
-                job.out[it.row] = out[k]
+                assert arr is not None  # checked above: no error means an answer of the right shape
+                job.out[it.row] = arr[k]
                 job.remaining -= 1
                 if job.remaining == 0 and self._finish(job):
                     done.append(job)

@@ -9,13 +9,14 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
-from tokenizers import Tokenizer
-
+import numpy.typing as npt
 from text_core import BadInput, TextError, TextSettings, TokenizerFailed, TooLong, truthy
+from tokenizers import Tokenizer
 
 __all__ = ["decode", "Decoded", "DIRECTIONS", "Tokenizers", "plan_sub_batches", "Batch", "TextPipeline"]
 
@@ -31,7 +32,7 @@ class Decoded(NamedTuple):
     direction: str = "right"  # `truncation_direction`: "right" cuts the end, "left" the start
 
 
-def decode(raw: np.ndarray, parameters: str | None = None) -> Decoded:
+def decode(raw: npt.NDArray[Any], parameters: str | None = None) -> Decoded:
     """One request's texts and parameters (`truncate`, `priority_level`, `truncation_direction`); BadInput
     names the bad part."""
     params = json.loads(parameters or "{}")
@@ -79,7 +80,7 @@ class Tokenizers:
         self.pad_id = self.full.token_to_id("[PAD]") or 0
 
     @classmethod
-    def from_dir(cls, directory: str, max_length: int) -> "Tokenizers":
+    def from_dir(cls, directory: str, max_length: int) -> Tokenizers:
         path = os.path.join(directory, "tokenizer.json")
         if not os.path.isfile(path):
             raise FileNotFoundError(f"{path} is missing: run `python -m bge_triton.export --repository <repo> "
@@ -146,7 +147,7 @@ class TextPipeline:
     def __init__(self, settings: TextSettings, tokenizers: Tokenizers) -> None:
         self.settings, self.tok = settings, tokenizers
 
-    def encode_pre(self, requests: Sequence[tuple[np.ndarray, str | None]]) -> Batch:
+    def encode_pre(self, requests: Sequence[tuple[npt.NDArray[Any], str | None]]) -> Batch:
         """Decode and validate every request, tokenize the batch (one call per truncation mode). A tokenizer
         that raises fails only the requests it raised on (each retried alone), INTERNAL."""
         start_t = time.perf_counter()
@@ -170,7 +171,7 @@ class TextPipeline:
                 continue
             try:
                 flat = self.tok.encode([text for _, texts in group for text in texts], *mode)
-            except Exception:  # noqa: BLE001 - find the request(s) the tokenizer fails on; the rest go on
+            except Exception:
                 flat = None
             start = 0
             for r, texts in group:
@@ -179,7 +180,7 @@ class TextPipeline:
                     continue
                 try:
                     encoded[r] = self.tok.encode(texts, *mode)
-                except Exception as exc:  # noqa: BLE001 - a tokenizer bug answers its request, never the batch
+                except Exception as exc:
                     batch.errors[r] = TokenizerFailed(f"the tokenizer failed on this request: {type(exc).__name__}: "
                                                       f"{exc}")
         limit = self.settings.max_length

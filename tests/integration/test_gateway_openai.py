@@ -96,10 +96,12 @@ def tokenizer(minilm_repo: Path) -> Tokenizer:
     return tok
 
 
-def start(tmp: Path, triton: str, repo: Path, *extra: str, wait: str = "/ready") -> GatewayProc:
+def start(tmp: Path, triton: str, repo: Path | None = None, *extra: str, wait: str = "/ready") -> GatewayProc:
+    """A gateway with a Triton URL and a model name only (issue 25: no local tokenizer needed); repo, when
+    given, is passed as the optional --model-repository."""
     port = free_port()
-    proc = GatewayProc(["--triton", triton, "--model", NAME, "--model-repository", str(repo), *extra], port,
-                       tmp / f"gateway-{port}.log")
+    local = ["--model-repository", str(repo)] if repo is not None else []
+    proc = GatewayProc(["--triton", triton, "--model", NAME, *local, *extra], port, tmp / f"gateway-{port}.log")
     try:
         return proc.wait(wait)
     except BaseException:
@@ -109,7 +111,7 @@ def start(tmp: Path, triton: str, repo: Path, *extra: str, wait: str = "/ready")
 
 @pytest.fixture(scope="module")
 def gw(triton_server: Any, minilm_repo: Path, tmp_path_factory: pytest.TempPathFactory):
-    proc = start(tmp_path_factory.mktemp("gw"), triton_server.grpc_url, minilm_repo,
+    proc = start(tmp_path_factory.mktemp("gw"), triton_server.grpc_url, None,
                  "--served-model-name", "all-MiniLM-L6-v2", "--max-inputs", "128", "--max-body-bytes", "200000")
     yield proc
     proc.stop()
@@ -161,8 +163,10 @@ def test_explicit_base64_is_little_endian_float32(gw, sdk) -> None:
     assert r.status_code == 200
     got = np.stack([np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4") for d in r.json()["data"]])
     assert cosine(got, sdk.embed_documents(["hello", "world"])).min() >= 0.9999
-    for name in ("x-total-time", "x-tokenization-time", "x-inference-time"):
+    for name in ("x-total-time", "x-tokenization-time", "x-inference-time"):  # the text endpoint's own split
         assert float(r.headers[name]) > 0
+    assert float(r.headers["x-queue-time"]) >= 0
+    assert float(r.headers["x-inference-time"]) < float(r.headers["x-total-time"])
 
 
 def test_query_input_type_equals_sdk_queries(oa, sdk, tokenizer) -> None:
@@ -200,6 +204,33 @@ def test_tei_embed_equals_sdk(gw, sdk) -> None:
     assert cosine(np.array(r.json()), sdk.embed_documents(["hello", "world"])).min() >= 0.9999
 
 
+def test_tei_routes_accept_what_tei_accepts(gw, sdk) -> None:
+    """Issue 25 finding 4: POST / is /embed; truncation_direction in either spelling cuts the start through the
+    text endpoint; prompt_name query = the query instruction; an over-long text under truncate false is 413;
+    what TEI could do but this model cannot (dimensions, normalize false) is a 422 naming the field."""
+    tail = "The cat sits on the mat."
+    long_text = "alpha " * 400 + tail
+    root = httpx.post(gw.url + "/", json={"inputs": "hello"}, timeout=60)
+    assert root.status_code == 200 and cosine(np.array(root.json()[0]), sdk.embed_documents(["hello"])[0]) >= 0.9999
+    ref = sdk.embed_documents([tail])[0]
+    sims = {}
+    for direction in ("Left", "left", "Right", "right"):
+        r = httpx.post(gw.url + "/embed", json={"inputs": [long_text], "truncate": True,
+                                                "truncation_direction": direction}, timeout=60)
+        assert r.status_code == 200, r.text
+        sims[direction] = cosine(np.array(r.json()[0]), ref)
+    assert abs(sims["Left"] - sims["left"]) < 1e-5 and abs(sims["Right"] - sims["right"]) < 1e-5
+    assert sims["left"] > sims["right"] + 0.05  # the start was cut: the tail sentence stayed
+    q = httpx.post(gw.url + "/embed", json={"inputs": ["where does the cat sit"], "prompt_name": "query"}, timeout=60)
+    assert cosine(np.array(q.json()[0]), sdk.embed_queries(["where does the cat sit"])[0]) >= 0.9999
+    r = httpx.post(gw.url + "/embed", json={"inputs": [long_text]}, timeout=60)
+    assert r.status_code == 413 and r.json()["error_type"] == "Validation" and f"limit is {MAX_LENGTH}" in r.json()["error"]
+    for body, field in (({"inputs": "x", "dimensions": 8}, "dimensions"), ({"inputs": "x", "normalize": False}, "normalize"),
+                        ({"inputs": "x", "prompt_name": "summary"}, "prompt_name")):
+        r = httpx.post(gw.url + "/embed", json=body, timeout=60)
+        assert r.status_code == 422 and f"`{field}`" in r.json()["error"], r.text
+
+
 def error_of(r: Any, status: int, code: str) -> dict[str, Any]:
     assert r.status_code == status, r.text[:500]
     err = r.json()["error"]
@@ -234,7 +265,7 @@ def test_error_shapes_over_raw_http(gw) -> None:
 
 
 def test_keys_401_and_rate_limit_429(triton_server, minilm_repo, tmp_path) -> None:
-    proc = start(tmp_path, triton_server.grpc_url, minilm_repo, "--api-key", KEY, "--rate-limit", "0.05",
+    proc = start(tmp_path, triton_server.grpc_url, None, "--api-key", KEY, "--rate-limit", "0.05",
                  "--rate-burst", "3")
     try:
         with openai.OpenAI(base_url=proc.url + "/v1", api_key="wrong-key", max_retries=0) as bad:
@@ -255,11 +286,15 @@ def test_keys_401_and_rate_limit_429(triton_server, minilm_repo, tmp_path) -> No
 
 
 def test_triton_unreachable_is_503_with_retry_after(minilm_repo, tmp_path) -> None:
-    proc = start(tmp_path, f"127.0.0.1:{free_port()}", minilm_repo, "--timeout", "2", wait="/health")
+    """503 + Retry-After in the API's words: Triton's address stays in the gateway's log (issue 25 finding 2;
+    this test used to look for the SDK's 'tritonserver' hint in the body)."""
+    triton = f"127.0.0.1:{free_port()}"
+    proc = start(tmp_path, triton, None, "--timeout", "2", wait="/health")
     try:
         r = httpx.post(proc.url + "/v1/embeddings", json={"model": NAME, "input": "x"}, timeout=60)
         err = error_of(r, 503, "triton_unavailable")
-        assert int(r.headers["retry-after"]) >= 1 and "tritonserver" in err["message"]
+        assert int(r.headers["retry-after"]) >= 1 and "unreachable" in err["message"]
+        assert triton not in r.text and "127.0.0.1" not in r.text
         ready = httpx.get(proc.url + "/ready")
         assert ready.status_code == 503 and ready.json()["status"] == "not ready"
     finally:

@@ -14,7 +14,8 @@ import base64
 import contextlib
 import logging
 import time
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import anyio
 import anyio.to_process
@@ -31,8 +32,15 @@ from bge_triton.errors import KitError
 from bge_triton.gateway import models as m
 from bge_triton.gateway.auth import KeyGuard
 from bge_triton.gateway.backend import Backend, TritonBackend
-from bge_triton.gateway.errors import (GatewayError, bad_request, from_kit_error, openai_body, tei_body, too_large,
-                                       unknown_model)
+from bge_triton.gateway.errors import (
+    GatewayError,
+    bad_request,
+    from_kit_error,
+    openai_body,
+    tei_body,
+    too_large,
+    unknown_model,
+)
 from bge_triton.gateway.metrics import GatewayMetrics
 from bge_triton.gateway.openapi import Operation, build_openapi, docs_html
 from bge_triton.gateway.parsing import CHARS_PER_TOKEN, PROCESS_ABOVE, Parsed, ParseLimits, parse, parse_in_worker
@@ -210,7 +218,7 @@ def _answer(gw: Gateway, route: str, fn: Callable[[Request, dict[str, float]], A
             if auth:
                 gw.guard.check(_header(request, b"authorization") or None)
             response = await fn(request, timing)
-        except Exception as exc:  # noqa: BLE001 - every request gets one answer; unknown errors are logged whole
+        except Exception as exc:
             if isinstance(exc, KitError):
                 err = from_kit_error(exc, gw.s.retry_after_s, tei)
             else:
@@ -299,7 +307,7 @@ def _routes(gw: Gateway) -> tuple[list[Route], list[Operation]]:
 
 
 def create_app(settings: GatewaySettings, backend: Backend | None = None,
-               preparer: TextPreparer | None = None) -> "_Direct":
+               preparer: TextPreparer | None = None) -> _Direct:
     """The gateway app; backend (and the optional local tokenizer) are built from settings unless given."""
     backend = backend or TritonBackend(settings)
     if preparer is None and settings.tokenizer_dir:
@@ -353,7 +361,7 @@ async def _warm_parser(gw: Gateway) -> None:
     """Start the parse workers once (each imports pydantic and the models: about a second)."""
     try:
         await anyio.to_process.run_sync(parse_in_worker, b'{"inputs": "warm"}', True, gw.limits, limiter=gw.parsers)
-    except Exception as exc:  # noqa: BLE001 - a worker that cannot start fails its first big request instead
+    except Exception as exc:
         log.warning("parse worker did not start: %s", exc)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import hmac
 import math
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from bge_triton.gateway.errors import rate_limited, unauthorized
 

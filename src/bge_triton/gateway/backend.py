@@ -8,7 +8,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Any, Protocol, Sequence
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -114,7 +115,7 @@ class TritonBackend:
         if batcher is None:
             async def embed(texts: Sequence[str]) -> list[tuple[np.ndarray, int, Timing | None]]:
                 vectors, counts, timing = await self._call(texts, priority, truncate, direction)
-                return [(v, c, timing) for v, c in zip(vectors, counts.tolist())]  # one row per caller
+                return [(v, c, timing) for v, c in zip(vectors, counts.tolist(), strict=True)]  # one row per caller
 
             batcher = self._batchers[key] = MicroBatcher(
                 embed, max_batch=min(32, self.client.spec.max_batch_size), max_wait_s=self.settings.micro_batch_wait_s,

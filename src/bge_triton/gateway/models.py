@@ -7,7 +7,7 @@ schema says the same thing (a string with a visible character and no NUL, or a n
 from __future__ import annotations
 
 import sys
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, RootModel, WithJsonSchema
 from pydantic_core import PydanticCustomError
@@ -61,20 +61,20 @@ def _texts(field: str) -> Any:
     text = {"type": "string", "pattern": VISIBLE_PATTERN, "minLength": 1}
     schema = {"anyOf": [text, {"type": "array", "items": text, "minItems": 1}],
               "description": "one text, or a list of texts; each needs a visible character and no NUL"}
-    return Annotated[list[str], PlainValidator(check, json_schema_input_type=Union[str, list[str]]),
+    return Annotated[list[str], PlainValidator(check, json_schema_input_type=str | list[str]),
                      WithJsonSchema(schema)]
 
 
 class EmbeddingsRequest(BaseModel):
     """POST /v1/embeddings: OpenAI's request, with NVIDIA NIM's input_type and truncate."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # strict: 0 is not false, "5" is not 5
 
     input: _texts("input")  # type: ignore[valid-type]
     model: str = Field(description="a served model name (GET /v1/models)")
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: Optional[int] = Field(None, description="only the model's own width is served")
-    user: Optional[str] = None
+    dimensions: int | None = Field(None, description="only the model's own width is served")
+    user: str | None = None
     input_type: Literal["query", "passage"] = Field("passage", description="query: the query instruction is "
                                                     "prepended and the request goes at the queries' priority")
     truncate: Literal["NONE", "START", "END", "none", "start", "end"] = Field(
@@ -84,22 +84,22 @@ class EmbeddingsRequest(BaseModel):
 class TeiEmbedRequest(BaseModel):
     """POST /embed (and POST /): text-embeddings-inference's request."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     inputs: _texts("inputs")  # type: ignore[valid-type]
-    truncate: Optional[bool] = Field(None, description="cut a text over the token limit (default false: refuse it)")
+    truncate: bool | None = Field(None, description="cut a text over the token limit (default false: refuse it)")
     truncation_direction: Literal["Right", "Left", "right", "left"] = Field(
         "Right", description="Right cuts the end, Left the start (either spelling)")
-    normalize: bool = Field(True, description="the model L2-normalises in its graph: only true is served")
-    prompt_name: Optional[Literal["query", "passage"]] = Field(
+    normalize: Literal[True] = Field(True, description="the model L2-normalises in its graph: only true is served")
+    prompt_name: Literal["query", "passage"] | None = Field(
         None, description="query prepends the query instruction (and goes at the queries' priority)")
-    dimensions: Optional[int] = Field(None, description="only the model's own width is served")
+    dimensions: int | None = Field(None, description="only the model's own width is served")
 
 
 class Embedding(BaseModel):
     object: Literal["embedding"] = "embedding"
     index: int
-    embedding: Union[list[float], str] = Field(description="floats, or base64 of little-endian float32")
+    embedding: list[float] | str = Field(description="floats, or base64 of little-endian float32")
 
 
 class Usage(BaseModel):
@@ -121,8 +121,8 @@ class TeiEmbedResponse(RootModel[list[list[float]]]):
 class OpenAIError(BaseModel):
     message: str
     type: str
-    param: Optional[str]
-    code: Optional[str]
+    param: str | None
+    code: str | None
 
 
 class OpenAIErrorBody(BaseModel):
@@ -153,4 +153,4 @@ class Health(BaseModel):
 class Ready(BaseModel):
     status: Literal["ready", "not ready"]
     model: str
-    error: Optional[str] = None
+    error: str | None = None

@@ -81,6 +81,7 @@ def _deployment(schemas: dict[str, Any], names: tuple[str, ...], dim: int | None
 def build_openapi(ops: list[Operation], *, names: tuple[str, ...], dim: int | None, max_inputs: int,
                   keyed: bool, retry_after: bool = True) -> dict[str, Any]:
     """The OpenAPI 3.1 document of these operations."""
+    names_served = names
     refs, schemas = _schemas(ops)
     schemas = copy.deepcopy(schemas)
     _deployment(schemas, names, dim, max_inputs)
@@ -105,6 +106,10 @@ def build_openapi(ops: list[Operation], *, names: tuple[str, ...], dim: int | No
             responses[str(status)] = entry
         operation: dict[str, Any] = {"summary": op.summary, "operationId": f"{op.method}{op.path}".replace("/", "_"),
                                      "responses": responses}
+        names = [part[1:-1] for part in op.path.split("/") if part.startswith("{")]
+        if names:
+            operation["parameters"] = [{"name": n, "in": "path", "required": True,  # only {name}: a model name
+                                        "schema": {"type": "string", "enum": list(names_served)}} for n in names]
         if op.request is not None:
             operation["requestBody"] = {"required": True, "content": _content(refs[(op.request, "validation")])}
         if op.auth and keyed:

@@ -10,7 +10,7 @@ with 413 (NONE) before anyone tokenizes it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Union
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -38,7 +38,7 @@ class ParseLimits:
 class Parsed:
     """One checked request: the texts (str, or Utf8 from a worker) and what to do with them."""
 
-    texts: list[Union[str, Utf8]]
+    texts: list[str | Utf8]
     model: str | None  # OpenAI's `model`; None on TEI routes
     base64: bool
     query: bool
@@ -69,6 +69,9 @@ def _from_validation(exc: ValidationError, tei: bool) -> GatewayError:
     if kind in ("invalid_text", "token_ids"):
         return bad_request(err["msg"], param=field.split("[")[0], tei=tei,
                            code="unsupported_input" if kind == "token_ids" else "invalid_value")
+    if kind == "literal_error" and field == "normalize":
+        return bad_request(f"`normalize` is {err['input']!r}: the model L2-normalises inside its graph, so only "
+                           "normalize=true is served; drop the field", param="normalize", tei=tei)
     if kind == "literal_error":
         return bad_request(f"`{field}` is {err['input']!r}; use one of {err['ctx']['expected']}", param=field, tei=tei)
     return bad_request(f"`{field}`: {err['msg'].lower()}, got {err['input']!r}"[:500], param=field, tei=tei)
@@ -99,9 +102,6 @@ def parse(body: bytes, tei: bool, limits: ParseLimits, encode: bool = False) -> 
     try:
         if tei:
             t = TeiEmbedRequest.model_validate_json(body)
-            if not t.normalize:
-                raise bad_request("`normalize` is false: the model L2-normalises inside its graph, so only "
-                                  "normalize=true is served; drop the field", param="normalize", tei=tei, status=422)
             texts, truncate = t.inputs, ("NONE" if not t.truncate else
                                          "START" if t.truncation_direction.lower() == "left" else "END")
             out = Parsed(texts, None, False, t.prompt_name == "query", truncate, t.dimensions)

@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import ipaddress
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from bge_triton.client.core import BGE_QUERY_INSTRUCTION
 from bge_triton.errors import InputError

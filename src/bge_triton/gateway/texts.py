@@ -34,7 +34,7 @@ class TextPreparer:
             raise bad_request(f"the query instruction alone fills the {self.max_length}-token limit",
                               param="input_type")
         out = []
-        for text, enc in zip(texts, self._full.encode_batch(list(texts), add_special_tokens=False)):
+        for text, enc in zip(texts, self._full.encode_batch(list(texts), add_special_tokens=False), strict=True):
             k = len(enc.ids) - budget
             if k <= 0:
                 out.append(text)

@@ -75,7 +75,7 @@ def test_tensor_mix_bodies_pad_to_buckets_or_own_length(tmp_path):
     from tokenizers.models import WordLevel
 
     from bge_triton.client.core import DEFAULT_BUCKETS
-    from bge_triton.loadtest.bench import BenchSettings, _bodies
+    from bge_triton.loadtest.bench import BenchSettings, scenario_bodies
 
     chars = sorted({c for t in corpus.load("reviews")[:2000] for c in t})
     tok = Tokenizer(WordLevel({c: i + 2 for i, c in enumerate(chars)} | {"[PAD]": 0, "[UNK]": 1}, unk_token="[UNK]"))
@@ -86,7 +86,7 @@ def test_tensor_mix_bodies_pad_to_buckets_or_own_length(tmp_path):
     widths = {}
     for scenario in ("tensor_buckets", "tensor_own_length"):
         shapes = set()
-        for body in _bodies(s, scenario, 16):
+        for body in scenario_bodies(s, scenario, 16):
             header, payload = _split(body)
             ids, mask = header["inputs"]
             assert ids["name"] == "input_ids" and mask["name"] == "attention_mask" and ids["shape"] == mask["shape"]

@@ -101,7 +101,8 @@ def _shape(s: BenchSettings, executor: str) -> tuple[int, int]:
     return (s.concurrency, s.seq_len) if executor == "costmodel" else (s.real_concurrency, s.real_seq_len)
 
 
-def _bodies(s: BenchSettings, scenario: str, seq_len: int) -> tuple[bytes, ...]:
+def scenario_bodies(s: BenchSettings, scenario: str, seq_len: int) -> tuple[bytes, ...]:
+    """The request bodies of one bench scenario: tensor rows of seq_len tokens, a length-bucketed mix, or texts."""
     if scenario in TENSOR_MIX:
         tok = BucketTokenizer(str(s.real_repo / s.real_name / "1" / "tokenizer"), TENSOR_MIX[scenario])
         rows = (tok.encode([t]) for t in corpus.sample("reviews", 512, seed=1, max_chars=s.max_chars))
@@ -228,7 +229,7 @@ def run_executor(h: harness.Harness, s: BenchSettings, executor: str, run: Bench
             knobs = SCENARIOS["delay_0" if scenario in TENSOR_MIX else scenario]
             h.load(enc, knobs, executor=executor, params=params, variant=enc_variant)
             model, watch = enc, [enc]
-        bodies = _bodies(s, scenario, seq_len)
+        bodies = scenario_bodies(s, scenario, seq_len)
         win = s
         if scenario == "text_endpoint":  # slower per request (tokenize + BLS): a window must hold several batches
             win = replace(s, warmup_s=max(s.warmup_s, 1.5), duration_s=max(s.duration_s, 3.0),

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bge_triton.client import AsyncEmbeddingClient, InputError, KitError, Overloaded, RetryPolicy, ServerUnavailable
+from bge_triton.errors import Timeout
 from bge_triton.loadtest.chaos_common import start_server, tree_rss_mb
 from bge_triton.loadtest.stats import percentile
 from bge_triton.server.cpu_variant import CpuVariant
@@ -75,8 +76,10 @@ class Shot:
 def _kind(exc: BaseException) -> str:
     if isinstance(exc, Overloaded):
         return "overloaded"
+    if isinstance(exc, Timeout):
+        return "timeout"
     if isinstance(exc, ServerUnavailable):
-        return "timeout" if "no answer within" in str(exc) else "unavailable"
+        return "unavailable"
     if isinstance(exc, InputError):
         return "input"
     if isinstance(exc, KitError):

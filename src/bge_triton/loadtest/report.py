@@ -26,17 +26,18 @@ def machine_info() -> dict:
             "server": "tritonserver 2.51 (nvidia-pytriton 0.7.0 wheel), CPU, python backend"}
 
 
-def _f(value: float | None, digits: int = 1) -> str:
+def fmt(value: float | None, digits: int = 1) -> str:
+    """A table cell: the value to `digits` decimals, "-" for a missing or NaN one."""
     return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
 
 
 def row_line(row: dict) -> str:
     """One console line per measurement."""
     return (f"{row['executor']:11s} {row['scenario']:13s} {row['phase']:4s} {row['load']:>8s}: "
-            f"{row['throughput']:7.1f} req/s  avg {_f(row['avg_ms'])}  p50 {_f(row['p50_ms'])}  p99 "
-            f"{_f(row['p99_ms'])} ms  "
-            f"batch {_f(row['avg_batch'])}  queue {_f(row['queue_ms'])}  compute {_f(row['compute_ms'])} ms  "
-            f"cpu {_f(row['cpu_pct'], 0)}%  err {row['errors']}")
+            f"{row['throughput']:7.1f} req/s  avg {fmt(row['avg_ms'])}  p50 {fmt(row['p50_ms'])}  p99 "
+            f"{fmt(row['p99_ms'])} ms  "
+            f"batch {fmt(row['avg_batch'])}  queue {fmt(row['queue_ms'])}  compute {fmt(row['compute_ms'])} ms  "
+            f"cpu {fmt(row['cpu_pct'], 0)}%  err {row['errors']}")
 
 
 def write_csv(rows: list[dict], fields: tuple[str, ...], path: Path, command: str) -> Path:
@@ -60,12 +61,14 @@ def bench_table(rows: list[dict], executor: str) -> list[str]:
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for sc, pk in peaks.items():
         lo = lows.get(sc, {})
-        out.append(f"| {sc} | {pk['throughput']:.0f} | {_f(pk['throughput'] / base, 2)} | {_f(pk['p50_ms'])} / "
-                   f"{_f(pk['p99_ms'])} | "
-                   f"{_f(pk['avg_batch'])} | {_f(pk['front_batch'])} | {lo.get('load', '-')} | {_f(lo.get('avg_ms'))} "
-                   f"| {_f(lo.get('p50_ms'))} | "
-                   f"{_f(lo.get('p99_ms'))} | {_f(lo.get('avg_batch'))} | {_f(lo.get('queue_ms'))} | "
-                   f"{_f(lo.get('compute_ms'))} | {_f(100 * pk['server_cores'], 0)} / {_f(100 * pk['gen_cores'], 0)} "
+        out.append(f"| {sc} | {pk['throughput']:.0f} | {fmt(pk['throughput'] / base, 2)} | {fmt(pk['p50_ms'])} / "
+                   f"{fmt(pk['p99_ms'])} | "
+                   f"{fmt(pk['avg_batch'])} | {fmt(pk['front_batch'])} | {lo.get('load', '-')} | "
+                   f"{fmt(lo.get('avg_ms'))} "
+                   f"| {fmt(lo.get('p50_ms'))} | "
+                   f"{fmt(lo.get('p99_ms'))} | {fmt(lo.get('avg_batch'))} | {fmt(lo.get('queue_ms'))} | "
+                   f"{fmt(lo.get('compute_ms'))} | {fmt(100 * pk['server_cores'], 0)} / "
+                   f"{fmt(100 * pk['gen_cores'], 0)} "
                    f"| {pk['errors'] + lo.get('errors', 0)} |")
     return out
 

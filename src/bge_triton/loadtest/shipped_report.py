@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bge_triton.loadtest import report, targets
-from bge_triton.loadtest.report import _f
+from bge_triton.loadtest.report import fmt
 
 if TYPE_CHECKING:  # shipped imports this module lazily; no cycle at run time
     from bge_triton.loadtest.bench import BenchSettings
@@ -44,9 +44,9 @@ def _sizing(run, s) -> list[str]:
         per_inst = 1000.0 / stub if stub == stub and stub > 0 else float("nan")
         n = targets.instances_for_host(gpu, per_inst) if per_inst == per_inst else "-"
         inst = next(c.text_instances for c in run.candidates if c.name == cand) or "config's"
-        out.append(f"| {cand} | {inst} | {pk['throughput']:.0f} | {_f(pk['front_batch'])} | "
-                   f"{_f(targets.cpu_s_per_1000(pk['server_cores'], pk['throughput']), 2)} | "
-                   f"{_f(stub, 2)} | {_f(per_inst, 0)} | {n} |")
+        out.append(f"| {cand} | {inst} | {pk['throughput']:.0f} | {fmt(pk['front_batch'])} | "
+                   f"{fmt(targets.cpu_s_per_1000(pk['server_cores'], pk['throughput']), 2)} | "
+                   f"{fmt(stub, 2)} | {fmt(per_inst, 0)} | {n} |")
     out += ["", f"Instances = ceil(ideal GPU rate {gpu:.0f} texts/s / texts/s per instance), at least 2 (one instance "
             "tokenizes and answers while the other's sub-batches run on the encoder), at most 16 - 4 cores (4 left to "
             "Triton's front ends, batchers and the encoder's host work): `loadtest.targets.instances_for_host`. The "
@@ -142,10 +142,10 @@ def _sweep(run, s) -> list[str]:
             mark = lambda v, b: f"**{v:.0f}**" if b else f"{v:.0f}"  # noqa: E731 - the saturation point in bold
             out.append(f"| {c.name} | {k} | {mark(r['throughput'], k == best[0])} | "
                        f"{mark(tr.get('throughput', float('nan')), k == best[1])} | "
-                       f"{_f(r['throughput'] / tr['throughput'] if tr.get('throughput') else float('nan'), 2)} | "
+                       f"{fmt(r['throughput'] / tr['throughput'] if tr.get('throughput') else float('nan'), 2)} | "
                        f"{r['throughput'] / gpu:.2f} | {ceil:.0f} | {ceil / gpu:.2f} | {r['throughput'] / ceil:.2f} | "
                        f"{est:.0f} | {r['throughput'] / est:.2f} | "
-                       f"{_f(r['p50_ms'])} / {_f(r['p99_ms'])} | {_f(r['front_batch'])} | {_f(r['avg_batch'])} | "
+                       f"{fmt(r['p50_ms'])} / {fmt(r['p99_ms'])} | {fmt(r['front_batch'])} | {fmt(r['avg_batch'])} | "
                        f"{r['errors']} / {tr.get('errors', '-')} |")
     return out
 
@@ -179,10 +179,10 @@ def _generator(run) -> list[str]:
             continue
         note = _queue_note(r)
         out.append(f"| {r['candidate']} | {r['path']} | {r['concurrency']} | {r['throughput']:.0f} | "
-                   f"{_f(r['server_rate'], 0)} | {_f(r['server_in_flight'], 0)} | "
-                   f"{_f(r.get('loop_lag_ms'), 2)} / {_f(r.get('loop_lag_max_ms'), 1)} | "
-                   f"{_f(r['concurrency'] - r['throughput'] * r.get('loop_lag_ms', float('nan')) / 1000.0, 0)} | "
-                   f"{_f(r['gen_cores'], 2)} | "
+                   f"{fmt(r['server_rate'], 0)} | {fmt(r['server_in_flight'], 0)} | "
+                   f"{fmt(r.get('loop_lag_ms'), 2)} / {fmt(r.get('loop_lag_max_ms'), 1)} | "
+                   f"{fmt(r['concurrency'] - r['throughput'] * r.get('loop_lag_ms', float('nan')) / 1000.0, 0)} | "
+                   f"{fmt(r['gen_cores'], 2)} | "
                    f"{r['max_queue_size']} / {r['queue_timeout_us'] / 1e6:g} | {note} | {r['errors']} | "
                    f"{r.get('unanswered', '-')} | {r['first_error'][:80] or '-'} |")
     out.append("")
@@ -236,14 +236,14 @@ def write(run: ShippedRun, s: BenchSettings) -> list[Path]:
     for cand, vs in run.verdicts.items():
         lines += [f"### {cand}", "", "| target | limit | measured | peak taken at (highest over the sweep) | verdict |",
                   "|---|---|---|---|---|"]
-        lines += [f"| {v['target']} | {v['sense']} {v['limit']:g} | {_f(v['measured'], 2)} | {v.get('at') or '-'} | "
+        lines += [f"| {v['target']} | {v['sense']} {v['limit']:g} | {fmt(v['measured'], 2)} | {v.get('at') or '-'} | "
                   f"{'PASS' if v['pass'] else 'FAIL'} |" for v in vs]
         lines.append("")
     lines += ["## Rows", "", "| candidate | path | phase | load | texts/s | p50 ms | p99 ms | encoder batch | "
               "queue ms | compute ms | errors |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['candidate']} | {r['path']} | {r['phase']} | {r['load']} | {r['throughput']:.0f} | "
-              f"{_f(r['p50_ms'])} | "
-              f"{_f(r['p99_ms'])} | {_f(r['avg_batch'])} | {_f(r['queue_ms'])} | {_f(r['compute_ms'])} | "
+              f"{fmt(r['p50_ms'])} | "
+              f"{fmt(r['p99_ms'])} | {fmt(r['avg_batch'])} | {fmt(r['queue_ms'])} | {fmt(r['compute_ms'])} | "
               f"{r['errors']} |"
               for r in run.rows]
     lines += ["", "## Peak sweep: every C", "",

@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 
 from bge_triton.client import AsyncEmbeddingClient, KitError, Overloaded, RetryPolicy, ServerUnavailable
-from bge_triton.errors import InputError
+from bge_triton.errors import InputError, Timeout
 from bge_triton.loadtest import corpus
 from bge_triton.loadtest.soak_analysis import (
     PlannedEvent,
@@ -78,6 +78,8 @@ class SoakSettings:
 def _kind(exc: BaseException) -> str:
     if isinstance(exc, Overloaded):
         return "Overloaded"
+    if isinstance(exc, Timeout):
+        return "Timeout"
     if isinstance(exc, ServerUnavailable):
         return "ServerUnavailable"
     if isinstance(exc, KitError):

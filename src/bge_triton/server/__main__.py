@@ -11,7 +11,7 @@ from pathlib import Path
 from bge_triton.errors import KitError
 from bge_triton.server.canary import canary_all
 from bge_triton.server.cpu_variant import CpuVariant
-from bge_triton.server.launcher import DEFAULT_STATE, LocalServer, ServerSettings, _alive, _ready, stop_pid
+from bge_triton.server.launcher import DEFAULT_STATE, LocalServer, ServerSettings, http_ready, pid_alive, stop_pid
 from bge_triton.server.repository import iter_models, load_config
 
 
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.cmd == "up":
             info = _info(args.state_dir)
-            if info and _alive(info["pid"]) and (args.state_dir / "server.pid").exists():
+            if info and pid_alive(info["pid"]) and (args.state_dir / "server.pid").exists():
                 print(f"already running: pid {info['pid']} (http 127.0.0.1:{info['http_port']}); "
                       "`python -m bge_triton.server down` first", file=sys.stderr)
                 return 1
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             pid_file.unlink(missing_ok=True)
             print(f"stopped pid {pid}" if was else f"pid {pid} was not running")
             return 0
-        alive, ready = _alive(pid), _ready(info["http_port"])
+        alive, ready = pid_alive(pid), http_ready(info["http_port"])
         print(f"pid {pid}: {'running' if alive else 'not running'}, {'ready' if ready else 'not ready'}, "
               f"http 127.0.0.1:{info['http_port']} grpc 127.0.0.1:{info['grpc_port']} "
               f"metrics 127.0.0.1:{info['metrics_port']}, repository {info['repository']}")

@@ -185,7 +185,8 @@ def _listening(port: int) -> bool:
         return False
 
 
-def _ready(port: int) -> bool:
+def http_ready(port: int) -> bool:
+    """True when the tritonserver on 127.0.0.1:port answers /v2/health/ready with 200."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=2) as resp:
             return resp.status == 200
@@ -293,7 +294,7 @@ class LocalServer:
                                      f"{_failure(self.log_path)}")
             # Triton starts its gRPC, HTTP and metrics listeners one after the other (metrics ~40 ms after
             # HTTP here): ready means HTTP's readiness and the other two accepting connections.
-            if _ready(self.settings.http_port) and all(
+            if http_ready(self.settings.http_port) and all(
                     _listening(port) for port in (self.settings.grpc_port, self.settings.metrics_port)):
                 return
             time.sleep(0.25)
@@ -330,7 +331,7 @@ def stop_pid(pid: int, timeout_s: float = 20.0, proc: subprocess.Popen | None = 
         if proc is not None:
             if proc.poll() is not None:
                 return True
-        elif not _alive(pid):
+        elif not pid_alive(pid):
             return True
         time.sleep(0.1)
     try:
@@ -342,7 +343,8 @@ def stop_pid(pid: int, timeout_s: float = 20.0, proc: subprocess.Popen | None = 
     return True
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """True while a process with this pid exists (signal 0)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

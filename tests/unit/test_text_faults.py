@@ -265,3 +265,19 @@ def test_cancellation_is_never_checked_after_the_answer(tmp_path, monkeypatch) -
     answered(requests)
     model.finalize()
     once(requests)
+
+
+def test_a_bug_in_the_dispatcher_fails_its_sub_batch_and_the_thread_lives(tmp_path, monkeypatch) -> None:
+    model, _ = load_model(tmp_path, monkeypatch, ok, sub_batch_max=1, max_in_flight=1, query_levels=0)
+    real = model.scheduler._check
+    model.scheduler._check = lambda out, rows: (_ for _ in ()).throw(KeyError("a bug after the encoder call"))
+    hit = request(["hello", "world"])
+    assert model.execute([hit]) is None
+    answered([hit])
+    assert code(hit) == TritonError.INTERNAL and "a bug after the encoder call" in hit.sender.calls[0].error().message()
+    model.scheduler._check = real
+    serves(model)
+    with model.scheduler.cond:  # the in-flight count comes back (decremented, and notified, after the answer)
+        assert model.scheduler.cond.wait_for(lambda: model.scheduler.running == 0, 10)
+    model.finalize()
+    once([hit])

@@ -520,7 +520,7 @@ class Scheduler:
     def _dispatch(self, queries_only: bool) -> None:
         while True:
             picked: list[Item] = []
-            slot, query = False, True
+            slot, query, counted = False, True, False
             try:
                 with self.cond:
                     work, expired = self._next(queries_only)
@@ -529,6 +529,7 @@ class Scheduler:
                     if work is not None:
                         picked, query, slot = work
                         self.running += 1
+                        counted = True
                         if not query:
                             self.bulk_running += 1
                 if expired:  # a job whose other texts are still at the encoder is answered once, here
@@ -540,7 +541,7 @@ class Scheduler:
                 self._fail(picked, EncoderFailed(f"text endpoint failed on a sub-batch: {type(exc).__name__}: {exc}"))
                 self.stop.wait(0.01)  # no busy loop if the fault repeats
             finally:
-                if picked:
+                if counted:
                     if slot and self.marker is not None:
                         self.marker.release_bulk()
                     with self.cond:

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from bge_triton.errors import ExportError
 from bge_triton.export.__main__ import main
 from bge_triton.export.settings import ExportSettings, build_parser, parse_settings
 from bge_triton.export.source import inspect_model
-from bge_triton.errors import ExportError
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 
@@ -29,7 +29,8 @@ def test_missing_dir(tmp_path):
 
 
 def test_unreachable_hub_id_names_alternatives(tmp_path):
-    with pytest.raises(ExportError, match=r"BAAI/bge-large-zh-v1.5.*not in the Hugging Face cache.*local model directory"):
+    with pytest.raises(ExportError,
+                       match=r"BAAI/bge-large-zh-v1.5.*not in the Hugging Face cache.*local model directory"):
         inspect_model(_settings(tmp_path, model="BAAI/bge-large-zh-v1.5", hf_cache=tmp_path / "hf").check())
 
 
@@ -147,8 +148,9 @@ def test_default_cache_dir_follows_xdg_then_cwd_then_tmp(tmp_path):
             assert default_cache_dir({}, ro / ".kit") == Path(tempfile.gettempdir()) / "bge-triton-cache"
     finally:
         ro.chmod(0o700)
-    assert parse_settings(["--model", "m/x", "--repository", str(tmp_path / "r"), "--name", "m"],
-                          environ={"XDG_CACHE_HOME": str(tmp_path / "xdg")}).cache_dir == tmp_path / "xdg" / "bge-triton"
+    s = parse_settings(["--model", "m/x", "--repository", str(tmp_path / "r"), "--name", "m"],
+                       environ={"XDG_CACHE_HOME": str(tmp_path / "xdg")})
+    assert s.cache_dir == tmp_path / "xdg" / "bge-triton"
 
 
 def test_int8_recipe_the_server_cannot_run_is_refused_with_versions(tmp_path):
@@ -167,4 +169,4 @@ def test_settings_import_no_other_export_step():
     code = ("import sys, bge_triton.export.settings; "
             "print(sorted(m for m in sys.modules if m.startswith('bge_triton.export.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert eval(out) == ["bge_triton.export.recipes", "bge_triton.export.settings"]  # noqa: S307 - our own output
+    assert eval(out) == ["bge_triton.export.recipes", "bge_triton.export.settings"]

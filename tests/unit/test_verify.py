@@ -138,7 +138,8 @@ def test_reference_round_trip_is_exact(tmp_path):
     ref = _reference()
     got = sa.load_reference(_write(tmp_path, ref))
     assert got.model == "m" and got.encoder == "m_onnx" and got.tolerance == "min cosine >= 0.999"
-    assert all(np.array_equal(a.vector, b.vector) and a.input_ids == b.input_ids for a, b in zip(ref.probes, got.probes))
+    pairs = zip(ref.probes, got.probes, strict=True)
+    assert all(np.array_equal(a.vector, b.vector) and a.input_ids == b.input_ids for a, b in pairs)
     assert sa.reference_path(tmp_path, "m") == tmp_path / "m_onnx" / "1" / "reference.json"
 
 
@@ -230,8 +231,9 @@ def test_urls_and_protocols():
 
 
 def test_check_reports_an_unreachable_server_as_not_ok(tmp_path):
-    from bge_triton.verify import check
     import socket
+
+    from bge_triton.verify import check
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -17,9 +17,9 @@ import platform
 import subprocess
 import sys
 import venv
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -110,7 +110,7 @@ def compare(repository: Path, model: str, python: Path) -> tuple[str, list[Compa
     vectors = np.stack([p.vector for p in ref.probes])
     a, b, c = _cos(other, here), _cos(other, vectors), _cos(here, vectors)
     return version, [CompatRow(ref.source, ref.precision, p.name, len(p.input_ids), float(x), float(y), float(z))
-                     for p, x, y, z in zip(ref.probes, a, b, c)]
+                     for p, x, y, z in zip(ref.probes, a, b, c, strict=True)]
 
 
 def write_report(rows: list[CompatRow], version: str, here: str, out: Path, command: str) -> tuple[Path, Path]:
@@ -165,7 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"compat failed: {err}", file=sys.stderr)
         return 1
     for r in rows:
-        print(f"{r.precision:<5} {r.probe:<15} {r.other_vs_here:.7f} {r.other_vs_reference:.7f} {r.here_vs_reference:.7f}")
+        print(f"{r.precision:<5} {r.probe:<15} {r.other_vs_here:.7f} {r.other_vs_reference:.7f} "
+              f"{r.here_vs_reference:.7f}")
     if a.out:
         cmd = "python -m bge_triton.export.compat " + " ".join(
             [f"--repository {r}" for r in a.repository] + [f"--model {a.model}", f"--onnxruntime {a.onnxruntime}",

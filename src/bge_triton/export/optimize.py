@@ -36,7 +36,8 @@ def fuse(src: Path, dst: Path, source: ModelSource, use_gpu: bool, external_data
         opt = optimize_model(str(src), model_type="bert", num_heads=source.heads, hidden_size=source.hidden,
                              opt_level=0, use_gpu=use_gpu, optimization_options=options)
     except (RuntimeError, ValueError, AssertionError) as err:
-        raise ExportError(f"ONNX Runtime fusion failed for {src} (heads {source.heads}, hidden {source.hidden}): {err}") from err
+        raise ExportError(f"ONNX Runtime fusion failed for {src} (heads {source.heads}, hidden {source.hidden}): "
+                          f"{err}") from err
     stats = {k: int(v) for k, v in opt.get_fused_operator_statistics().items() if v}
     opt.model.ir_version = min(opt.model.ir_version, MAX_IR_VERSION)
     if external_data:

@@ -110,7 +110,7 @@ def check_probes(probes: dict, graph: Path, s: ExportSettings, fid: Fidelity) ->
     """The verify probes through the exported graph (this ONNX Runtime, the stored tokens): each probe's cosine goes
     into the reference file, and a probe below the precision's tolerance fails the export as any other bar."""
     cos = probe_cosines(probes, OnnxEmbedder(graph, s.threads))
-    for p, c in zip(probes["probes"], cos):
+    for p, c in zip(probes["probes"], cos, strict=True):
         p["export_cosine"] = round(float(c), 7)
     tol = probes["tolerance"]
     worst = int(cos.argmin())

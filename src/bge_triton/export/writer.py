@@ -8,7 +8,6 @@ import shutil
 from pathlib import Path
 
 from bge_triton.errors import ExportError
-
 from bge_triton.verify.standalone import REFERENCE_FILE
 
 from .source import ModelSource
@@ -40,7 +39,8 @@ def write_tokenizer(tokenizer, dst: Path, synthetic: bool) -> None:
     dst.mkdir(parents=True)
     tokenizer.save_pretrained(str(dst))
     if synthetic:
-        (dst / "SYNTHETIC").write_text("SYNTHETIC: generated vocab of a random-weight model (python -m bge_triton.export).\n")
+        (dst / "SYNTHETIC").write_text("SYNTHETIC: generated vocab of a random-weight model "
+                                       "(python -m bge_triton.export).\n")
 
 
 def write_report(report: dict, dst: Path) -> None:

@@ -9,8 +9,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .standalone import (REFERENCE_FILE, ProbeResult, Reference, Result, VerifyError, judge, load_reference,
-                         reference_path, resolve_reference, run_check)
+from .standalone import (
+    REFERENCE_FILE,
+    ProbeResult,
+    Reference,
+    Result,
+    VerifyError,
+    judge,
+    load_reference,
+    reference_path,
+    resolve_reference,
+    run_check,
+)
 
 __all__ = ["check", "Result", "ProbeResult", "Reference", "VerifyError", "load_reference", "reference_path",
            "judge", "REFERENCE_FILE", "DEFAULT_REPOSITORY"]

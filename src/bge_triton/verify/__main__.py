@@ -8,8 +8,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from . import DEFAULT_REPOSITORY
 from .standalone import CANNOT_CHECK, FAILED, OK, VerifyError, load_reference, resolve_reference, run_check

@@ -25,9 +25,10 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -109,7 +110,8 @@ def load_reference(path: str | Path) -> Reference:
                         None if tol.get("mean_cosine") is None else float(tol["mean_cosine"]), int(doc["dim"]),
                         int(doc["max_length"]), doc.get("source", "?"), probes, hashlib.sha256(raw).hexdigest())
     except (ValueError, KeyError, TypeError) as err:
-        raise VerifyError(f"{p} is not a readable reference file ({type(err).__name__}: {err}); re-export the model")
+        raise VerifyError(f"{p} is not a readable reference file ({type(err).__name__}: {err}); "
+                          "re-export the model") from err
     if not probes or any(pr.vector.shape != (ref.dim,) for pr in probes):
         raise VerifyError(f"{p}: probes missing or not of {ref.dim} dims; re-export the model")
     return ref
@@ -145,7 +147,7 @@ class Result:
         rows = [f"{'probe':<18} {'kind':<34} {'text endpoint':>13} {'encoder':>9} {'tokens':>11}"]
         for p in self.probes:
             served = "-" if p.tokens_served is None else str(p.tokens_served)
-            rows.append(f"{p.name:<18} {p.kind[:34]:<34} {p.text_cosine:>13.6f} {p.encoder_cosine:>9.6f} "
+            rows.append(f"{p.name:<18} {p.kind[:34]:<34} {p.text_cosine:>13.7f} {p.encoder_cosine:>9.7f} "
                         f"{served + '/' + str(p.tokens_exported):>11}")
         return "\n".join(rows)
 
@@ -183,7 +185,7 @@ def judge(ref: Reference, text_vectors: np.ndarray, token_counts: Sequence[int] 
     counts = list(token_counts) if token_counts is not None else [None] * len(ref.probes)
     res = Result(model, encoder, ref.precision, ref.tolerance)
     res.probes = [ProbeResult(p.name, p.kind, float(t), float(e), len(p.input_ids), None if c is None else int(c))
-                  for p, t, e, c in zip(ref.probes, text_cos, enc_cos, counts)]
+                  for p, t, e, c in zip(ref.probes, text_cos, enc_cos, counts, strict=True)]
     head = f"model {model} (encoder {encoder}, {ref.precision}, {ref.tolerance})"
     wt, we = int(text_cos.argmin()), int(enc_cos.argmin())
     worst_text = f"worst probe {ref.probes[wt].name!r} cosine {text_cos[wt]:.6f}"

@@ -32,7 +32,7 @@ class TritonTransport:
         if self.protocol == "grpc":
             import tritonclient.grpc as mod
         else:
-            import tritonclient.http as mod  # type: ignore[no-redef]
+            import tritonclient.http as mod
         self.mod = mod
         try:
             kwargs = {} if self.protocol == "grpc" else {"connection_timeout": timeout_s, "network_timeout": timeout_s}
@@ -40,7 +40,7 @@ class TritonTransport:
         except Exception as err:  # tritonclient raises its own and gevent/grpc types while connecting
             raise VerifyError(f"cannot open a {self.protocol} client to {self.address}: {err}") from err
 
-    def __enter__(self) -> "TritonTransport":
+    def __enter__(self) -> TritonTransport:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -53,7 +53,8 @@ class TritonTransport:
             return fn(*args, **kwargs)
         except InferenceServerException as err:
             raise VerifyError(f"{what} at {self.protocol}://{self.address} failed: {err.message()} "
-                              f"({err.status() or 'no status'}); is --url the server's {self.protocol} address?") from err
+                              f"({err.status() or 'no status'}); is --url the server's {self.protocol} "
+                              "address?") from err
         except OSError as err:  # tritonclient.http lets connection errors through (refused, reset, timed out)
             raise VerifyError(f"cannot reach Triton at {self.protocol}://{self.address} ({err}); is the server up and "
                               f"--url its {self.protocol} address?") from err

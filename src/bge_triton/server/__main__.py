@@ -86,7 +86,7 @@ def watch(srv: LocalServer, every_s: float) -> int:
                 print(f"watch: restarting tritonserver ({reason})", flush=True)
                 srv.stop()
                 srv.start()
-                print(f"watch: ready again, pid {srv.proc.pid}", flush=True)
+                print(f"watch: ready again, pid {srv.pid}", flush=True)
     except KeyboardInterrupt:
         return 0
     finally:
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
                                                          cpu_lock=args.cpu_lock))
             srv = LocalServer(settings).start()
             models = [name for name, _ in iter_models(args.repository)]
-            print(f"tritonserver ready: pid {srv.proc.pid}, http {srv.http_url}, grpc {srv.grpc_url}, "
+            print(f"tritonserver ready: pid {srv.pid}, http {srv.http_url}, grpc {srv.grpc_url}, "
                   f"metrics {srv.metrics_url}; models {models}; log {srv.log_path}", flush=True)
             return watch(srv, args.watch) if args.watch > 0 else 0
         info = _info(args.state_dir)

@@ -125,6 +125,7 @@ def test_a_request_timeout_shorter_than_the_default_is_honoured(server) -> None:
         client.infer("tf", _inputs(["in a hurry"]), timeout=100_000)  # its own 0.1 s; the config's default is 5 s
     assert info.value.status() == "StatusCode.UNAVAILABLE", info.value.message()
     assert "Request timeout expired" in info.value.message()
+    assert "in the text endpoint's pool" in info.value.message()  # the pool's expiry, not Triton's own queue
     tag, result, error = answers.get(timeout=60)
     assert error is None and result.as_numpy("embedding").shape == (4, 384)
     del busy

@@ -11,7 +11,8 @@ from bge_triton.export.settings import ExportSettings
 
 pytestmark = pytest.mark.integration
 
-TEXTS = ["今天天气很好，我们去公园散步吧。", "物流太慢了，等了一个星期才到。", "好", "这家酒店的服务非常周到，房间也很干净，下次还来。"]
+TEXTS = ["今天天气很好，我们去公园散步吧。", "物流太慢了，等了一个星期才到。", "好",
+         "这家酒店的服务非常周到，房间也很干净，下次还来。"]
 MAX_LENGTH = 128
 
 

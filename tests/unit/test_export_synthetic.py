@@ -54,7 +54,8 @@ def test_real_reviews_tokenize_mostly_known(tokenizer):
 
 def test_architecture_matches_bge(small_dir):
     cfg = json.loads((small_dir / "config.json").read_text())
-    assert (cfg["num_hidden_layers"], cfg["hidden_size"], cfg["num_attention_heads"], cfg["intermediate_size"]) == (4, 512, 8, 2048)
+    dims = (cfg["num_hidden_layers"], cfg["hidden_size"], cfg["num_attention_heads"], cfg["intermediate_size"])
+    assert dims == (4, 512, 8, 2048)
     assert cfg["vocab_size"] == 21128 and cfg["max_position_embeddings"] == 512
     large = ARCHS["bge-large-zh"]
     assert (large.layers, large.hidden, large.heads, large.intermediate) == (24, 1024, 16, 4096)

@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 import csv
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 from tqdm import tqdm
@@ -40,7 +40,8 @@ class BenchSettings:
 def parse(argv: Sequence[str] | None = None) -> BenchSettings:
     """Flags -> BenchSettings (--quick: batch 1/8, 3 repetitions)."""
     p = argparse.ArgumentParser(prog="python -m bge_triton.export.bench", description=__doc__.splitlines()[0])
-    p.add_argument("--models", default="synthetic:bge-large-zh,synthetic:bge-small-zh", help="comma-separated --model values")
+    p.add_argument("--models", default="synthetic:bge-large-zh,synthetic:bge-small-zh",
+                   help="comma-separated --model values")
     p.add_argument("--precisions", default="fp32,int8-nbits8,int8-plain,fp16",
                    help="comma-separated: fp32, fp16, int8-<recipe> (recipes: export.optimize.RECIPES)")
     p.add_argument("--batches", default="1,8,32")
@@ -114,7 +115,8 @@ def run(s: BenchSettings) -> list[dict]:
     order = {m: i for i, m in enumerate(s.models)}, {p: i for i, p in enumerate(s.precisions)}
     rows.sort(key=lambda r: (order[0][r["model"]], order[1][r["precision"]], r["batch"], r["seq"]))
     for r in rows:  # speed-up against fp32 of the same model and shape, measured in this run
-        ref = next((x for x in rows if x["model"] == r["model"] and x["precision"] == "fp32" and x["batch"] == r["batch"]
+        ref = next((x for x in rows if x["model"] == r["model"] and x["precision"] == "fp32"
+                    and x["batch"] == r["batch"]
                     and x["seq"] == r["seq"] and "p50_ms" in x), None)
         if ref and "p50_ms" in r:
             r["speedup_vs_fp32"] = ref["p50_ms"] / r["p50_ms"]
@@ -141,7 +143,8 @@ def write(rows: list[dict], s: BenchSettings, cmd: str, machine: str) -> tuple[P
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['model']} | {r['precision']} | {r['batch']} | {r['seq']} | not runnable: {r['error']} | | | |")
+            lines.append(f"| {r['model']} | {r['precision']} | {r['batch']} | {r['seq']} | "
+                         f"not runnable: {r['error']} | | | |")
             continue
         sp = f"{r['speedup_vs_fp32']:.2f}x" if "speedup_vs_fp32" in r else "-"
         lines.append(f"| {r['model']} | {r['precision']} | {r['batch']} | {r['seq']} | {r['p50_ms']:.1f} | "

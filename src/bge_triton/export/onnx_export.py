@@ -108,7 +108,8 @@ def add_pooling(encoder: onnx.ModelProto, pooling: str, hidden: int) -> onnx.Mod
 
 
 def save_external(model: onnx.ModelProto, path: Path) -> Path:
-    """Save with the weights in PATH.data: no serialised copy of the weights in memory, and later loads can skip them."""
+    """Save with the weights in PATH.data: no serialised copy of the weights in memory, and later loads can skip
+    them."""
     for old in (path, path.with_name(path.name + ".data")):
         old.unlink(missing_ok=True)  # external data is appended to an existing file
     onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,

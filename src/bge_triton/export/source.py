@@ -65,7 +65,8 @@ def _hub_dir(model_id: str, hf_cache: Path | None) -> Path:
     except Exception as err:  # huggingface_hub raises several types (LocalEntryNotFoundError, HFValidationError...)
         raise ExportError(
             f"--model {model_id!r} is not a local directory and is not in the Hugging Face cache "
-            f"({hf_cache or 'default cache'}); there is no hub access here ({type(err).__name__}). To fix: {ALTERNATIVES}."
+            f"({hf_cache or 'default cache'}); there is no hub access here ({type(err).__name__}). "
+            f"To fix: {ALTERNATIVES}."
         ) from err
 
 
@@ -104,7 +105,8 @@ def _pooling(path: Path) -> tuple[str | None, bool, str]:
     if p.get("pooling_mode_mean_tokens"):
         return "mean", has_normalize, origin
     modes = [k for k, v in p.items() if k.startswith("pooling_mode") and v]
-    raise ExportError(f"{cfg}: pooling {modes} is not supported (only cls or mean); pass --pooling cls|mean to override.")
+    raise ExportError(f"{cfg}: pooling {modes} is not supported (only cls or mean); pass --pooling cls|mean to "
+                      "override.")
 
 
 def inspect_model(settings: ExportSettings) -> ModelSource:
@@ -112,7 +114,8 @@ def inspect_model(settings: ExportSettings) -> ModelSource:
     path, synthetic = resolve_path(settings)
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
-        raise ExportError(f"--model {settings.model!r}: {path} has no config.json; pass a Hugging Face model directory.")
+        raise ExportError(f"--model {settings.model!r}: {path} has no config.json; pass a Hugging Face model "
+                          "directory.")
     cfg = json.loads(cfg_file.read_text())
     model_type = cfg.get("model_type", "?")
     if model_type not in BERT_LIKE:
@@ -164,6 +167,7 @@ def load_tokenizer(source: ModelSource):
         raise ExportError(f"cannot load a tokenizer from {source.path}: {err}. The dir needs tokenizer.json or "
                           f"vocab.txt + tokenizer_config.json.") from err
     if not getattr(tok, "is_fast", False):
-        raise ExportError(f"{source.path}: the tokenizer is not a fast tokenizer; the text endpoint needs tokenizer.json.")
+        raise ExportError(f"{source.path}: the tokenizer is not a fast tokenizer; the text endpoint needs "
+                          "tokenizer.json.")
     tok.model_max_length = source.max_length
     return tok

@@ -38,7 +38,8 @@ ARCHS: dict[str, Arch] = {
 
 
 def build_vocab() -> list[str]:
-    """21128 WordPiece entries: specials at BERT's ids, ASCII, ##-pieces, CJK punctuation, CJK ideographs from U+4E00."""
+    """21128 WordPiece entries: specials at BERT's ids, ASCII, ##-pieces, CJK punctuation, CJK ideographs from
+    U+4E00."""
     vocab = ["[PAD]"] + [f"[unused{i}]" for i in range(1, 100)] + ["[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     ascii_chars = [chr(c) for c in range(33, 127) if not chr(c).isupper()]  # lower-cased tokenizer: no A-Z
     vocab += ascii_chars
@@ -67,7 +68,8 @@ def _expected_marker(kind: str, seed: int) -> dict:
     a = ARCHS[kind]
     return {"synthetic": True, "kind": kind, "seed": seed, "layers": a.layers, "hidden": a.hidden, "heads": a.heads,
             "intermediate": a.intermediate, "vocab": a.vocab, "positions": a.positions, "format": 1,
-            "note": "SYNTHETIC: random weights with the architecture of BAAI/" + kind + "-v1.5; vectors are meaningless"}
+            "note": "SYNTHETIC: random weights with the architecture of BAAI/" + kind
+                    + "-v1.5; vectors are meaningless"}
 
 
 def synthetic_model_dir(kind: str, cache_dir: Path, seed: int = 0) -> Path:

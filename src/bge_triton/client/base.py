@@ -6,7 +6,8 @@ back in input order. EmbeddingClient and AsyncEmbeddingClient only add the I/O.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
@@ -19,6 +20,7 @@ from bge_triton.client.core import (
     InferCall,
     ModelSpec,
     Timing,
+    Utf8,
     chunk_slices,
     prepare_texts,
     tensor_call,
@@ -89,7 +91,7 @@ class BaseEmbeddingClient:
             self._tokenizer = BucketTokenizer(self.settings.tokenizer, self.settings.buckets, max_length)
         self._spec = spec
 
-    def _plan(self, texts: Sequence[str], query: bool, truncate: bool | None = None,
+    def _plan(self, texts: Sequence[str | Utf8], query: bool, truncate: bool | None = None,
               counts: bool = False, direction: str | None = None, timing: bool = False) -> tuple[int, Plan]:
         """Build the requests for one embed call; returns (n, plan). counts / timing: also ask for token counts /
         the endpoint's timings; direction: the side a too-long text loses ("right" = the end, "left" = the start)."""
@@ -114,7 +116,7 @@ class BaseEmbeddingClient:
                              np.arange(n)[sl]))
             return n, plan
         assert self._tokenizer is not None
-        ids = self._tokenizer.token_ids(prepared, truncate)
+        ids = self._tokenizer.token_ids([t if isinstance(t, str) else t.decode("utf-8") for t in prepared], truncate)
         order = np.argsort([len(x) for x in ids], kind="stable")  # similar lengths share a bucket
         for sl in chunk_slices(n, max_batch):
             idx = order[sl]

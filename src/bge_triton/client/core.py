@@ -7,13 +7,14 @@ the answers, the transports (client/transport.py) do the I/O.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from bge_triton.client.errors import InputError, KitError, ModelConfigError, classify
+from bge_triton.client.errors import InputError, ModelConfigError, classify
 from bge_triton.client.retry import RetryPolicy
 
 __all__ = [
@@ -243,7 +244,7 @@ def text_call(model: str, texts: Sequence[str | Utf8], truncate: bool, counts: b
               direction: str | None = None, timing: bool = False) -> InferCall:
     """Text mode: BYTES [n, 1] utf-8 strings (Utf8 passes as it is) to the text endpoint, with the `truncate`
     parameter and, when given, `truncation_direction`; counts / timing: ask for `token_count` / `timing_us` too."""
-    encoded = []
+    encoded: list[bytes] = []
     for i, text in enumerate(texts):
         if isinstance(text, Utf8):
             encoded.append(text)

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -31,7 +32,7 @@ class EmbeddingClient(BaseEmbeddingClient):
         self._transport: Any = None
 
     # -- connection -------------------------------------------------------------------------
-    def connect(self) -> "EmbeddingClient":
+    def connect(self) -> EmbeddingClient:
         """Open the transport, read the server's model config and check it (ModelConfigError on mismatch)."""
         if self._spec is not None:
             return self
@@ -43,7 +44,7 @@ class EmbeddingClient(BaseEmbeddingClient):
         if text_model is not None:
             try:
                 text_endpoint = self._transport.model_config(text_model, self.settings.timeout_s)
-            except Exception:  # noqa: BLE001 - optional: only its max_length parameter is read
+            except Exception:
                 text_endpoint = None
         self._accept_config(config, text_endpoint)
         return self
@@ -55,7 +56,7 @@ class EmbeddingClient(BaseEmbeddingClient):
             self._transport = None
         self._spec = None
 
-    def __enter__(self) -> "EmbeddingClient":
+    def __enter__(self) -> EmbeddingClient:
         try:
             return self.connect()
         except BaseException:
@@ -131,7 +132,7 @@ class EmbeddingClient(BaseEmbeddingClient):
             start = time.perf_counter()  # a canary: a model whose python stub died still reports ready
             self._embed([CANARY_TEXT], query=False, timeout_s=s.timeout_s, truncate=True)
             report.update(canary_ms=round((time.perf_counter() - start) * 1e3, 2), ok=True)
-        except BaseException as exc:  # noqa: BLE001 - gevent.Timeout is a BaseException; reported
+        except BaseException as exc:
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
             err = classify(exc, "health", s.timeout_s)

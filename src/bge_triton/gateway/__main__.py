@@ -36,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
              settings.host, settings.port)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False,
                 loop="auto", http="auto", timeout_graceful_shutdown=5,  # uvloop + httptools where installed
-                timeout_keep_alive=settings.keep_alive_s)
+                timeout_keep_alive=settings.keep_alive_s)  # type: ignore[arg-type]  # uvicorn takes seconds as float
     return 0
 
 

@@ -14,13 +14,13 @@ import base64
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
 import anyio.to_process
-import numpy as np
 import orjson
+from numpy.typing import NDArray
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -70,11 +70,11 @@ def _header(request: Request, name: bytes) -> str:
     """One request header ('' if absent) read from the raw ASGI list (header names arrive lower-cased)."""
     for key, value in request.scope["headers"]:
         if key == name:
-            return value.decode("latin-1")
+            return str(value.decode("latin-1"))
     return ""
 
 
-async def _sliced(vectors: np.ndarray, row: Callable[[int, np.ndarray], bytes]) -> bytes:
+async def _sliced(vectors: NDArray[Any], row: Callable[[int, NDArray[Any]], bytes]) -> bytes:
     """b','.join(row(i, v)): in slices of ROWS_PER_SLICE rows, the loop served between two slices."""
     parts = []
     for start in range(0, len(vectors), ROWS_PER_SLICE):
@@ -84,7 +84,7 @@ async def _sliced(vectors: np.ndarray, row: Callable[[int, np.ndarray], bytes]) 
     return b",".join(parts)
 
 
-async def openai_payload(vectors: np.ndarray, model: str, tokens: int, as_base64: bool) -> bytes:
+async def openai_payload(vectors: NDArray[Any], model: str, tokens: int, as_base64: bool) -> bytes:
     """OpenAI's embeddings list as JSON bytes (base64: little-endian float32)."""
     if as_base64:
         little = vectors.astype("<f4", copy=False)
@@ -98,7 +98,7 @@ async def openai_payload(vectors: np.ndarray, model: str, tokens: int, as_base64
         orjson.dumps(model), rows, tokens, tokens)
 
 
-async def tei_payload(vectors: np.ndarray) -> bytes:
+async def tei_payload(vectors: NDArray[Any]) -> bytes:
     """TEI's answer: one JSON array of floats per input."""
     return b"[%s]" % await _sliced(vectors, lambda i, v: orjson.dumps(v, option=orjson.OPT_SERIALIZE_NUMPY))
 
@@ -179,7 +179,7 @@ class Gateway:
         cut = await anyio.to_thread.run_sync(self.preparer.keep_tails, plain, prefix)
         return [prefix + t for t in cut], True, "right"
 
-    async def embed(self, p: Parsed, request: Request, timing: dict[str, float], tei: bool) -> tuple[np.ndarray, int]:
+    async def embed(self, p: Parsed, request: Request, timing: dict[str, float], tei: bool) -> tuple[NDArray[Any], int]:
         """Embed one checked request (Triton counts the tokens and cuts): the vectors and the total tokens."""
         dim = self.backend.dim
         if p.dimensions is not None and p.dimensions != dim:
@@ -309,15 +309,15 @@ def _routes(gw: Gateway) -> tuple[list[Route], list[Operation]]:
 def create_app(settings: GatewaySettings, backend: Backend | None = None,
                preparer: TextPreparer | None = None) -> _Direct:
     """The gateway app; backend (and the optional local tokenizer) are built from settings unless given."""
-    backend = backend or TritonBackend(settings)
+    real: Backend = backend if backend is not None else TritonBackend(settings)
     if preparer is None and settings.tokenizer_dir:
         preparer = TextPreparer(settings.tokenizer_dir, 512)
-    gw = Gateway(settings, backend, preparer)
+    gw = Gateway(settings, real, preparer)
     routes, operations = _routes(gw)
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette):
-        await backend.start()
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await real.start()
         warm = asyncio.create_task(_warm_parser(gw))  # the first big body should not wait for a worker to start
         try:
             yield
@@ -325,7 +325,7 @@ def create_app(settings: GatewaySettings, backend: Backend | None = None,
             warm.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await warm
-            await backend.close()
+            await real.close()
 
     async def openapi(request: Request) -> Response:
         if gw._openapi is None:

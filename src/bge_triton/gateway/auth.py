@@ -52,6 +52,7 @@ class KeyGuard:
 
     def check(self, authorization: str | None) -> str | None:
         """The caller's key (None when no keys are configured); GatewayError 401 or 429 otherwise."""
+        key: str | None
         if not self.keys:
             key = "anonymous"
         else:
@@ -63,6 +64,7 @@ class KeyGuard:
             if key is None:
                 raise unauthorized("Incorrect API key: the `Authorization: Bearer` key is not one this "
                                    "gateway accepts (--api-key / --api-keys-file)")
+        assert key is not None
         if self.rate > 0:
             bucket = self.buckets.get(key)
             if bucket is None:

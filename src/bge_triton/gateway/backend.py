@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
+from numpy.typing import NDArray
 
 from bge_triton.client import AsyncEmbeddingClient, MicroBatcher, RetryPolicy
 from bge_triton.client.core import Timing
@@ -28,17 +29,22 @@ CANARY_TEXT = "ready"
 class Backend(Protocol):
     """What the HTTP layer needs from Triton (a fake one serves the unit tests)."""
 
-    dim: int
-    max_length: int
-    max_batch: int
     last_error: str
-    cuts_start: bool  # the text endpoint cuts either side (truncation_direction) and reports timing_us
+
+    @property
+    def dim(self) -> int: ...
+    @property
+    def max_length(self) -> int: ...
+    @property
+    def max_batch(self) -> int: ...
+    @property
+    def cuts_start(self) -> bool: ...  # the text endpoint cuts either side and reports timing_us
 
     async def connect(self) -> None: ...
     async def start(self) -> None: ...
     async def close(self) -> None: ...
     async def embed(self, texts: list[Any], *, priority: int, truncate: bool,
-                    direction: str = "right") -> tuple[np.ndarray, np.ndarray, Timing | None]: ...
+                    direction: str = "right") -> tuple[NDArray[Any], NDArray[Any], Timing | None]: ...
     def ready(self) -> bool: ...
 
 
@@ -53,7 +59,7 @@ class TritonBackend:
         self.in_flight = 0
         self.last_ok = float("-inf")
         self.last_error = "no canary has run yet"
-        self._canary: asyncio.Task | None = None
+        self._canary: asyncio.Task[None] | None = None
         self._batchers: dict[tuple[int, bool, str], MicroBatcher] = {}  # (priority, truncate, direction) -> batcher
 
     @property
@@ -98,7 +104,7 @@ class TritonBackend:
         await self.client.aclose()
 
     async def _call(self, texts: Sequence[Any], priority: int, truncate: bool, direction: str
-                    ) -> tuple[np.ndarray, np.ndarray, Timing | None]:
+                    ) -> tuple[NDArray[Any], NDArray[Any], Timing | None]:
         """One SDK call: vectors, counts, and the endpoint's timings where it reports them."""
         if self.cuts_start:
             return await self.client.embed_with_timing(texts, truncate=truncate, priority=priority,
@@ -113,7 +119,7 @@ class TritonBackend:
         key = (priority, truncate, direction)
         batcher = self._batchers.get(key)
         if batcher is None:
-            async def embed(texts: Sequence[str]) -> list[tuple[np.ndarray, int, Timing | None]]:
+            async def embed(texts: Sequence[str]) -> list[tuple[NDArray[Any], int, Timing | None]]:
                 vectors, counts, timing = await self._call(texts, priority, truncate, direction)
                 return [(v, c, timing) for v, c in zip(vectors, counts.tolist(), strict=True)]  # one row per caller
 
@@ -123,7 +129,7 @@ class TritonBackend:
         return batcher
 
     async def embed(self, texts: list[Any], *, priority: int, truncate: bool,
-                    direction: str = "right") -> tuple[np.ndarray, np.ndarray, Timing | None]:
+                    direction: str = "right") -> tuple[NDArray[Any], NDArray[Any], Timing | None]:
         """float32 [n, dim], int32 [n] token counts and the endpoint's timings; overloaded at once (no queueing
         here) while --max-in-flight requests are at Triton."""
         if self.in_flight >= self.settings.max_in_flight:

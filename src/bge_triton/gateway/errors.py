@@ -51,7 +51,8 @@ class GatewayError(KitError):
         self._status = status  # a fixed status on every route (rare: TEI's own 422 for normalize)
 
     def status_for(self, tei: bool = False) -> int:
-        return self._status or KINDS[self.kind][1 if tei else 0]
+        openai, tei_status, _, _ = KINDS[self.kind]
+        return self._status or (tei_status if tei else openai)
 
     @property
     def status(self) -> int:
@@ -60,7 +61,7 @@ class GatewayError(KitError):
 
     @property
     def type(self) -> str:
-        return KINDS[self.kind][2]
+        return KINDS[self.kind][2]  # noqa: RUF100
 
     @property
     def headers(self) -> dict[str, str]:

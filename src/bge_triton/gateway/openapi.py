@@ -56,7 +56,8 @@ def _schemas(ops: list[Operation]) -> tuple[dict[Any, Any], dict[str, Any]]:
     models = {(op.request, "validation") for op in ops if op.request}
     models |= {(op.response, "serialization") for op in ops if op.response}
     models |= {(OpenAIErrorBody, "serialization"), (TeiErrorBody, "serialization")}
-    refs, top = models_json_schema(sorted(models, key=lambda m: (m[0].__name__, m[1])),
+    ordered: list[Any] = sorted(models, key=lambda m: (m[0].__name__, m[1]))
+    refs, top = models_json_schema(ordered,
                                    ref_template="#/components/schemas/{model}")
     return refs, top.get("$defs", {})
 
@@ -99,17 +100,17 @@ def build_openapi(ops: list[Operation], *, names: tuple[str, ...], dim: int | No
             responses[str(status)] = {"description": "not ready", "content": ok["content"]}
         error_ref = refs[(TeiErrorBody if op.tei else OpenAIErrorBody, "serialization")]
         kinds = list(op.errors) + (["unauthorized", "rate_limited"] if op.auth and keyed else [])
-        for status in sorted({KINDS[k][1 if op.tei else 0] for k in kinds}):
+        for status in sorted({KINDS[k][1] if op.tei else KINDS[k][0] for k in kinds}):
             entry: dict[str, Any] = {"description": _ERROR_TEXT.get(status, "error"), "content": _content(error_ref)}
             if status in (429, 503):
                 entry["headers"] = {"retry-after": {"description": "seconds to wait", "schema": {"type": "string"}}}
             responses[str(status)] = entry
         operation: dict[str, Any] = {"summary": op.summary, "operationId": f"{op.method}{op.path}".replace("/", "_"),
                                      "responses": responses}
-        names = [part[1:-1] for part in op.path.split("/") if part.startswith("{")]
-        if names:
+        params = [part[1:-1] for part in op.path.split("/") if part.startswith("{")]
+        if params:
             operation["parameters"] = [{"name": n, "in": "path", "required": True,  # only {name}: a model name
-                                        "schema": {"type": "string", "enum": list(names_served)}} for n in names]
+                                        "schema": {"type": "string", "enum": list(names_served)}} for n in params]
         if op.request is not None:
             operation["requestBody"] = {"required": True, "content": _content(refs[(op.request, "validation")])}
         if op.auth and keyed:

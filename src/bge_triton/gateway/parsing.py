@@ -115,9 +115,8 @@ def parse(body: bytes, tei: bool, limits: ParseLimits, encode: bool = False) -> 
     if len(out.texts) > limits.max_inputs:
         raise too_large(f"`{field}` has {len(out.texts)} items, the limit is {limits.max_inputs} per request "
                         "(--max-inputs): split it into several requests", param=field, tei=tei)
-    out.texts = _cut(out.texts, out.truncate, field, limits, tei)  # type: ignore[arg-type]
-    if encode:
-        out.texts = [Utf8(t.encode("utf-8")) for t in out.texts]  # type: ignore[union-attr]
+    texts = _cut([t for t in out.texts if isinstance(t, str)], out.truncate, field, limits, tei)
+    out.texts = [Utf8(t.encode("utf-8")) for t in texts] if encode else list(texts)
     return out
 
 

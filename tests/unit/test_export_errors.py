@@ -1,6 +1,7 @@
 """Bad input to `python -m bge_triton.export` gives an ExportError that names the value and the fix."""
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -158,7 +159,10 @@ def test_int8_recipe_the_server_cannot_run_is_refused_with_versions(tmp_path):
                                           r"--int8-recipe qdq8"):
         _settings(tmp_path, precision="int8", int8_recipe="nbits8").check()
     assert _settings(tmp_path, precision="int8", int8_recipe="nbits8", server_onnxruntime="1.23.2").check()
-    assert _settings(tmp_path, precision="int8").check().int8_recipe == "qdq8"  # the default runs in 1.19.2
+    assert _settings(tmp_path, precision="int8").check().int8_recipe == "qdq8"  # auto, for 1.19.2
+    local = _settings(tmp_path, precision="int8", server_onnxruntime="local").check()  # the kit's own: fast recipe
+    assert local.int8_recipe == "nbits8" and local.server_onnxruntime == importlib.metadata.version("onnxruntime")
+    assert _settings(tmp_path, precision="int8", server_onnxruntime="1.22.1").check().int8_recipe == "nbits8"
     assert _settings(tmp_path, precision="fp16", int8_recipe="nbits8").check()  # not int8: nothing to refuse
     with pytest.raises(ExportError, match="--server-onnxruntime 'latest' is not a version"):
         _settings(tmp_path, server_onnxruntime="latest").check()

@@ -95,7 +95,8 @@ def write(rows: list[dict], out: Path, cmd: str, model: str, machine: str) -> Pa
              "moves absolute times). Bars: fp32/fp16 min cos >= 0.999; int8 mean >= 0.99, min >= 0.98, top10 >= 0.95.",
              "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(fmt(r.get(k)) for k in COLUMNS) + " |" for r in rows]
-    lines += ["", "INT8 recipes (export/optimize.py RECIPES; `nbits8` is the exporter's default):", recipes]
+    lines += ["", "INT8 recipes (export/recipes.py RECIPES; the exporter's `auto` picks `nbits8` for a server ONNX "
+              "Runtime >= 1.22, else `qdq8`):", recipes]
     md = out / "fidelity.md"
     md.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return md

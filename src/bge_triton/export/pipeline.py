@@ -16,7 +16,7 @@ from bge_triton.errors import ExportError
 
 from .onnx_export import describe_io, export_embedding_model
 from .optimize import convert
-from .recipes import DEFAULT_RECIPE, SERVER_IMAGE_ORT
+from .recipes import SERVER_IMAGE_ORT
 from .reference import build_reference, probe_cosines
 from .settings import ExportSettings
 from .source import ModelSource, inspect_model, load_tokenizer, load_torch_model
@@ -44,7 +44,7 @@ def command_line(s: ExportSettings) -> str:
         parts.append(f"--max-length {s.max_length}")
     if s.pooling:
         parts.append(f"--pooling {s.pooling}")
-    if s.precision == "int8" and s.int8_recipe != DEFAULT_RECIPE:
+    if s.precision == "int8":
         parts.append(f"--int8-recipe {s.int8_recipe}")
     if s.server_onnxruntime != SERVER_IMAGE_ORT:
         parts.append(f"--server-onnxruntime {s.server_onnxruntime}")

@@ -45,9 +45,10 @@ def version_tuple(version: str) -> tuple[int, ...]:
 
 # Measured on all-MiniLM-L6-v2 against its FP32 graph (reports/export/fidelity.md): the quantize_dynamic recipes
 # (per-tensor activation scales) miss the top-10 bar; weight-only int8 holds every bar. `qdq8` (per-channel
-# int8 weights, DequantizeLinear before each MatMul, float compute) is the default because the 24.10 server
-# image's ONNX Runtime 1.19.2 runs it; `nbits8` (8-bit blockwise MatMulNBits with int8 compute) is faster on a
-# CPU but needs ONNX Runtime >= NBITS8_MIN_ORT.
+# int8 weights, DequantizeLinear before each MatMul, float compute) runs in the 24.10 server image's ONNX Runtime
+# 1.19.2 but is no faster than FP32 on a CPU (it dequantises the weights at every call:
+# reports/export/int8_recipes/bench.md); `nbits8` (8-bit blockwise MatMulNBits with int8 compute) is the fast one
+# and needs ONNX Runtime >= NBITS8_MIN_ORT. `auto` picks per --server-onnxruntime.
 RECIPES: dict[str, Int8Recipe] = {
     "qdq8": Int8Recipe("qdq8", method="qdq", op_types=("MatMul",), per_channel=True, min_ort="1.13.0"),
     "plain": Int8Recipe("plain"),
@@ -60,4 +61,12 @@ RECIPES: dict[str, Int8Recipe] = {
     "nbits8-b128": Int8Recipe("nbits8-b128", method="nbits", block_size=128, accuracy_level=4,
                               min_ort=NBITS8_MIN_ORT),
 }
-DEFAULT_RECIPE = "qdq8"
+DEFAULT_RECIPE = "qdq8"  # runs in every server ONNX Runtime the kit targets
+FAST_RECIPE = "nbits8"  # int8 compute on a CPU, where the server's ONNX Runtime runs it
+AUTO = "auto"  # --int8-recipe's default: FAST_RECIPE when the server runs it, else DEFAULT_RECIPE
+LOCAL = "local"  # --server-onnxruntime local: this kit's own onnxruntime (the local CPU server)
+
+
+def pick_recipe(server_ort: str) -> str:
+    """The recipe `auto` means for a server running ONNX Runtime `server_ort`."""
+    return FAST_RECIPE if RECIPES[FAST_RECIPE].runs_on(server_ort) else DEFAULT_RECIPE

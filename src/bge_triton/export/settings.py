@@ -11,7 +11,7 @@ from pathlib import Path
 from bge_triton.errors import ExportError
 from bge_triton.paths import STATE_DIR
 
-from .recipes import DEFAULT_RECIPE, RECIPES, SERVER_IMAGE_ORT, version_tuple
+from .recipes import AUTO, DEFAULT_RECIPE, LOCAL, RECIPES, SERVER_IMAGE_ORT, pick_recipe, version_tuple
 
 PRECISIONS = ("fp32", "fp16", "int8")
 POOLINGS = ("cls", "mean")
@@ -73,8 +73,8 @@ class ExportSettings:
     max_length: int | None = None  # None: the model's own (sentence-transformers max_seq_length, else positions)
     pooling: str | None = None  # None: from 1_Pooling/config.json, CLS when absent
     opset: int = DEFAULT_OPSET
-    int8_recipe: str = DEFAULT_RECIPE  # export.recipes.RECIPES
-    server_onnxruntime: str = SERVER_IMAGE_ORT  # the ONNX Runtime of the server image that will load the graph
+    int8_recipe: str = AUTO  # export.recipes.RECIPES, or auto: the fastest the server's ONNX Runtime runs
+    server_onnxruntime: str = SERVER_IMAGE_ORT  # the ONNX Runtime of the server that will load the graph (or local)
     seed: int = 0  # synthetic weights and the validation sample are drawn with it
     cache_dir: Path = STATE_DIR / "cache"  # synthetic model dirs and intermediate ONNX files
     hf_cache: Path | None = None  # a Hugging Face hub cache dir to look in (default: transformers' own)
@@ -107,21 +107,31 @@ class ExportSettings:
         if self.precision not in PRECISIONS:
             raise ExportError(f"--precision {self.precision!r} is not one of {PRECISIONS}; pick fp16 (GPU) or int8 "
                               "(CPU).")
-        if self.int8_recipe not in RECIPES:
-            raise ExportError(f"--int8-recipe {self.int8_recipe!r} is not one of {sorted(RECIPES)}; omit it for "
-                              f"{DEFAULT_RECIPE}.")
-        recipe = RECIPES[self.int8_recipe]
-        if not version_tuple(self.server_onnxruntime) or version_tuple(self.server_onnxruntime)[0] < 1:
-            raise ExportError(f"--server-onnxruntime {self.server_onnxruntime!r} is not a version such as "
-                              f"{SERVER_IMAGE_ORT}.")
-        if self.precision == "int8" and not recipe.runs_on(self.server_onnxruntime):
-            runs = sorted(n for n, r in RECIPES.items() if r.runs_on(self.server_onnxruntime))
+        server_ort = self.server_onnxruntime
+        if server_ort == LOCAL:
+            from importlib.metadata import PackageNotFoundError, version
+
+            try:
+                server_ort = version("onnxruntime")
+            except PackageNotFoundError as err:
+                raise ExportError("--server-onnxruntime local: onnxruntime is not installed here; pip install "
+                                  "'bge-triton-kit[export]'") from err
+        if not version_tuple(server_ort) or version_tuple(server_ort)[0] < 1:
+            raise ExportError(f"--server-onnxruntime {server_ort!r} is not a version such as {SERVER_IMAGE_ORT} "
+                              f"(or {LOCAL}: this kit's onnxruntime).")
+        name = pick_recipe(server_ort) if self.int8_recipe == AUTO else self.int8_recipe
+        if name not in RECIPES:
+            raise ExportError(f"--int8-recipe {self.int8_recipe!r} is not one of {[AUTO, *sorted(RECIPES)]}; omit it "
+                              f"for {AUTO}.")
+        recipe = RECIPES[name]
+        if self.precision == "int8" and not recipe.runs_on(server_ort):
+            runs = sorted(n for n, r in RECIPES.items() if r.runs_on(server_ort))
             raise ExportError(
                 f"--int8-recipe {recipe.name} writes a graph that needs ONNX Runtime >= {recipe.min_ort}, but the "
-                f"server runs {self.server_onnxruntime} (--server-onnxruntime; {SERVER_IMAGE_ORT} is Triton 24.10's, "
+                f"server runs {server_ort} (--server-onnxruntime; {SERVER_IMAGE_ORT} is Triton 24.10's, "
                 f"the default image). Use --int8-recipe {DEFAULT_RECIPE} (runs there; recipes that do: {runs}), or "
-                f"--server-onnxruntime with the version of a newer image (>= {recipe.min_ort}) or of the local "
-                f"server (this kit's onnxruntime).")
+                f"--server-onnxruntime with the version of a newer image (>= {recipe.min_ort}), or {LOCAL} for the "
+                f"local server (this kit's onnxruntime).")
         if self.pooling is not None and self.pooling not in POOLINGS:
             raise ExportError(f"--pooling {self.pooling!r} is not one of {POOLINGS}; omit it to use the model's own.")
         if not MIN_OPSET <= self.opset <= MAX_OPSET:
@@ -143,7 +153,8 @@ class ExportSettings:
                 f"--retrieval-queries {q} / --retrieval-corpus {c} too small; "
                 f"need >= 1 query and >= {self.thresholds.topk} texts."
             )
-        return replace(self, cache_dir=usable_cache_dir(Path(self.cache_dir)))
+        return replace(self, cache_dir=usable_cache_dir(Path(self.cache_dir)), int8_recipe=name,
+                       server_onnxruntime=server_ort)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -164,12 +175,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "1_Pooling/config.json, CLS when absent)")
     p.add_argument("--opset", type=int, default=DEFAULT_OPSET,
                    help=f"ONNX opset {MIN_OPSET}..{MAX_OPSET} (default {DEFAULT_OPSET})")
-    p.add_argument("--int8-recipe", default=DEFAULT_RECIPE, help="INT8 quantisation recipe (export.recipes.RECIPES; "
-                   f"default {DEFAULT_RECIPE}: per-channel int8 weights, float compute, holds the bars and runs in "
-                   "ONNX Runtime 1.19.2; nbits8: int8 compute, faster on CPU, needs a newer ONNX Runtime)")
+    p.add_argument("--int8-recipe", default=AUTO, help="INT8 quantisation recipe (export.recipes.RECIPES). Default "
+                   f"{AUTO}: nbits8 (int8 compute, fast on a CPU) where the server's ONNX Runtime runs it (>= 1.22), "
+                   f"else {DEFAULT_RECIPE} (per-channel int8 weights, float compute: runs in 1.19.2, no CPU speed-up)")
     p.add_argument("--server-onnxruntime", default=SERVER_IMAGE_ORT, metavar="VERSION",
                    help=f"ONNX Runtime of the server that will load the graph (default {SERVER_IMAGE_ORT}: Triton "
-                   "24.10's); an INT8 recipe it cannot run is refused")
+                   f"24.10's; {LOCAL}: this kit's, for the local CPU server); a recipe it cannot run is refused")
     p.add_argument("--seed", type=int, default=0, help="seed of synthetic weights and validation sampling (default 0)")
     p.add_argument("--cache-dir", type=Path, default=None, help="where synthetic models and intermediate files go "
                    "(default: $XDG_CACHE_HOME/bge-triton, else ./.kit/cache when writable, else "

@@ -7,9 +7,7 @@ recovery time, RSS growth. The encoder of the overload run is the costmodel exec
 from __future__ import annotations
 
 import argparse
-import csv
 import json
-import platform
 import subprocess
 import sys
 import tempfile
@@ -20,6 +18,7 @@ from pathlib import Path
 
 from bge_triton.errors import KitError
 from bge_triton.extras import require
+from bge_triton.loadtest import report
 from bge_triton.loadtest.chaos_common import start_server
 from bge_triton.loadtest.chaos_faults import broken_start, kill9_under_load, kill_stub
 from bge_triton.loadtest.chaos_inputs import flood, run_catalogue
@@ -155,24 +154,21 @@ def write_report(res: dict, settings: ChaosSettings, argv: list[str]) -> Path:
     out = settings.out
     out.mkdir(parents=True, exist_ok=True)
     s = summary(res)
-    machine = f"{platform.machine()}, {__import__('os').cpu_count()} CPU cores, {platform.python_version()}, no GPU"
+    machine = report.machine_line()
     cmd = " ".join([COMMAND, *argv])
-    with open(out / "chaos.csv", "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(["section", "name", "protocol", "value", "detail"])
-        for k, v in s.items():
-            w.writerow(["summary", k, "", json.dumps(v) if isinstance(v, dict) else v, ""])
-        for r in res["catalogue"]:
-            w.writerow(["bad_input", r["case"], r["protocol"], "ok" if r["ok"] else r["status"], r["message"]])
-        for k, v in res["overload"].items():
-            w.writerow(["overload", k, "grpc", json.dumps(v) if isinstance(v, dict) else v, ""])
-        for k9 in res["kill9"]:
-            for k, v in k9.items():
-                w.writerow(["kill9", k, k9["protocol"], json.dumps(v) if isinstance(v, (dict, list)) else v, ""])
-        for k, v in res["stub"].items():
-            w.writerow(["stub_kill", k, "grpc", json.dumps(v, ensure_ascii=False)[:400], ""])
-        for b in res["broken"]:
-            w.writerow(["broken_start", b["case"], "", b["rc"], b["stderr"].splitlines()[0:4]])
+    def row(section: str, name: str, protocol: str, value: object, detail: object = "") -> dict[str, object]:
+        return {"section": section, "name": name, "protocol": protocol, "value": value, "detail": detail}
+
+    rows = [row("summary", k, "", json.dumps(v) if isinstance(v, dict) else v) for k, v in s.items()]
+    rows += [row("bad_input", r["case"], r["protocol"], "ok" if r["ok"] else r["status"], r["message"])
+             for r in res["catalogue"]]
+    rows += [row("overload", k, "grpc", json.dumps(v) if isinstance(v, dict) else v)
+             for k, v in res["overload"].items()]
+    rows += [row("kill9", k, k9["protocol"], json.dumps(v) if isinstance(v, (dict, list)) else v)
+             for k9 in res["kill9"] for k, v in k9.items()]
+    rows += [row("stub_kill", k, "grpc", json.dumps(v, ensure_ascii=False)[:400]) for k, v in res["stub"].items()]
+    rows += [row("broken_start", b["case"], "", b["rc"], b["stderr"].splitlines()[0:4]) for b in res["broken"]]
+    report.write_csv(rows, ("section", "name", "protocol", "value", "detail"), out / "chaos.csv", cmd)
     _figure(res, out / "chaos_overload.png")
     ov, fl, st = res["overload"], res["flood"], res["stub"]
     lines = [
@@ -236,8 +232,8 @@ def write_report(res: dict, settings: ChaosSettings, argv: list[str]) -> Path:
     by: dict[str, dict[str, dict]] = {}
     for r in res["catalogue"]:
         by.setdefault(r["case"], {})[r["protocol"]] = r
-    for case, rows in by.items():
-        g, h = rows.get("grpc", {}), rows.get("http", {})
+    for case, per_protocol in by.items():
+        g, h = per_protocol.get("grpc", {}), per_protocol.get("http", {})
         lines.append(f"| {case} | {'ok' if g.get('ok') else g.get('status')} | "
                      f"{'ok' if h.get('ok') else h.get('status')} "
                      f"| {(g.get('message') or '').replace('|', '/')[:110]} |")

@@ -15,8 +15,9 @@ from typing import Any
 import numpy as np
 import psutil
 
+from bge_triton.loadtest import harness
 from bge_triton.server.cpu_variant import CpuVariant
-from bge_triton.server.launcher import LocalServer, ServerSettings, free_ports
+from bge_triton.server.launcher import LocalServer, ServerSettings
 
 PORT_RANGE = range(18200, 18300)  # the chaos scenarios' own ports (bench: 18100-18199)
 
@@ -24,16 +25,14 @@ PORT_RANGE = range(18200, 18300)  # the chaos scenarios' own ports (bench: 18100
 
 def server_settings(repository: Path, state_dir: Path, variant: CpuVariant | None = None,
                     ports: Sequence[int] | None = None, **kwargs: Any) -> ServerSettings:
-    """Settings for a chaos server on loopback ports from the chaos range."""
-    http, grpc, metrics = ports or free_ports(3, PORT_RANGE)
-    return ServerSettings(repository=Path(repository), http_port=http, grpc_port=grpc, metrics_port=metrics,
-                          state_dir=Path(state_dir), variant=variant or CpuVariant(), **kwargs)
+    """harness.server_settings on the chaos scenarios' own ports."""
+    return harness.server_settings(repository, state_dir, variant, ports, PORT_RANGE, **kwargs)
 
 
 def start_server(repository: Path, state_dir: Path, variant: CpuVariant | None = None,
                  ports: Sequence[int] | None = None, **kwargs: Any) -> LocalServer:
-    """Start (and wait for) a LocalServer that the caller owns and stops."""
-    return LocalServer(server_settings(repository, state_dir, variant, ports, **kwargs)).start()
+    """harness.start_server on the chaos scenarios' own ports: a server the caller owns and stops."""
+    return harness.start_server(repository, state_dir, variant, ports, PORT_RANGE, **kwargs)
 
 
 def process_tree(pid: int) -> list[psutil.Process]:

@@ -1,4 +1,5 @@
-"""What bench and tune stand on: a bench repository, one explicit-control server, config overrides.
+"""The one stand-up of every benchmark: a server on loopback ports (`server_settings`, `start_server`), and what bench
+and tune add to it: a bench repository, one explicit-control server, config overrides.
 
 The bench repository holds the exported real model (NAME_onnx + NAME), the canonical BGE-Large-zh
 pair for the costmodel executor (an emulated GPU: no weights needed, the tokenizer is borrowed
@@ -7,9 +8,10 @@ are loaded one scenario at a time with a config override (no restarts).
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
@@ -37,6 +39,24 @@ EMULATED = CANONICAL_NAME  # bge_large_zh (+ _onnx) run by the costmodel executo
 # directory), loaded beside the text endpoint's encoder: the quiet-hour reference called directly, side by side.
 REFERENCE = CANONICAL_NAME + "_reference" + ENCODER_SUFFIX
 PORT_RANGE = range(18100, 18200)
+
+
+def server_settings(repository: Path, state_dir: Path, variant: CpuVariant | None = None,
+                    ports: Sequence[int] | None = None, port_range: range | None = PORT_RANGE,
+                    **kwargs: Any) -> ServerSettings:
+    """Settings for a local tritonserver on loopback ports (`ports`, else free ones from `port_range`; None: any)."""
+    http, grpc, metrics = ports or (free_ports(3, port_range) if port_range else free_ports(3))
+    return ServerSettings(repository=Path(repository), http_port=http, grpc_port=grpc, metrics_port=metrics,
+                          state_dir=Path(state_dir), variant=variant or CpuVariant(), **kwargs)
+
+
+def start_server(repository: Path, state_dir: Path, variant: CpuVariant | None = None,
+                 ports: Sequence[int] | None = None, port_range: range | None = PORT_RANGE,
+                 **kwargs: Any) -> LocalServer:
+    """Start (and wait for) a LocalServer that the caller owns and stops (by its pid)."""
+    return LocalServer(server_settings(repository, state_dir, variant, ports, port_range, **kwargs)).start()
+
+
 NOOP_MODEL_PY = '''"""No-op model for the load generator's self-check: answers zeros at once."""
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -119,11 +139,8 @@ class Harness:
     self_check_result: loadgen.LoadResult | None = None  # the last self_check's whole result (errors, unanswered)
 
     def start(self) -> Harness:
-        http, grpc, metrics = free_ports(3, PORT_RANGE)
-        variant = self.variant_for("onnxruntime")
-        settings = ServerSettings(repository=self.repository, http_port=http, grpc_port=grpc, metrics_port=metrics,
-                                  state_dir=self.state_dir, model_control="explicit", variant=variant)
-        self.server = LocalServer(settings).start()
+        self.server = start_server(self.repository, self.state_dir, self.variant_for("onnxruntime"),
+                                   model_control="explicit")
         import tritonclient.http as th
 
         self.client = th.InferenceServerClient(self.server.http_url, network_timeout=300.0)

@@ -288,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from bge_triton.loadtest.soak_report import machine_line, summarize, write_report
+    from bge_triton.loadtest.report import machine_line
+    from bge_triton.loadtest.soak_report import summarize, write_report
 
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="kit-soak-") as tmp:

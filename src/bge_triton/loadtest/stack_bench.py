@@ -22,11 +22,12 @@ from pathlib import Path
 from bge_triton.errors import KitError
 from bge_triton.extras import require
 from bge_triton.loadtest import corpus, stack_client, stack_raw
+from bge_triton.loadtest.report import machine_line
+from bge_triton.loadtest.report import machine_line as machine  # noqa: F401  (gateway_stall imports it here)
 from bge_triton.loadtest.stack_report import StackResults, write_report
 from bge_triton.loadtest.stack_setup import (
     StackSettings,
     load_texts,
-    machine,
     prepare_repository,
     server_knobs,
     server_settings,
@@ -153,7 +154,7 @@ def run(s: StackSettings) -> StackResults:
                "fifo_32": stack_raw.fifo_padding_ratio(lengths, 32)}
     lens = corpus.length_profile(tp_texts)
     header = {
-        "machine": machine(),
+        "machine": machine_line(),
         "load average (1 min) at start / end": f"{load_start[0]:.1f} / {os.getloadavg()[0]:.1f} "
                                                "(other workloads share these cores: see the noise column)",
         "command": s.command,

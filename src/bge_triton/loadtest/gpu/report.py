@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 from bge_triton.loadtest import report as bench_report
@@ -81,11 +81,6 @@ def evaluate_goals(rows: list[Row]) -> list[tuple[str, str, bool]]:
         out.append((f"{TEXT_KEY}: model compute at peak >= {GOAL_COMPUTE:.0%} of measured matmul rate",
                     f"{text.peak_compute_frac:.1%}", text.peak_compute_frac >= GOAL_COMPUTE))
     return out
-
-
-def write_csv(path: Path, rows: list[Row], command: str) -> Path:
-    """One CSV row per scenario, through the bench's writer (first line: the generated-by header)."""
-    return bench_report.write_csv([asdict(r) for r in rows], tuple(f.name for f in fields(Row)), path, command)
 
 
 def write_png(path: Path, rows: list[Row], command: str, title: str, machine: str) -> Path | None:

@@ -7,18 +7,27 @@ Beside it, in the same run, the policy it replaced: one DP over the whole level 
 (text_stages.plan_sub_batches on every waiting text, then the run holding the oldest). Lengths: real
 Chinese reviews of the load-test corpus, one token per character + [CLS]/[SEP], capped at max_length.
 
-    python -m bge_triton.loadtest.plan_cost [--backlogs 64,1024,4096,16384] [--out reports/text_endpoint]
+A second table drains backlogs (256, 4k, 16k texts, requests of 64) through the shipped Scheduler into one
+emulated GPU (the cost model, one call at a time) and reports texts/s against the ideal and the encoder's busy
+share: the issue measured 95% busy at 256 texts falling to 44% at 16k with the replaced policy.
+
+    python -m bge_triton.loadtest.plan_cost [--backlogs 64,1024,4096,16384] [--drains 256,4096,16384]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import importlib
 import random
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from bge_triton.loadtest.report import machine_info
 from bge_triton.paths import CANONICAL_REPOSITORY, REPORTS_DIR
@@ -113,7 +122,89 @@ def _row(backlog: int, policy: str, plan: list[float], expire: list[float], size
             "expire_us_p50": statistics.median(expire), "texts_per_run": statistics.mean(sizes)}
 
 
-def run(backlogs: list[int], out: Path, dispatches: int, old_budget_s: float, seed: int) -> list[Path]:
+DRAIN_FIELDS = ("backlog", "policy", "requests", "wall_s", "texts_per_s", "ideal_texts_per_s", "of_ideal",
+                "encoder_busy",
+                "sub_batches", "texts_per_sub_batch")
+
+
+def before_scheduler(commit: str) -> Any:
+    """The text scheduler as of `commit` (git show from this checkout), imported beside the shipped text_core and
+    text_stages; None when git or the commit is not at hand."""
+    import importlib.util
+    import subprocess
+    import tempfile
+
+    path = "src/bge_triton/model_repository/bge_large_zh/1/text_scheduler.py"
+    try:
+        source = subprocess.run(["git", "show", f"{commit}:{path}"], capture_output=True, text=True, check=True,
+                                cwd=Path(__file__).resolve().parents[3]).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    folder = Path(tempfile.mkdtemp(prefix="plan_cost_before_"))
+    (folder / "text_scheduler_before.py").write_text(source, encoding="utf-8")
+    spec = importlib.util.spec_from_file_location("text_scheduler_before", folder / "text_scheduler_before.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["text_scheduler_before"] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def measure_drain(backlog: int, lengths: list[int], settings, core, sched, per_request: int = 64,
+                  label: str = "bucketed window (shipped)") -> dict[str, Any]:
+    """A backlog sent at once (requests of `per_request` texts) drained by the shipped Scheduler (its threads, the
+    committed settings, no queue limits) into ONE emulated GPU: the cost model's t(B, L), one call at a time."""
+    from bge_triton.loadtest.costmodel import DEFAULT as cost
+
+    gpu, busy, calls = threading.Lock(), [0.0], [0]
+
+    class Emulated(core.EncoderBackend):
+        def run(self, ids, mask):
+            with gpu:
+                t = cost.batch_ms(ids.shape[0], ids.shape[1]) / 1000.0
+                end = time.perf_counter() + t
+                while (left := end - time.perf_counter()) > 0.0003:
+                    time.sleep(left - 0.0003)
+                while time.perf_counter() < end:
+                    pass
+                busy[0] += t
+                calls[0] += 1
+            return np.zeros((ids.shape[0], 8), np.float32)
+
+        def hold(self):
+            return contextlib.nullcontext()
+
+    rng = random.Random(2)
+    texts = [rng.choice(lengths) for _ in range(backlog)]
+    answered, done = [0], threading.Event()
+    n_requests = -(-backlog // per_request)
+
+    def respond(job) -> None:
+        answered[0] += 1
+        if answered[0] == n_requests:
+            done.set()
+
+    s = sched.Scheduler(settings, Emulated(), 0, 8, respond, policy=sched.QueuePolicy(0, 0.0))
+    jobs = []
+    for k in range(0, backlog, per_request):
+        chunk = texts[k:k + per_request]
+        jobs.append((s.new_job(len(chunk), 2), [[1] * n for n in chunk]))
+    t0 = time.perf_counter()
+    s.submit(jobs)
+    if not done.wait(600):
+        raise SystemExit(f"drain of {backlog} texts did not finish in 600 s")
+    wall = time.perf_counter() - t0
+    s.close()
+    m = settings.pad_to_multiple
+    pads = sorted(-(-n // m) * m for n in texts)  # ideal: sorted runs of 64 texts, each padded to its longest
+    ideal_s = sum(cost.batch_ms(len(pads[k:k + 64]), pads[k:k + 64][-1]) for k in range(0, len(pads), 64)) / 1000.0
+    return {"backlog": backlog, "policy": label, "requests": n_requests, "wall_s": wall, "texts_per_s": backlog / wall,
+            "ideal_texts_per_s": backlog / ideal_s, "of_ideal": ideal_s / wall, "encoder_busy": busy[0] / wall,
+            "sub_batches": calls[0], "texts_per_sub_batch": backlog / max(calls[0], 1)}
+
+
+def run(backlogs: list[int], out: Path, dispatches: int, old_budget_s: float, seed: int,
+        drains: list[int] | None = None, before: str = "") -> list[Path]:
     core, sched, stages = _modules()
     from bge_triton.server.repository import load_config, text_settings
 
@@ -128,8 +219,30 @@ def run(backlogs: list[int], out: Path, dispatches: int, old_budget_s: float, se
         rows.append(measure_old(backlog, lengths, settings, stages, max(3, min(dispatches, int(old_budget_s / one)))))
         print(f"backlog {backlog:6d}: shipped p50 {rows[-2]['plan_us_p50']:9.1f} us, before p50 "
               f"{rows[-1]['plan_us_p50']:11.1f} us", flush=True)
+    drained = []
+    old_sched = before_scheduler(before) if before and drains else None
+    for backlog in drains or []:
+        pairs = [(sched, "bucketed window (shipped)")]
+        if old_sched is not None:
+            pairs.append((old_sched, f"whole-level DP (before, {before})"))
+        for module, label in pairs:
+            drained.append(measure_drain(backlog, lengths, settings, core, module, label=label))
+            d = drained[-1]
+            print(f"drain {backlog:6d} {label}: {d['texts_per_s']:7.0f} texts/s = {d['of_ideal']:.2f} of ideal, "
+                  f"encoder busy {d['encoder_busy']:.0%}", flush=True)
     out.mkdir(parents=True, exist_ok=True)
     command = f"{COMMAND} --backlogs {','.join(map(str, backlogs))} --dispatches {dispatches}"
+    if drains is not None:
+        command += f" --drains {','.join(map(str, drains))}"
+    if before:
+        command += f" --before {before}"
+    if drained:
+        with open(out / "plan_cost_drain.csv", "w", encoding="utf-8", newline="") as fh:
+            fh.write(f"# generated by `{command}`; rerun it to regenerate\n")
+            w = csv.DictWriter(fh, fieldnames=DRAIN_FIELDS)
+            w.writeheader()
+            for d in drained:
+                w.writerow({k: (f"{v:.3f}" if isinstance(v, float) else v) for k, v in d.items()})
     csv_path = out / "plan_cost.csv"
     with open(csv_path, "w", encoding="utf-8", newline="") as fh:
         fh.write(f"# generated by `{command}`; rerun it to regenerate\n")
@@ -159,9 +272,24 @@ def run(backlogs: list[int], out: Path, dispatches: int, old_budget_s: float, se
         "The shipped plan looks at no more than 2 x sub_batch_max texts around the oldest (a full run of one padded "
         "length skips the DP), so its cost is bounded by the settings, not by the backlog; expiry pops a deadline "
         "heap. Planning runs under the instance's pool lock: every microsecond here delays the other dispatchers."]
+    if drained:
+        lines += ["", "## A backlog drained into one emulated GPU", "",
+                  "The backlog sent at once as requests of 64 texts to one shipped Scheduler (its dispatcher "
+                  "threads, the committed settings, no queue limits or timeouts) whose encoder is one emulated GPU: "
+                  "the cost model's t(B, L), one call at a time (lock + sleep). Ideal: the same texts sorted by "
+                  "length in runs of 64, each padded to its longest (the scheduler may beat it: it splits where "
+                  "padding costs more than a call). The same process plans and 'runs', as in the text endpoint's "
+                  "stub.", "",
+                  "| backlog (texts) | policy | requests | wall (s) | texts/s | ideal texts/s | of ideal "
+                  "| encoder busy | texts per sub-batch |", "|---|---|---|---|---|---|---|---|---|"]
+        for d in drained:
+            lines.append(f"| {d['backlog']} | {d['policy']} | {d['requests']} | {d['wall_s']:.2f} | "
+                         f"{d['texts_per_s']:.0f} | "
+                         f"{d['ideal_texts_per_s']:.0f} | {d['of_ideal']:.2f} | {d['encoder_busy']:.0%} | "
+                         f"{d['texts_per_sub_batch']:.1f} |")
     md_path = out / "plan_cost.md"
     md_path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return [md_path, csv_path]
+    return [md_path, csv_path] + ([out / "plan_cost_drain.csv"] if drained else [])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -171,10 +299,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dispatches", type=int, default=300, help="timed takes per backlog (shipped policy)")
     parser.add_argument("--old-budget-s", type=float, default=4.0,
                         help="seconds per backlog for the replaced policy (at least 3 dispatches)")
+    parser.add_argument("--drains", default="256,4096,16384",
+                        help="backlogs drained into one emulated GPU (comma-separated; '' = none)")
+    parser.add_argument("--before", default="9fcf26e",
+                        help="git commit whose text_scheduler.py drains the same backlogs beside the shipped one "
+                             "('' = none; 9fcf26e = the whole-level DP policy this work replaced)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=REPORTS_DIR / "text_endpoint")
     args = parser.parse_args(argv)
-    paths = run([int(b) for b in args.backlogs.split(",")], args.out, args.dispatches, args.old_budget_s, args.seed)
+    drains = [int(b) for b in args.drains.split(",") if b.strip()]
+    paths = run([int(b) for b in args.backlogs.split(",")], args.out, args.dispatches, args.old_budget_s, args.seed,
+                drains, args.before)
     for p in paths:
         print(p)
 

@@ -41,7 +41,7 @@ from bge_triton.gateway.errors import (
     too_large,
     unknown_model,
 )
-from bge_triton.gateway.metrics import GatewayMetrics
+from bge_triton.gateway.metrics import GatewayMetrics, watch_loop
 from bge_triton.gateway.openapi import Operation, build_openapi, docs_html
 from bge_triton.gateway.parsing import CHARS_PER_TOKEN, PROCESS_ABOVE, Parsed, ParseLimits, parse, parse_in_worker
 from bge_triton.gateway.settings import GatewaySettings
@@ -319,12 +319,14 @@ def create_app(settings: GatewaySettings, backend: Backend | None = None,
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await real.start()
         warm = asyncio.create_task(_warm_parser(gw))  # the first big body should not wait for a worker to start
+        watch = asyncio.create_task(watch_loop(gw.metrics))  # gateway_event_loop_lag_seconds
         try:
             yield
         finally:
-            warm.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await warm
+            for task in (warm, watch):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
             await real.close()
 
     async def openapi(request: Request) -> Response:

@@ -3,11 +3,13 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-__all__ = ["GatewayMetrics"]
+__all__ = ["GatewayMetrics", "watch_loop", "LAG_BUCKETS"]
 
 LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 TOKEN_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384, 65536, 262144)
+LAG_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0)
+LAG_PERIOD_S = 0.01  # the event-loop watch: a timer every 10 ms, its lateness observed
 
 
 class GatewayMetrics:
@@ -31,6 +33,9 @@ class GatewayMetrics:
         self.in_flight = Gauge("gateway_in_flight_requests", "Requests being answered now", registry=r)
         self.in_flight.set_function(lambda: self.answering)
         self.ready = Gauge("gateway_ready", "1 while /ready answers 200", registry=r)
+        self.loop_lag = Histogram("gateway_event_loop_lag_seconds", "How late a 10 ms timer fired on the event "
+                                  "loop: whatever held the loop (or the CPU) that long", buckets=LAG_BUCKETS,
+                                  registry=r)
 
         self._children: dict[tuple[str, int], tuple[Counter, Histogram]] = {}
         self._triton: dict[int, Histogram] = {}
@@ -56,3 +61,14 @@ class GatewayMetrics:
     def render(self) -> bytes:
         """The text exposition format."""
         return generate_latest(self.registry)
+
+
+async def watch_loop(metrics: GatewayMetrics, period_s: float = LAG_PERIOD_S) -> None:
+    """Until cancelled: sleep period_s on the event loop and observe how late the wake-up came."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    while True:
+        start = loop.time()
+        await asyncio.sleep(period_s)
+        metrics.loop_lag.observe(max(0.0, loop.time() - start - period_s))

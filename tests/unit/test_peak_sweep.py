@@ -161,7 +161,7 @@ def test_report_shows_every_c_and_judges_the_saturation_point(tmp_path):
     from bge_triton.loadtest.shipped import ideal
 
     s = bench.BenchSettings(out=tmp_path, duration_s=3.0, low_duration_s=6.0, warmup_s=0.5)
-    run = ShippedRun("python -m bge_triton.loadtest.shipped --quick", (Candidate(),), (128, 512, 1024),
+    run = ShippedRun("bge-triton bench shipped --quick", (Candidate(),), (128, 512, 1024),
                      lengths={"median": 48, "mean": 71.0, "max": 258, "all": [20, 48, 48, 71, 120, 258]},
                      machine=report.machine_info(), selfcheck_rps=5000.0, picked="committed")
     run.rows = [{**_row("committed", "direct_delay0", "low", None, 29.0), "turns": 8, "turn_s": 2.0},

@@ -96,7 +96,10 @@ def bench_main(module: str, parser: argparse.ArgumentParser, argv: Sequence[str]
     """Parse the flags, note the command and the load average, run in a temp dir, write and print the report."""
     args = parser.parse_args(argv)
     args.repository = args.repository.resolve()
-    command = f"python -m {module} " + " ".join(sys.argv[1:] if argv is None else argv)
+    from bge_triton.loadtest.commands import BENCH
+
+    scenario = next(name for name, (mod, _, _) in BENCH.items() if mod == module)
+    command = f"bge-triton bench {scenario} " + " ".join(sys.argv[1:] if argv is None else argv)
     load = f"{os.getloadavg()[0]:.1f}"
     with tempfile.TemporaryDirectory(prefix=module.rsplit(".", 1)[-1] + "-") as tmp:
         rows = run(args, Path(tmp))

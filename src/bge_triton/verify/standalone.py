@@ -24,6 +24,7 @@ import json
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -289,17 +290,25 @@ class HttpJson:
         return np.asarray(out["data"], dtype=np.float32).reshape(out["shape"])
 
 
-def server_boot_id() -> str:
-    """pid and start time of a local tritonserver process ('' if none is visible): a restart re-verifies."""
+def server_boot_id(port: int | None = None) -> str:
+    """pid and start time of the local tritonserver ('' if none is visible): a restarted server is verified again.
+
+    In a container there is one; where several run (a development machine), the one whose command line names
+    PORT is preferred.
+    """
+    found: list[tuple[bool, str]] = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             text = stat.read_text()
+            if text[text.find("(") + 1:text.rfind(")")] != "tritonserver":
+                continue
+            args = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
         except OSError:
             continue
-        name = text[text.find("(") + 1:text.rfind(")")]
-        if name == "tritonserver":
-            return f"{stat.parent.name}:{text[text.rfind(')') + 2:].split()[19]}"
-    return ""
+        named = port is not None and (f"-port={port}" in args or f"-port {port}" in args)
+        found.append((named, f"{stat.parent.name}:{text[text.rfind(')') + 2:].split()[19]}"))
+    found.sort(key=lambda f: not f[0])
+    return found[0][1] if found else ""
 
 
 def resolve_reference(transport: Transport, model: str, repository: str | Path | None,
@@ -341,7 +350,7 @@ def ready_check(http: HttpJson, model: str, repository: str | Path | None, refer
         previous = ""
     try:
         ref = load_reference(resolve_reference(http, model, repository, reference))
-        key = f"{ref.sha256} {server_boot_id()}"
+        key = f"{ref.sha256} {server_boot_id(urllib.parse.urlsplit(http.base).port)}"
         try:
             if json.loads(ok_file.read_text()).get("key") == key:
                 return OK, ""

@@ -11,16 +11,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pytest
-
-import openai as openai
 import httpx as httpx
+import numpy as np
+import openai as openai
+import pytest
 import starlette  # noqa: F401 - the extra this test needs
+from tokenizers import Tokenizer
 
-from tokenizers import Tokenizer  # noqa: E402
-
-from bge_triton.client import EmbeddingClient  # noqa: E402
+from bge_triton.client import EmbeddingClient
 
 pytestmark = pytest.mark.integration
 
@@ -48,7 +46,7 @@ class GatewayProc:
         self._fh = open(log, "wb")
         self.proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=self._fh, stderr=subprocess.STDOUT)
 
-    def wait(self, path: str = "/ready", timeout_s: float = 120.0) -> "GatewayProc":
+    def wait(self, path: str = "/ready", timeout_s: float = 120.0) -> GatewayProc:
         """Poll `path` until it answers 200; fail with the log if the process dies or time runs out."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -224,8 +222,10 @@ def test_tei_routes_accept_what_tei_accepts(gw, sdk) -> None:
     q = httpx.post(gw.url + "/embed", json={"inputs": ["where does the cat sit"], "prompt_name": "query"}, timeout=60)
     assert cosine(np.array(q.json()[0]), sdk.embed_queries(["where does the cat sit"])[0]) >= 0.9999
     r = httpx.post(gw.url + "/embed", json={"inputs": [long_text]}, timeout=60)
-    assert r.status_code == 413 and r.json()["error_type"] == "Validation" and f"limit is {MAX_LENGTH}" in r.json()["error"]
-    for body, field in (({"inputs": "x", "dimensions": 8}, "dimensions"), ({"inputs": "x", "normalize": False}, "normalize"),
+    assert r.status_code == 413 and r.json()["error_type"] == "Validation"
+    assert f"limit is {MAX_LENGTH}" in r.json()["error"]
+    for body, field in (({"inputs": "x", "dimensions": 8}, "dimensions"),
+                        ({"inputs": "x", "normalize": False}, "normalize"),
                         ({"inputs": "x", "prompt_name": "summary"}, "prompt_name")):
         r = httpx.post(gw.url + "/embed", json=body, timeout=60)
         assert r.status_code == 422 and f"`{field}`" in r.json()["error"], r.text
@@ -299,3 +299,18 @@ def test_triton_unreachable_is_503_with_retry_after(minilm_repo, tmp_path) -> No
         assert ready.status_code == 503 and ready.json()["status"] == "not ready"
     finally:
         proc.stop()
+
+
+def test_sdk_embed_with_timing_against_the_text_endpoint(sdk, tokenizer) -> None:
+    """The SDK's sibling of embed_with_counts: the text endpoint's tokenization / queue / inference split and
+    the call's total; truncation_direction "left" keeps the end of a long text (the gateway's START)."""
+    tail = "The cat sits on the mat."
+    long_text = "alpha " * 400 + tail
+    timed = sdk.embed_with_timing(["hello world", long_text], truncation_direction="left")
+    assert timed.vectors.shape == (2, DIM) and timed.token_counts.tolist() == [4, MAX_LENGTH]
+    t = timed.timing
+    assert t.tokenization_s > 0 and t.inference_s > 0 and t.queue_s >= 0
+    assert t.tokenization_s + t.queue_s + t.inference_s <= t.total_s
+    ref = sdk.embed_documents([tail])[0]
+    right = sdk.embed_with_timing([long_text], truncation_direction="right").vectors[0]
+    assert cosine(timed.vectors[1], ref) > cosine(right, ref) + 0.05

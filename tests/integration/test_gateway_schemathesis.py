@@ -17,12 +17,11 @@ from typing import Any
 
 import httpx
 import pytest
-
 import starlette  # noqa: F401 - the extra this test needs
 
 pytest.importorskip("schemathesis", reason="the test extra's schemathesis")
 
-from test_gateway_openai import KEY, NAME, start  # noqa: E402
+from test_gateway_openai import KEY, NAME, start
 
 pytestmark = pytest.mark.integration
 EXAMPLES = 25  # per operation and phase

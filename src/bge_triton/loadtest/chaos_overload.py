@@ -14,10 +14,12 @@ import random
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from bge_triton.client import AsyncEmbeddingClient, InputError, KitError, Overloaded, RetryPolicy, ServerUnavailable
 from bge_triton.errors import Timeout
+from bge_triton.loadtest import loadgen
 from bge_triton.loadtest.chaos_common import start_server, tree_rss_mb
 from bge_triton.loadtest.stats import percentile
 from bge_triton.server.cpu_variant import CpuVariant
@@ -126,14 +128,8 @@ async def _open_loop(client: AsyncEmbeddingClient, phases: list[tuple[str, float
 
     start = 0.0
     for name, rate, seconds in phases:
-        t = start
-        while True:
-            t += rng.expovariate(rate)
-            if t >= start + seconds:
-                break
-            delay = t - (time.monotonic() - t0)
-            if delay > 0:
-                await asyncio.sleep(delay)
+        async for t in loadgen.poisson(rng, partial(float, rate), lambda: time.monotonic() - t0, start,
+                                       start + seconds, yield_when_late=False):
             tasks.append(asyncio.ensure_future(one(name, t)))
         start += seconds
     await asyncio.gather(*tasks)

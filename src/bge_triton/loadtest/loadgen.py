@@ -9,9 +9,11 @@ hide overload). Requests are pre-encoded bytes; one process pushes thousands per
 from __future__ import annotations
 
 import asyncio
+import math
 import multiprocessing as mp
 import random
 import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -151,6 +153,22 @@ def ensure_open_files(connections: int, margin: int = 256) -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
 
 
+async def poisson(rng: random.Random, rate: Callable[[], float], now: Callable[[], float], start: float,
+                  until: float = math.inf, yield_when_late: bool = True) -> AsyncIterator[float]:
+    """THE open-loop Poisson schedule (loadgen, the soak, chaos overload): send times in [start, until) on the `now`
+    clock at `rate()` per second, each yielded when it comes; latency counts from it, never from the send.
+    Behind schedule it yields at once (after one turn of the event loop unless yield_when_late is False)."""
+    t = start
+    while True:
+        t += rng.expovariate(rate())
+        if t >= until:
+            return
+        delay = t - now()
+        if delay > 0 or yield_when_late:
+            await asyncio.sleep(max(0.0, delay))
+        yield t
+
+
 async def _run_async(spec: LoadSpec) -> LoadResult:
     ensure_open_files(spec.concurrency)
     begin = spec.t0 + spec.warmup_s
@@ -220,12 +238,8 @@ async def _run_async(spec: LoadSpec) -> LoadResult:
             record(sched, clock(), err)
             idle.append(conn)
 
-    sched, i = clock(), 0
-    while sched < end:
-        sched += rng.expovariate(spec.rate)
-        delay = sched - clock()
-        if delay > 0:
-            await asyncio.sleep(delay)
+    i = 0
+    async for sched in poisson(rng, lambda: spec.rate, clock, clock(), end, yield_when_late=False):
         task = asyncio.create_task(one(sched, spec.bodies[i % len(spec.bodies)]))
         pending.add(task)
         task.add_done_callback(pending.discard)

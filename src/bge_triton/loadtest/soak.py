@@ -23,7 +23,7 @@ import psutil
 
 from bge_triton.client import AsyncEmbeddingClient, KitError, Overloaded, RetryPolicy, ServerUnavailable
 from bge_triton.errors import InputError, Timeout
-from bge_triton.loadtest import corpus
+from bge_triton.loadtest import corpus, loadgen
 from bge_triton.loadtest.soak_analysis import (
     PlannedEvent,
     Shot,
@@ -230,12 +230,11 @@ class Soak:
         tasks: set[asyncio.Task] = set()
         sampler = asyncio.ensure_future(self._sampler())
         events = asyncio.ensure_future(self._events(plan, settle))
-        rng, t, i, sent = random.Random(s.seed), 0.0, 0, 0
+        t, i, sent = 0.0, 0, 0
         # the load runs until the events are done (each recovery wait is bounded by progress) and the soak's length
-        while not (self.events_done and t >= s.duration_s) and not (events.done() and events.exception()):
-            t += rng.expovariate(rate * self.mult)
-            delay = t - self.now()
-            await asyncio.sleep(max(0.0, delay))  # yield even when behind schedule
+        async for t in loadgen.poisson(random.Random(s.seed), lambda: rate * self.mult, self.now, 0.0):
+            if self.events_done and t >= s.duration_s or events.done() and events.exception():
+                break
             task = asyncio.ensure_future(self._one(client, t, self.texts[i % len(self.texts)], i))
             tasks.add(task)
             task.add_done_callback(tasks.discard)

@@ -11,7 +11,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-# scenario -> (module, its main function, what it measures, [extra] it needs)
+# scenario -> (module, its main(argv) function, what it measures)
 BENCH: dict[str, tuple[str, str, str]] = {
     "seed": ("bge_triton.loadtest.bench", "main",
              "the seed table: no batching, static 32, dynamic 5 ms, delay 0, text endpoint; peak and low load"),

@@ -1,4 +1,4 @@
-"""`python -m bge_triton.loadtest.gateway_stall --repository DIR --model NAME --out reports/gateway`: can one
+"""`bge-triton bench gateway-stall --repository DIR --model NAME --out reports/gateway`: can one
 request stall the gateway? While the worst bodies its limits allow are in flight (one 5 MB text, truncate
 START / NONE / END; 2048 long texts), two probes run back to back: GET /health (the event loop alone) and a
 one-text POST /v1/embeddings (the loop and Triton). Their p50 / p99 / max per scenario go to markdown + CSV
@@ -40,7 +40,7 @@ PROBES: dict[str, dict[str, Any] | None] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bge_triton.loadtest.gateway_stall", description=__doc__,
+    p = argparse.ArgumentParser(prog="bge-triton bench gateway-stall", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repository", type=Path, required=True, help="an exported model repository")
     p.add_argument("--model", default="bge_large_zh", help="text endpoint NAME in it")
@@ -260,6 +260,3 @@ def write_report(args: argparse.Namespace, rows: list[dict[str, Any]], command: 
 def main(argv: Sequence[str] | None = None) -> int:
     return bench_main("bge_triton.loadtest.gateway_stall", build_parser(), argv, _run, write_report)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

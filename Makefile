@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test test-unit bench tune stack-bench chaos help compose-check gpu-wheels gpu-bench
+.PHONY: setup demo test test-unit bench tune stack-bench chaos help compose-check gpu-wheels gpu-bench deploy-test images
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -39,8 +39,9 @@ stack-bench: setup  ## full stack vs raw ONNX Runtime + padding ratio (reports/s
 chaos: setup  ## bad input, overload, faults (reports/chaos)
 	$(PY) -m bge_triton.cli chaos --out reports/chaos
 
-compose-check: setup  ## validate docker-compose.yml and the GPU configs (Triton schema + ORT backend keys)
+compose-check: setup  ## validate docker-compose.yml (+ override, + the CPU override) and the GPU configs (Triton schema + ORT backend keys)
 	docker-compose --env-file deploy/.env.example config -q
+	docker-compose --env-file deploy/.env.example -f docker-compose.yml -f docker-compose.cpu.yml config -q
 	$(PY) deploy/check_configs.py src/bge_triton/model_repository
 
 gpu-wheels: $(STAMP)  ## what a bare GPU host lacks (wheels, tokenizer, review sample) -> src/bge_triton/loadtest/gpu/wheels (needs PyPI)
@@ -48,3 +49,11 @@ gpu-wheels: $(STAMP)  ## what a bare GPU host lacks (wheels, tokenizer, review s
 
 gpu-bench:  ## on a bare GPU host: the bench with synthetic:bge-large-zh in torch FP16 -> reports/gpu
 	bash src/bge_triton/loadtest/gpu/run.sh
+
+images:  ## with podman: the base + stand-ins when missing (deploy/standins), then every image from `git archive HEAD`
+	bash deploy/standins/build.sh
+	bash deploy/build-images.sh
+
+deploy-test: setup  ## build every image from a clean archive on the stand-ins, run compose (CPU override) and kube play (tests/deploy)
+	$(PY) -m pytest -m deploy tests/deploy
+	@cat .kit/deploy-test-timings.txt 2>/dev/null || true

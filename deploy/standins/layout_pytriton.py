@@ -2,7 +2,12 @@
 
 Usage: python3 layout_pytriton.py WHEEL. Keeps the python backend stub of the running Python only.
 """
-import os, shutil, sys, sysconfig, zipfile
+import os
+import shutil
+import sys
+import sysconfig
+import zipfile
+
 py = sysconfig.get_python_version()
 dst = "/opt/tritonserver"
 with zipfile.ZipFile(sys.argv[1]) as whl:

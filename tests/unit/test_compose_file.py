@@ -1,5 +1,7 @@
 """docker-compose.yml checked statically: it validates with nothing set, `up` alone exports then serves, and it
-has the GPU, health and security bits. The exporter's skip rule (deploy/prepare_model.py) on fake exports."""
+has the GPU (docker-compose.override.yml), health and security bits; docker-compose.cpu.yml drops the GPU. The
+exporter's skip rule and --instance-kind (deploy/prepare_model.py) on fake exports. The stack itself runs in
+tests/deploy (`make deploy-test`)."""
 from __future__ import annotations
 
 import importlib.util
@@ -15,6 +17,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "docker-compose.yml"
+GPU = REPO / "docker-compose.override.yml"
+CPU = REPO / "docker-compose.cpu.yml"
 ENV_EXAMPLE = REPO / "deploy" / ".env.example"
 PROFILES = ("--profile", "monitoring", "--profile", "loadtest")
 DOCKER_COMPOSE = shutil.which("docker-compose")
@@ -28,16 +32,17 @@ _spec.loader.exec_module(prepare_model)
 
 def _compose_env(**extra: str) -> dict[str, str]:
     """The caller's environment without any variable docker-compose.yml reads, plus `extra`."""
-    names = set(re.findall(r"\$\{(\w+)", COMPOSE.read_text()))
+    names = {n for f in (COMPOSE, GPU, CPU) for n in re.findall(r"\$\{(\w+)", f.read_text())}
     env = {k: v for k, v in os.environ.items() if k not in names and not k.startswith("COMPOSE_")}
     env.update(extra)
     return env
 
 
-def _config(*args: str, env_file: Path, env: dict[str, str] | None = None,
-            quiet: bool = False) -> subprocess.CompletedProcess:
-    cmd = [DOCKER_COMPOSE, "-f", str(COMPOSE), "--project-directory", str(REPO), "--env-file", str(env_file),
-           *args, "config", *(["-q"] if quiet else [])]
+def _config(*args: str, env_file: Path, env: dict[str, str] | None = None, quiet: bool = False,
+            files: tuple[Path, ...] = (COMPOSE, GPU)) -> subprocess.CompletedProcess:
+    """`docker-compose config`; the default files are what a plain `docker compose up` reads (+ the override)."""
+    cmd = [DOCKER_COMPOSE, *[a for f in files for a in ("-f", str(f))], "--project-directory", str(REPO),
+           "--env-file", str(env_file), *args, "config", *(["-q"] if quiet else [])]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env or _compose_env())
 
 
@@ -83,8 +88,9 @@ def test_up_alone_exports_then_serves(resolved: dict) -> None:
     assert svcs["gateway"]["depends_on"] == {"triton": {"condition": "service_healthy"}}
     assert "--triton=triton:8001" in svcs["gateway"]["command"]
     cmd = svcs["exporter"]["command"]
-    assert cmd[:2] == ["python3", "/kit/deploy/prepare_model.py"]
-    assert cmd[cmd.index("--precision") + 1] == "fp16" and cmd[cmd.index("--repository") + 1] == "/kit/model_repository"
+    assert cmd[:2] == ["python", "/kit/deploy/prepare_model.py"]
+    assert cmd[cmd.index("--precision") + 1] == "fp16" and cmd[cmd.index("--repository") + 1] == "/models"
+    assert cmd[cmd.index("--instance-kind") + 1] == "gpu"
     assert svcs["exporter"]["restart"] == "no"
 
 
@@ -101,12 +107,37 @@ def test_ports_bind_to_loopback_unless_configured(resolved: dict, no_env_file: P
 
 
 @needs_compose
-def test_triton_tag_reaches_both_builds(no_env_file: Path) -> None:
-    proc = _config(*PROFILES, env_file=no_env_file, env=_compose_env(TRITON_TAG="25.01-py3"))
+def test_base_images_reach_every_build(no_env_file: Path) -> None:
+    env = _compose_env(TRITON_IMAGE="registry.example/tritonserver:25.01-py3", PYTHON_IMAGE="registry.example/py:3.11")
+    proc = _config(*PROFILES, env_file=no_env_file, env=env)
     assert proc.returncode == 0, proc.stderr
     svcs = yaml.safe_load(proc.stdout)["services"]
-    for name in ("triton", "exporter", "locust-master", "locust-worker"):
-        assert svcs[name]["build"]["args"] == {"TRITON_TAG": "25.01-py3"}, name
+    assert svcs["triton"]["build"]["args"] == {"TRITON_IMAGE": "registry.example/tritonserver:25.01-py3"}
+    assert svcs["gateway"]["build"]["args"] == {"PYTHON_IMAGE": "registry.example/py:3.11"}
+    for name, target in (("exporter", "exporter"), ("locust-master", "loadtest"), ("locust-worker", "loadtest")):
+        build = svcs[name]["build"]
+        assert build["args"] == {"PYTHON_IMAGE": "registry.example/py:3.11",
+                                 "TORCH_INDEX_URL": "https://download.pytorch.org/whl/cpu"}, name
+        assert build["target"] == target and build["dockerfile"] == "deploy/Dockerfile.kit", name
+    assert svcs["exporter"]["image"] == "bge-triton-kit:local"
+    assert svcs["locust-master"]["image"] == svcs["locust-worker"]["image"] == "bge-triton-loadtest:local"
+
+
+@needs_compose
+def test_only_triton_reserves_the_gpu_and_the_cpu_override_reserves_none(resolved: dict, no_env_file: Path) -> None:
+    assert [n for n, svc in resolved["services"].items() if "deploy" in svc] == ["triton"]
+    devices = resolved["services"]["triton"]["deploy"]["resources"]["reservations"]["devices"]
+    assert devices == [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]
+    proc = _config(*PROFILES, env_file=no_env_file, files=(COMPOSE, CPU))
+    assert proc.returncode == 0 and "variable is not set" not in proc.stderr, proc.stderr
+    cpu = yaml.safe_load(proc.stdout)["services"]
+    assert "driver: nvidia" not in proc.stdout and not [n for n, svc in cpu.items() if "deploy" in svc]
+    cmd = cpu["exporter"]["command"]
+    assert cmd[cmd.index("--instance-kind") + 1] == "cpu" and cmd[cmd.index("--precision") + 1] == "fp32"
+    assert "--allow-gpu-metrics=false" in cpu["triton"]["command"]
+    assert [c for c in cpu["triton"]["command"] if c != "--allow-gpu-metrics=false"] == \
+        [c for c in resolved["services"]["triton"]["command"] if c != "--allow-gpu-metrics=true"]
+    assert cpu["gateway"] == resolved["services"]["gateway"]  # the rest of the stack is the same
 
 
 def test_no_variable_is_mandatory() -> None:
@@ -123,10 +154,9 @@ def test_triton_builds_the_server_image(raw: dict) -> None:
     triton = raw["services"]["triton"]
     assert (REPO / triton["build"]["context"] / triton["build"]["dockerfile"]) == REPO / "deploy" / "Dockerfile.server"
     assert triton["pull_policy"] == "build"  # never a same-named image from a registry
-    devices = triton["deploy"]["resources"]["reservations"]["devices"]
-    assert any(d["driver"] == "nvidia" and "gpu" in d["capabilities"] and d.get("count", "all")
-               for d in devices)
-    assert "gpu" in json.dumps(raw["services"]["exporter"]["deploy"])
+    assert "deploy" not in triton and "deploy" not in raw["services"]["exporter"]  # the GPU: the override file
+    gpu = yaml.safe_load(GPU.read_text())["services"]
+    assert list(gpu) == ["triton"] and "nvidia" in json.dumps(gpu["triton"]["deploy"])
 
 
 def test_triton_command_flags(raw: dict) -> None:
@@ -146,10 +176,20 @@ def test_model_repository_read_only_and_volumes(raw: dict) -> None:
     for target in ("/engine_cache", "/secrets"):
         assert mounts[target]["type"] == "volume" and mounts[target]["source"] in raw["volumes"]
     exporter = {v["target"]: v for v in raw["services"]["exporter"]["volumes"]}
-    # the exporter writes the repository, where the editable kit (deploy/Dockerfile.kit) finds the canonical configs
-    assert exporter["/kit/model_repository"]["source"] == "./model_repository"
-    assert not exporter["/kit/model_repository"].get("read_only", False)
-    assert 'pip install -e "/kit[' in (REPO / "deploy" / "Dockerfile.kit").read_text()
+    # the exporter writes the repository; the canonical configs it derives from come with the kit's wheel
+    assert exporter["/models"]["source"] == "./model_repository"
+    assert not exporter["/models"].get("read_only", False)
+    assert " -e " not in (REPO / "deploy" / "Dockerfile.kit").read_text()
+
+
+def test_dockerignore_files_agree_and_keep_artefacts_out() -> None:
+    root = [ln for ln in (REPO / ".dockerignore").read_text().splitlines() if ln and not ln.startswith("#")]
+    for name in ("Dockerfile.kit.dockerignore", "Dockerfile.gateway.dockerignore"):
+        assert (REPO / "deploy" / name).read_text().splitlines() == root, name
+    for pattern in (".venv", ".git", ".kit", "model_repository", "**/*.onnx", "**/*.onnx_data", "**/*.safetensors"):
+        assert pattern in root
+    # the canonical repository (package data of the wheel) stays in the context: only its export outputs are out
+    assert "src" not in root and not [p for p in root if p.rstrip("/") == "src/bge_triton/model_repository"]
 
 
 def test_python_backend_resources_and_healthcheck(raw: dict) -> None:
@@ -208,3 +248,39 @@ def test_exporter_service_skips_with_status_zero(tmp_path: Path, capsys: pytest.
             "--precision", "fp16"]
     assert prepare_model.main(argv) == 0
     assert "skipping the export" in capsys.readouterr().out
+
+
+def _kinds(repo: Path) -> dict[str, list[str]]:
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    from bge_triton.server.repository import iter_models, load_config
+
+    return {name: [mc.ModelInstanceGroup.Kind.Name(g.kind) for g in load_config(d).instance_group]
+            for name, d in iter_models(repo)}
+
+
+def test_instance_kind_moves_the_exported_encoder_between_gpu_and_cpu(tmp_path: Path) -> None:
+    from bge_triton.paths import CANONICAL_REPOSITORY
+
+    repo = tmp_path / "repo"
+    shutil.copytree(CANONICAL_REPOSITORY, repo)
+    shipped = _kinds(repo)
+    assert "KIND_GPU" in shipped["bge_large_zh_onnx"]
+    assert prepare_model.set_instance_kind(repo, "cpu") == ["bge_large_zh_onnx"]
+    assert all(k == ["KIND_CPU"] for k in _kinds(repo).values())
+    assert prepare_model.set_instance_kind(repo, "cpu") == []  # idempotent: a second `up` rewrites nothing
+    assert prepare_model.set_instance_kind(repo, "gpu") == ["bge_large_zh_onnx"]
+    assert _kinds(repo) == shipped
+    header = (repo / "bge_large_zh_onnx" / "config.pbtxt").read_text().splitlines()[0]
+    assert header.startswith("# Generated by `deploy/prepare_model.py")
+
+
+def test_hub_download_takes_safetensors_config_and_tokenizer_only() -> None:
+    from fnmatch import fnmatch
+
+    files = ["config.json", "model.safetensors", "pytorch_model.bin", "tokenizer.json", "vocab.txt",
+             "tokenizer_config.json", "special_tokens_map.json", "1_Pooling/config.json", "modules.json",
+             "onnx/model.onnx", "README.md", ".gitattributes"]
+    taken = [f for f in files if any(fnmatch(f, p) for p in prepare_model.HUB_FILES)]
+    assert taken == ["config.json", "model.safetensors", "tokenizer.json", "vocab.txt", "tokenizer_config.json",
+                     "special_tokens_map.json", "1_Pooling/config.json", "modules.json"]

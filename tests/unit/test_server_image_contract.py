@@ -8,8 +8,6 @@ import importlib.util
 import sys
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[2]
 MODELS = REPO / "src" / "bge_triton" / "model_repository"
 _spec = importlib.util.spec_from_file_location("server_image", REPO / "deploy" / "server_image.py")
@@ -95,12 +93,42 @@ def test_every_model_import_is_in_the_server_image() -> None:
     assert uncovered(MODELS, image_imports()) == {}
 
 
-def test_server_image_base_is_the_one_tag_of_both_images() -> None:
-    server = (REPO / "deploy" / "Dockerfile.server").read_text()
+def _arg_defaults(text: str) -> dict[str, str]:
+    return dict(a.partition("=")[::2] for w, a in server_image.instructions(text) if w == "ARG" and "=" in a)
+
+
+def test_every_dockerfile_takes_its_base_as_an_arg_defaulting_to_the_real_image() -> None:
+    real = {"Dockerfile.server": ("TRITON_IMAGE", "nvcr.io/nvidia/tritonserver:24.10-py3"),
+            "Dockerfile.kit": ("PYTHON_IMAGE", "docker.io/library/python:3.11-slim"),
+            "Dockerfile.gateway": ("PYTHON_IMAGE", "docker.io/library/python:3.11-slim")}
+    assert sorted(p.name for p in (REPO / "deploy").glob("Dockerfile.*") if "." not in p.name[11:]) == sorted(real)
+    for name, (arg, image) in real.items():
+        text = (REPO / "deploy" / name).read_text()
+        assert _arg_defaults(text)[arg] == image, name
+        bases = server_image.base_images(text)
+        stages = {a.split()[-1] for w, a in server_image.instructions(text) if w == "FROM" and " AS " in a.upper()}
+        assert bases and all(b == f"${{{arg}}}" or b in stages for b in bases), (name, bases)
+        assert bases[0] == f"${{{arg}}}"
+
+
+def test_compose_passes_the_same_bases_as_the_dockerfiles() -> None:
+    compose = (REPO / "docker-compose.yml").read_text()
+    assert "TRITON_IMAGE: ${TRITON_IMAGE:-nvcr.io/nvidia/tritonserver:24.10-py3}" in compose
+    assert compose.count("PYTHON_IMAGE: ${PYTHON_IMAGE:-docker.io/library/python:3.11-slim}") == 2  # kit, gateway
+
+
+def test_exporter_image_is_a_cpu_venv_without_the_gpu_extra() -> None:
     kit = (REPO / "deploy" / "Dockerfile.kit").read_text()
-    (base,) = server_image.base_images(server)
-    assert base == "nvcr.io/nvidia/tritonserver:${TRITON_TAG:-24.10-py3}"
-    assert server_image.base_images(kit) == [base]
-    for text in (server, kit):  # the ARG comes before FROM, without a default of its own
-        args = [a for w, a in server_image.instructions(text) if w == "ARG"]
-        assert args[0] == "TRITON_TAG"
+    installs = " ".join(server_image.pip_requirements(kit))
+    assert "[export,server]" in installs and "[loadtest]" in installs
+    assert "gpu" not in installs and "[all" not in installs and " -e " not in kit
+    assert _arg_defaults(kit)["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
+    assert "torch.version.cuda is None" in kit  # the build fails on a CUDA torch
+    assert "python -m venv /opt/venv" in kit
+
+
+def test_gateway_image_installs_the_wheel_and_imports_it_from_its_workdir() -> None:
+    text = (REPO / "deploy" / "Dockerfile.gateway").read_text()
+    (install,) = [a for w, a in server_image.instructions(text) if w == "RUN" and "pip install" in a]
+    assert '"/kit[gateway]"' in install and " -e " not in install
+    assert "import bge_triton.gateway" in install and "WORKDIR /kit" in text

@@ -1,0 +1,236 @@
+"""`docker compose up` of the shipped stack, run here: images built from a clean archive, containers on podman.
+
+Builds the local base and the stand-ins of python:3.11-slim and tritonserver:24.10-py3 when podman lacks them
+(deploy/standins/build.sh; how they differ from the real images: deploy/standins/README.md), every image of the
+repository from `git archive` of the tree under test (deploy/build-images.sh; DEPLOY_TEST_TREE=<tree-ish> or
+`worktree`, default HEAD), then runs docker-compose 1.29 against podman's Docker API with the CPU override
+(docker-compose.cpu.yml: no GPU reservation) and tests/deploy/compose.standin.yml. That overlay SWAPS THE ENCODER:
+the stand-in has no onnxruntime backend, so Triton serves the CPU variant's python model of the exported encoder
+(bge_triton.server.cpu_variant), where the real image runs the same ONNX file in its onnxruntime backend.
+The exporter exports synthetic:bge-small-zh (random weights, the real architecture and vocabulary size) in FP32.
+
+Times of each phase go to DEPLOY_TEST_TIMINGS (default .kit/deploy-test-timings.txt); nothing here asserts on them.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import resource
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tests.deploy.stack import REPO, ApiService, HealthDriver, Project, http, run, wait_until, why_podman_cannot_run
+
+pytestmark = pytest.mark.deploy
+REASON = why_podman_cannot_run()
+if REASON:
+    pytest.skip(f"deploy tests skipped: {REASON}", allow_module_level=True)
+
+MODEL = "bge_large_zh"
+EXPORT_MODEL = "synthetic:bge-small-zh"
+DIM = 512  # bge-small-zh's hidden size
+TEXTS = ["部署测试：一段中文文本。", "第二段完全不同的内容"]
+TIMINGS: dict[str, float] = {}
+
+
+def _timed(phase: str, started: float) -> None:
+    TIMINGS[phase] = round(time.monotonic() - started, 1)
+
+
+def _write_timings() -> None:
+    path = Path(os.environ.get("DEPLOY_TEST_TIMINGS", Path.cwd() / ".kit" / "deploy-test-timings.txt"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = [f"{phase}\t{secs} s" for phase, secs in TIMINGS.items()]
+    path.write_text("# tests/deploy/test_compose_stack.py: seconds per phase of the last run\n"
+                    + "\n".join(lines) + "\n")
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+@pytest.fixture(scope="module")
+def tree() -> str:
+    """The tree-ish under test: DEPLOY_TEST_TREE, default HEAD ('worktree': tracked + untracked files on disk)."""
+    return os.environ.get("DEPLOY_TEST_TREE", "HEAD")
+
+
+@pytest.fixture(scope="module")
+def images(tree: str) -> dict[str, str]:
+    """Base + stand-ins when missing, then every repository image from a clean archive of the tree."""
+    t0 = time.monotonic()
+    run(["bash", str(REPO / "deploy/standins/build.sh")], timeout=1800)
+    _timed("base and stand-ins (build.sh)", t0)
+    t0 = time.monotonic()
+    timings = Path(f"/tmp/bge-deploy-images-{os.getpid()}.txt")
+    timings.unlink(missing_ok=True)
+    arg = "--worktree" if tree == "worktree" else f"--tree={tree}"
+    run(["bash", str(REPO / "deploy/build-images.sh"), arg], env={**os.environ, "TIMINGS": str(timings)},
+        timeout=3600)
+    _timed("repository images (build-images.sh)", t0)
+    built = {}
+    for line in timings.read_text().splitlines():
+        image, secs, size = line.split()
+        TIMINGS[f"  {image}: {int(size) / 1e6:.0f} MB, built in"] = float(secs)
+        built[image] = size
+    timings.unlink()
+    return built
+
+
+@pytest.fixture(scope="module")
+def project(images: dict[str, str], tree: str, tmp_path_factory: pytest.TempPathFactory):
+    """The compose project, up: exporter done, Triton healthy, gateway ready. `down -v` at the end, always."""
+    directory = tmp_path_factory.mktemp("compose")
+    if tree == "worktree":
+        files = run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO).stdout
+        paths = [p for p in files.split("\0") if p and (REPO / p).exists()]
+        subprocess.run(["tar", "-C", str(REPO), "-cf", str(directory / "tree.tar"), *paths], check=True)
+    else:
+        with (directory / "tree.tar").open("wb") as out:
+            subprocess.run(["git", "archive", "--format=tar", tree], cwd=REPO, stdout=out, check=True)
+    subprocess.run(["tar", "-xf", "tree.tar"], cwd=directory, check=True)
+    (directory / "tree.tar").unlink()
+    (directory / "model_repository").mkdir()
+    service = ApiService(f"bge-deploy-{os.getpid()}-{directory.name}")
+    nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    memlock = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
+    http_port, grpc_port, metrics_port, gateway_port = _free_ports(4)
+    proj = Project(directory, service.docker_host,
+                   ports={"TRITON_HTTP_PORT": http_port, "TRITON_GRPC_PORT": grpc_port,
+                          "TRITON_METRICS_PORT": metrics_port, "GATEWAY_PORT": gateway_port},
+                   extra_env={"EXPORT_MODEL": EXPORT_MODEL, "EXPORT_PRECISION": "fp32",
+                              "STANDIN_NOFILE": str(min(nofile, 20000) if nofile > 0 else 20000),
+                              "STANDIN_MEMLOCK": str(memlock if memlock > 0 else 8388608)})
+    health = HealthDriver(proj.name)
+    health.start()
+    try:
+        t0 = time.monotonic()
+        proj.compose("up", "-d", "--no-build", timeout=1800)
+        _timed("compose up -d (export, cpu variant, triton healthy)", t0)
+        wait_until(lambda: http("GET", proj.gateway_url("/ready"))[0] == 200, "gateway ready", 300)
+        _timed("compose up until the gateway is ready", t0)
+        yield proj
+    finally:
+        try:
+            proj.compose("down", "-v", "--remove-orphans", timeout=300, check=False)
+        finally:
+            health.stop()
+            service.stop()
+            _write_timings()
+
+
+def _triton_embed(proj: Project, texts: list[str]) -> np.ndarray:
+    status, body = http("POST", proj.triton_url(f"/v2/models/{MODEL}/infer"), {
+        "inputs": [{"name": "text", "datatype": "BYTES", "shape": [len(texts), 1], "data": texts}],
+        "outputs": [{"name": "embedding"}]})
+    assert status == 200, body
+    out = body["outputs"][0]
+    return np.asarray(out["data"], dtype=np.float32).reshape(out["shape"])
+
+
+def _onnx_sha(proj: Project) -> str:
+    return hashlib.sha256((proj.directory / "model_repository" / f"{MODEL}_onnx/1/model.onnx").read_bytes()).hexdigest()
+
+
+def test_exporter_exported_a_validated_cpu_model(project: Project) -> None:
+    assert project.exit_code("exporter") == 0
+    logs = project.logs("exporter")
+    assert f"exporting {EXPORT_MODEL} (fp32)" in logs, logs[-2000:]
+    repo = project.directory / "model_repository"
+    report = json.loads((repo / f"{MODEL}_onnx/1/export_report.json").read_text())
+    assert report["fidelity"]["passed"] is True and report["precision"] == "fp32" and report["model"] == EXPORT_MODEL
+    assert report["onnx_sha256"] == _onnx_sha(project)
+    # docker-compose.cpu.yml: --instance-kind cpu put the encoder the export writes for the GPU on the CPU
+    config = (repo / f"{MODEL}_onnx/config.pbtxt").read_text()
+    assert "KIND_CPU" in config and "KIND_GPU" not in config and 'backend: "onnxruntime"' in config
+
+
+def test_triton_serves_the_swapped_encoder_over_http(project: Project) -> None:
+    status, cfg = http("GET", project.triton_url(f"/v2/models/{MODEL}_onnx/config"))
+    assert status == 200 and cfg["backend"] == "python", cfg  # the stand-in's swap (compose.standin.yml)
+    assert http("GET", project.triton_url("/v2/health/ready"))[0] == 200
+    vectors = _triton_embed(project, TEXTS)
+    assert vectors.shape == (2, DIM)
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-4)
+    assert float(vectors[0] @ vectors[1]) < 0.999  # two texts, two vectors
+    np.testing.assert_allclose(_triton_embed(project, TEXTS[:1])[0], vectors[0], atol=1e-5)  # batch == single
+
+
+def test_sdk_over_grpc(project: Project) -> None:
+    from bge_triton.client import EmbeddingClient
+
+    with EmbeddingClient(f"127.0.0.1:{project.ports['TRITON_GRPC_PORT']}", model=MODEL) as client:
+        vectors = np.asarray(client.embed_documents(TEXTS))
+    np.testing.assert_allclose(vectors, _triton_embed(project, TEXTS), atol=1e-5)
+
+
+def test_gateway_needs_its_generated_key(project: Project) -> None:
+    key = project.read_file("gateway", "/secrets/gateway_key")
+    assert len(key) == 40
+    body = {"model": MODEL, "input": TEXTS}
+    status, answer = http("POST", project.gateway_url("/v1/embeddings"), body, {"authorization": f"Bearer {key}"})
+    assert status == 200, answer
+    got = np.asarray([item["embedding"] for item in answer["data"]], dtype=np.float32)
+    np.testing.assert_allclose(got, _triton_embed(project, TEXTS), atol=1e-5)
+    assert http("POST", project.gateway_url("/v1/embeddings"), body)[0] == 401
+    assert http("POST", project.gateway_url("/v1/embeddings"), body, {"authorization": "Bearer wrong-key"})[0] == 401
+
+
+def test_admin_api_refused_without_its_key(project: Project) -> None:
+    key = project.read_file("triton", "/secrets/admin_key")
+    url = project.triton_url("/v2/repository/index")
+    assert http("POST", url, {})[0] == 403
+    status, index = http("POST", url, {}, {"triton-admin-key": key})
+    assert status == 200 and {m["name"] for m in index} >= {MODEL, f"{MODEL}_onnx"}, index
+
+
+def test_restart_triton_keeps_the_keys(project: Project) -> None:
+    admin = project.read_file("triton", "/secrets/admin_key")
+    gateway = project.read_file("gateway", "/secrets/gateway_key")
+    before = _triton_embed(project, TEXTS)
+    t0 = time.monotonic()
+    project.compose("restart", "triton", timeout=300)
+    wait_until(lambda: http("GET", project.triton_url("/v2/health/ready"))[0] == 200, "triton ready again", 300)
+    _timed("compose restart triton until ready", t0)
+    assert project.read_file("triton", "/secrets/admin_key") == admin
+    assert http("POST", project.triton_url("/v2/repository/index"), {}, {"triton-admin-key": admin})[0] == 200
+    np.testing.assert_allclose(_triton_embed(project, TEXTS), before, atol=1e-5)
+    # the gateway reconnects to the restarted server with the key it kept
+    wait_until(lambda: http("GET", project.gateway_url("/ready"))[0] == 200, "gateway ready again", 120)
+    status, _ = http("POST", project.gateway_url("/v1/embeddings"), {"model": MODEL, "input": TEXTS[:1]},
+                     {"authorization": f"Bearer {gateway}"})
+    assert status == 200 and project.read_file("gateway", "/secrets/gateway_key") == gateway
+
+
+def test_second_up_skips_the_export(project: Project) -> None:
+    onnx = project.directory / "model_repository" / f"{MODEL}_onnx/1/model.onnx"
+    sha, mtime = _onnx_sha(project), onnx.stat().st_mtime_ns
+    t0 = time.monotonic()
+    project.compose("up", "-d", "--no-build", timeout=900)
+    _timed("second compose up -d (export skipped)", t0)
+    assert project.exit_code("exporter") == 0
+    last = [line for line in project.logs("exporter").splitlines() if line.startswith("prepare_model:")]
+    assert last and "skipping the export" in last[-2 if "KIND_" in last[-1] else -1], last
+    assert _onnx_sha(project) == sha and onnx.stat().st_mtime_ns == mtime
+    wait_until(lambda: http("GET", project.triton_url("/v2/health/ready"))[0] == 200, "triton ready", 300)
+    assert _triton_embed(project, TEXTS).shape == (2, DIM)
+
+
+def test_down_leaves_nothing_of_the_project(project: Project) -> None:
+    assert any(project.leftovers().values())  # the project exists before `down`
+    t0 = time.monotonic()
+    project.compose("down", "-v", "--remove-orphans", timeout=300)
+    _timed("compose down -v", t0)
+    assert project.leftovers() == {"containers": [], "networks": [], "volumes": []}

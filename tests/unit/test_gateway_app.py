@@ -457,3 +457,23 @@ def test_tei_routes_take_teis_fields_and_answer_teis_statuses(gw) -> None:
     assert post(client, {"model": "minilm", "input": "x"}).status_code == 503  # OpenAI keeps its own
     r = client.post("/embed", content=b"{nope")
     assert r.status_code == 400 and r.json()["error_type"] == "Validation"
+
+
+def test_a_parse_worker_that_dies_fails_only_its_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fault injection: the worker process parsing a large body dies: that request gets one 500 in OpenAI's shape
+    (nothing of the fault in it), the next requests are served."""
+    import anyio.to_process
+
+    client, backend = make()
+    big = {"model": "minilm", "input": ["中" * 300] * 100}
+    with client:
+        async def broken(*args: Any, **kwargs: Any) -> Any:
+            raise anyio.BrokenWorkerProcess("worker process 4242 died")
+
+        monkeypatch.setattr(anyio.to_process, "run_sync", broken)
+        r = post(client, big)
+        err = assert_error(r, 500, "internal_error")
+        assert "4242" not in err["message"] and backend.calls == []
+        assert post(client, {"model": "minilm", "input": "small"}).status_code == 200
+        monkeypatch.undo()
+        assert post(client, big).status_code == 200

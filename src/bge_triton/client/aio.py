@@ -7,7 +7,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
+from numpy.typing import NDArray
 
 from bge_triton.client.base import BaseEmbeddingClient
 from bge_triton.client.core import CANARY_TEXT, Embedded, InferCall, Timed, Utf8
@@ -77,14 +77,14 @@ class AsyncEmbeddingClient(BaseEmbeddingClient):
 
     # -- embeddings -------------------------------------------------------------------------
     async def embed_documents(self, texts: Sequence[str], *, timeout_s: float | None = None,
-                              truncate: bool | None = None, priority: int = 0) -> np.ndarray:
+                              truncate: bool | None = None, priority: int = 0) -> NDArray[Any]:
         """Embed passages: float32 [n, dim], L2-normalised, in input order.
 
         priority: Triton priority level of the requests (1 = highest; 0 = the model's default level)."""
         return (await self._embed(texts, False, timeout_s, truncate, priority))[0]
 
     async def embed_queries(self, texts: Sequence[str], *, timeout_s: float | None = None,
-                            truncate: bool | None = None, priority: int = 0) -> np.ndarray:
+                            truncate: bool | None = None, priority: int = 0) -> NDArray[Any]:
         """Embed search queries (the query instruction prepended): float32 [n, dim]."""
         return (await self._embed(texts, True, timeout_s, truncate, priority))[0]
 
@@ -110,7 +110,7 @@ class AsyncEmbeddingClient(BaseEmbeddingClient):
         assert counts is not None and timing is not None
         return Timed(vectors, counts, self._timing(timing, time.perf_counter() - start))
 
-    async def _one(self, call: InferCall, timeout: float) -> tuple[np.ndarray, np.ndarray | None, Any]:
+    async def _one(self, call: InferCall, timeout: float) -> tuple[NDArray[Any], NDArray[Any] | None, Any]:
         s = self.settings
         where = f"infer '{call.model}' ({call.rows} texts) at {s.url}"
         result = await acall_with_retry(lambda t: self._transport.infer(call, t), s.retry, timeout, where,
@@ -119,7 +119,7 @@ class AsyncEmbeddingClient(BaseEmbeddingClient):
 
     async def _embed(self, texts: Sequence[str | Utf8], query: bool, timeout_s: float | None,
                      truncate: bool | None, priority: int = 0, counts: bool = False, direction: str | None = None,
-                     timing: bool = False) -> tuple[np.ndarray, np.ndarray | None, list[Any] | None]:
+                     timing: bool = False) -> tuple[NDArray[Any], NDArray[Any] | None, list[Any] | None]:
         await self.connect()
         timeout = self.settings.timeout_s if timeout_s is None else timeout_s
         n, plan = self._plan(texts, query, truncate, counts, direction, timing)
@@ -143,7 +143,7 @@ class AsyncEmbeddingClient(BaseEmbeddingClient):
         timings = [t for _, _, t in results] if timing else None
         if not counts:
             return vectors, None, timings
-        row_counts = [(idx, c) for (_, idx), (_, c, _) in zip(plan, results, strict=True)]
+        row_counts = [(idx, c) for (_, idx), (_, c, _) in zip(plan, results, strict=True) if c is not None]
         return vectors, self._assemble_counts(n, row_counts), timings
 
     # -- health -----------------------------------------------------------------------------
@@ -176,7 +176,7 @@ class AsyncEmbeddingClient(BaseEmbeddingClient):
         fn = self.embed_queries if query else self.embed_documents
         if self._spec is not None:
             kwargs["max_batch"] = min(kwargs.get("max_batch", 32), self._spec.max_batch_size)
-        return MicroBatcher(fn, **kwargs)
+        return MicroBatcher(fn, **kwargs)  # type: ignore[arg-type]  # an array is a Sequence of rows
 
 
 from bge_triton.client.batcher import MicroBatcher  # noqa: E402  (type name for the annotation above)

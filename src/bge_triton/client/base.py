@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 from tritonclient.grpc import model_config_pb2 as mc
 
 from bge_triton.client.core import (
@@ -34,7 +35,7 @@ from bge_triton.client.wire import decode_embeddings, decode_token_counts
 
 __all__ = ["BaseEmbeddingClient", "Plan"]
 
-Plan = list[tuple[InferCall, np.ndarray]]  # each request and the input positions of its rows
+Plan = list[tuple[InferCall, NDArray[Any]]]  # each request and the input positions of its rows
 
 
 class BaseEmbeddingClient:
@@ -88,6 +89,7 @@ class BaseEmbeddingClient:
             if max_length is None and text_endpoint is not None:
                 value = text_endpoint.parameters.get("max_length")
                 max_length = int(value.string_value) if value and value.string_value.isdigit() else None
+            assert self.settings.tokenizer is not None  # ClientSettings refuses tensor mode without one
             self._tokenizer = BucketTokenizer(self.settings.tokenizer, self.settings.buckets, max_length)
         self._spec = spec
 
@@ -124,7 +126,7 @@ class BaseEmbeddingClient:
             plan.append((tensor_call(self.spec.name, input_ids, mask), idx))
         return n, plan
 
-    def _decode(self, call: InferCall, result: Any) -> tuple[np.ndarray, np.ndarray | None]:
+    def _decode(self, call: InferCall, result: Any) -> tuple[NDArray[Any], NDArray[Any] | None]:
         """One answer's embeddings, and its token counts where the call asked for them (text mode) or
         sent them (tensor mode: the attention mask's row sums)."""
         vectors = decode_embeddings(result, call.rows, self.spec.dim)
@@ -134,7 +136,7 @@ class BaseEmbeddingClient:
         return vectors, decode_token_counts(result, call.rows) if TOKEN_COUNT in call.outputs else None
 
     @staticmethod
-    def _decode_timing(call: InferCall, result: Any) -> np.ndarray | None:
+    def _decode_timing(call: InferCall, result: Any) -> NDArray[Any] | None:
         """The request's (tokenization, queue, inference) microseconds from `timing_us` (every row the same;
         row 0 is read), where the call asked for it: int64 [3]."""
         if TIMING not in call.outputs:
@@ -146,20 +148,20 @@ class BaseEmbeddingClient:
         return np.asarray(arr[0], dtype=np.int64)
 
     @staticmethod
-    def _timing(parts: Sequence[np.ndarray | None], total_s: float) -> Timing:
+    def _timing(parts: Sequence[NDArray[Any] | None], total_s: float) -> Timing:
         """One Timing from each request's microseconds: the largest of each part (the requests ran at once)."""
         have = [p for p in parts if p is not None]
         us = np.max(np.stack(have), axis=0) if have else np.zeros(3, dtype=np.int64)
         return Timing(float(us[0]) / 1e6, float(us[1]) / 1e6, float(us[2]) / 1e6, total_s)
 
-    def _assemble(self, n: int, parts: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    def _assemble(self, n: int, parts: list[tuple[NDArray[Any], NDArray[Any]]]) -> NDArray[Any]:
         """Put each request's rows back at their input positions: float32 [n, dim]."""
         out = np.empty((n, self.spec.dim), dtype=np.float32)
         for idx, emb in parts:
             out[idx] = emb
         return out
 
-    def _assemble_counts(self, n: int, parts: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    def _assemble_counts(self, n: int, parts: list[tuple[NDArray[Any], NDArray[Any]]]) -> NDArray[Any]:
         """Token counts back at their input positions: int32 [n]."""
         out = np.zeros(n, dtype=np.int32)
         for idx, counts in parts:

@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 from google.protobuf import json_format
+from numpy.typing import NDArray
 from tritonclient.grpc import model_config_pb2 as mc
 
 from bge_triton.client.errors import InputError, ModelConfigError, classify
@@ -82,7 +83,7 @@ class ClientSettings:
         object.__setattr__(self, "buckets", tuple(sorted({int(b) for b in self.buckets})))
         if self.url is None:
             object.__setattr__(self, "url", "127.0.0.1:8001" if self.protocol == "grpc" else "127.0.0.1:8000")
-        if self.url.startswith(("http://", "https://", "grpc://")):
+        if str(self.url).startswith(("http://", "https://", "grpc://")):
             raise InputError(f"url={self.url!r}: give host:port without a scheme, e.g. 127.0.0.1:8001")
 
     @property
@@ -115,7 +116,7 @@ class InferCall:
     """One inference request, protocol-neutral: model, named numpy inputs, request parameters."""
 
     model: str
-    inputs: tuple[tuple[str, str, np.ndarray], ...]  # (name, Triton datatype, array)
+    inputs: tuple[tuple[str, str, NDArray[Any]], ...]  # (name, Triton datatype, array)
     parameters: dict[str, Any]
     rows: int
     priority: int = 0  # Triton priority level (1 = highest; 0 = the model's default)
@@ -126,8 +127,8 @@ class Embedded(NamedTuple):
     """Embeddings and the token count of each text as the model embedded it (special tokens included,
     after truncation): what `usage` reports. `vectors, counts = await client.embed_with_counts(...)`."""
 
-    vectors: np.ndarray  # float32 [n, dim]
-    token_counts: np.ndarray  # int32 [n]
+    vectors: NDArray[Any]  # float32 [n, dim]
+    token_counts: NDArray[Any]  # int32 [n]
 
 
 class Timing(NamedTuple):
@@ -144,8 +145,8 @@ class Timing(NamedTuple):
 class Timed(NamedTuple):
     """embed_with_timing's result: Embedded's two arrays and the call's Timing."""
 
-    vectors: np.ndarray  # float32 [n, dim]
-    token_counts: np.ndarray  # int32 [n]
+    vectors: NDArray[Any]  # float32 [n, dim]
+    token_counts: NDArray[Any]  # int32 [n]
     timing: Timing
 
 
@@ -265,7 +266,7 @@ def text_call(model: str, texts: Sequence[str | Utf8], truncate: bool, counts: b
     return InferCall(model, ((TEXT_INPUT, "BYTES", arr),), parameters, len(texts), outputs=outputs)
 
 
-def tensor_call(model: str, input_ids: np.ndarray, attention_mask: np.ndarray) -> InferCall:
+def tensor_call(model: str, input_ids: NDArray[Any], attention_mask: NDArray[Any]) -> InferCall:
     """Tensor mode: padded INT64 [n, L] ids and mask to the encoder."""
     ids = np.ascontiguousarray(input_ids, dtype=np.int64)
     mask = np.ascontiguousarray(attention_mask, dtype=np.int64)

@@ -5,7 +5,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
+from numpy.typing import NDArray
 
 from bge_triton.client.base import BaseEmbeddingClient
 from bge_triton.client.core import CANARY_TEXT, Embedded, Timed, Utf8
@@ -68,12 +68,12 @@ class EmbeddingClient(BaseEmbeddingClient):
 
     # -- embeddings -------------------------------------------------------------------------
     def embed_documents(self, texts: Sequence[str], *, timeout_s: float | None = None,
-                        truncate: bool | None = None) -> np.ndarray:
+                        truncate: bool | None = None) -> NDArray[Any]:
         """Embed passages: float32 [n, dim], L2-normalised, in input order."""
         return self._embed(texts, query=False, timeout_s=timeout_s, truncate=truncate)[0]
 
     def embed_queries(self, texts: Sequence[str], *, timeout_s: float | None = None,
-                      truncate: bool | None = None) -> np.ndarray:
+                      truncate: bool | None = None) -> NDArray[Any]:
         """Embed search queries (the query instruction prepended): float32 [n, dim]."""
         return self._embed(texts, query=True, timeout_s=timeout_s, truncate=truncate)[0]
 
@@ -98,22 +98,27 @@ class EmbeddingClient(BaseEmbeddingClient):
 
     def _embed(self, texts: Sequence[str | Utf8], query: bool, timeout_s: float | None,
                truncate: bool | None, counts: bool = False, direction: str | None = None,
-               timings: list[Any] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+               timings: list[Any] | None = None) -> tuple[NDArray[Any], NDArray[Any] | None]:
         """The vectors (and counts); with a `timings` list, also each request's `timing_us` appended to it."""
         self.connect()
         s = self.settings
         timeout = s.timeout_s if timeout_s is None else timeout_s
         n, plan = self._plan(texts, query, truncate, counts, direction, timings is not None)
-        parts, count_parts = [], []
+        parts: list[tuple[NDArray[Any], NDArray[Any]]] = []
+        count_parts: list[tuple[NDArray[Any], NDArray[Any]]] = []
         for call, idx in plan:
             where = f"infer '{call.model}' ({call.rows} texts) at {s.url}"
-            result = call_with_retry(lambda t, c=call: self._transport.infer(c, t), s.retry, timeout, where,
-                                    budget=self._retry_budget)
+
+            def infer(t: float, c: Any = call) -> Any:
+                return self._transport.infer(c, t)
+
+            result = call_with_retry(infer, s.retry, timeout, where, budget=self._retry_budget)
             vectors, row_counts = self._decode(call, result)
             if timings is not None:
                 timings.append(self._decode_timing(call, result))
             parts.append((idx, vectors))
-            count_parts.append((idx, row_counts))
+            if row_counts is not None:
+                count_parts.append((idx, row_counts))
         return self._assemble(n, parts), self._assemble_counts(n, count_parts) if counts else None
 
     # -- health -----------------------------------------------------------------------------

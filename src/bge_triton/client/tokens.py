@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from bge_triton.client.errors import InputError, ModelConfigError
 
@@ -31,7 +33,7 @@ def pick_bucket(longest: int, buckets: Sequence[int]) -> int:
 
 
 def pad_to_bucket(ids: Sequence[Sequence[int]], buckets: Sequence[int], pad_id: int = 0
-                  ) -> tuple[np.ndarray, np.ndarray]:
+                  ) -> tuple[NDArray[Any], NDArray[Any]]:
     """Right-pad token id lists to one bucket length; returns INT64 (input_ids, attention_mask)."""
     length = pick_bucket(max((len(x) for x in ids), default=1), buckets)
     input_ids = np.full((len(ids), length), pad_id, dtype=np.int64)
@@ -43,7 +45,7 @@ def pad_to_bucket(ids: Sequence[Sequence[int]], buckets: Sequence[int], pad_id: 
     return input_ids, mask
 
 
-def _load(source: str):
+def _load(source: str) -> tuple[Any, str | None]:
     try:
         from tokenizers import Tokenizer
     except ImportError as exc:  # pragma: no cover - a base dependency
@@ -58,7 +60,7 @@ def _load(source: str):
                                "(MODEL_REPOSITORY/<model>/1/tokenizer) or a hub id")
     try:
         return Tokenizer.from_pretrained(source), None
-    except Exception as exc:  # noqa: BLE001 - hub/network errors vary; re-raised as a kit error
+    except Exception as exc:  # hub/network errors vary; re-raised as a kit error
         raise ModelConfigError(f"cannot load tokenizer {source!r} ({exc}); give a local dir with "
                                "tokenizer.json (no hub access here)") from exc
 
@@ -102,6 +104,6 @@ class BucketTokenizer:
                                      "shorten it or use truncate=True")
         return [enc.ids for enc in encodings]
 
-    def encode(self, texts: Sequence[str], truncate: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    def encode(self, texts: Sequence[str], truncate: bool = True) -> tuple[NDArray[Any], NDArray[Any]]:
         """INT64 (input_ids, attention_mask) [n, bucket] for one request."""
         return pad_to_bucket(self.token_ids(texts, truncate), self.buckets, self.pad_id)

@@ -1,6 +1,7 @@
 """A synthetic bge-small-zh export end to end, fp32 and int8 (the demo's precision), against PyTorch run here."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -96,7 +97,11 @@ def test_int8_neighbour_check_not_run_and_said_so(int8):
     fid = int8.report["fidelity"]
     assert fid["topk_agreement"] is None and fid["retrieval"] == {}
     assert fid["not_run"]["top10_agreement"].startswith("not run: synthetic weights")
-    assert fid["enforced"] == ["min_cosine", "mean_cosine", "batch_vs_single_max_abs"]
+    assert fid["enforced"] == ["min_cosine", "mean_cosine", "batch_vs_single_max_abs", "verify_probes_min_cosine"]
     assert "neighbour check" not in fid["timings_s"]
+    ref = json.loads(Path(int8.paths["reference"]).read_text(encoding="utf-8"))  # verify's probes, labelled too
+    assert ref["synthetic"] is True and ref["source"].startswith("SYNTHETIC") and ref["precision"] == "int8"
+    assert ref["tolerance"] == {"min_cosine": 0.98, "mean_cosine": 0.99}
+    assert all(p["export_cosine"] >= 0.98 for p in ref["probes"])
     table = results_table(int8)
     assert table.startswith("SYNTHETIC MODEL") and "| top-10 agreement vs fp32 | not run: synthetic weights" in table

@@ -7,7 +7,7 @@ EXTRAS = {
     "export": ("torch", "optimum", "onnx", "onnxruntime", "transformers"),
     "server": ("pytriton", "onnxruntime", "psutil"),
     "loadtest": ("locust", "matplotlib", "snownlp", "psutil"),
-    "gateway": ("starlette", "uvicorn", "orjson", "prometheus_client"),
+    "gateway": ("starlette", "uvicorn", "orjson", "prometheus_client", "pydantic"),
     "langchain": ("langchain_core",),
     "llamaindex": ("llama_index",),
 }

@@ -1,6 +1,6 @@
 """OpenAI-compatible embeddings gateway in front of the Triton text endpoint (extra: gateway).
 
-    bge-triton gateway --triton 127.0.0.1:8001 --model bge_large_zh --model-repository model_repository
+    bge-triton gateway --triton 127.0.0.1:8001 --model bge_large_zh        # /openapi.json, /docs
     # then: OpenAI(base_url="http://127.0.0.1:8080/v1", api_key="-").embeddings.create(model=..., input=[...])
 """
 from bge_triton.extras import require

@@ -477,3 +477,15 @@ def test_a_parse_worker_that_dies_fails_only_its_request(monkeypatch: pytest.Mon
         assert post(client, {"model": "minilm", "input": "small"}).status_code == 200
         monkeypatch.undo()
         assert post(client, big).status_code == 200
+
+
+def test_a_triton_failure_is_500_on_openai_and_424_on_tei(gw) -> None:
+    """TEI answers a backend failure 424 (Failed Dependency); OpenAI's routes 500. Neither says more than that."""
+    from bge_triton.errors import KitError
+
+    client, backend = gw
+    backend.fail = KitError("infer 'minilm' at 127.0.0.1:37649: server error [INTERNAL] stub died; see the log")
+    err = assert_error(post(client, {"model": "minilm", "input": "x"}), 500, "backend_error")
+    assert "127.0.0.1" not in err["message"] and "stub" not in err["message"]
+    r = post(client, {"inputs": "x"}, "/embed")
+    assert r.status_code == 424 and r.json()["error_type"] == "Backend" and "127.0.0.1" not in r.text

@@ -55,7 +55,7 @@ PRIORITY_HEADER_RAW = PRIORITY_HEADER.encode()
 ROWS_PER_SLICE = 32  # answer encoding: rows per slice between two turns of the event loop
 _JSON = "application/json"
 _EMBED_ERRORS = ("invalid_json", "invalid", "too_long", "too_large", "not_found", "overloaded", "unavailable",
-                 "timeout", "internal")
+                 "timeout", "backend", "internal")
 
 
 def _json(payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:

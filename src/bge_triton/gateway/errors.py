@@ -31,7 +31,8 @@ KINDS: dict[str, tuple[int, int, str, str]] = {
     "overloaded": (503, 429, "server_error", "Overloaded"),
     "unavailable": (503, 503, "server_error", "Unhealthy"),
     "timeout": (504, 504, "server_error", "Backend"),
-    "internal": (500, 500, "server_error", "Backend"),
+    "backend": (500, 424, "server_error", "Backend"),  # the model server failed it (TEI: 424 Failed Dependency)
+    "internal": (500, 500, "server_error", "Backend"),  # the gateway itself failed it
 }
 
 
@@ -163,7 +164,7 @@ def from_kit_error(err: KitError, retry_after_s: int, tei: bool = False, rows: i
         return GatewayError("The model is not available (its server does not serve it as this gateway expects); "
                             "retry after the Retry-After seconds", kind="unavailable", code="model_unavailable",
                             retry_after_s=retry_after_s)
-    return GatewayError("The model server failed the request")
+    return GatewayError("The model server failed the request", kind="backend", code="backend_error")
 
 
 def openai_body(err: GatewayError) -> dict[str, Any]:

@@ -33,7 +33,8 @@ _TIMING_DOC = {"x-tokenization-time": "ms the text endpoint spent tokenizing thi
 _ERROR_TEXT = {400: "malformed request (the message names the field)", 401: "missing or unknown API key",
                404: "unknown model", 413: "body, inputs or a text over the limit", 422: "a field TEI cannot serve",
                429: "rate limit / overloaded", 503: "overloaded or the model server is unreachable",
-               504: "the model did not answer in time", 500: "the model server failed the request"}
+               504: "the model did not answer in time", 500: "the gateway or the model server failed the request",
+               424: "the model server failed the request"}
 
 
 @dataclasses.dataclass(frozen=True)

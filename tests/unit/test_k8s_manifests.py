@@ -89,12 +89,15 @@ def test_the_validator_rejects_what_a_cluster_would(gpu: list[dict]) -> None:
         cm.validate([monitor])
 
 
-def test_gpu_is_requested_in_the_overlay_only(base: list[dict], gpu: list[dict]) -> None:
-    for name, init in (("triton", False), ("export", True)):
-        res = container(one(gpu, "Deployment", "triton"), name, init)["resources"]
-        assert res["requests"]["nvidia.com/gpu"] == 1 and res["limits"]["nvidia.com/gpu"] == 1
-        assert "nvidia.com/gpu" not in str(container(one(base, "Deployment", "triton"), name, init)["resources"])
+def test_gpu_is_requested_in_the_overlay_only_and_by_the_server_only(base: list[dict], gpu: list[dict]) -> None:
+    """The server asks for one GPU in the overlay; the export runs on the CPU (deploy/Dockerfile.kit: CPU torch)."""
+    res = container(one(gpu, "Deployment", "triton"), "triton")["resources"]
+    assert res["requests"]["nvidia.com/gpu"] == 1 and res["limits"]["nvidia.com/gpu"] == 1
+    assert "nvidia.com/gpu" not in str(container(one(base, "Deployment", "triton"), "triton")["resources"])
+    assert "nvidia.com/gpu" not in str(container(one(gpu, "Deployment", "triton"), "export", init=True))
     assert "nvidia.com/gpu" not in str(one(gpu, "Deployment", "gateway"))
+    kit = (REPO / "deploy" / "Dockerfile.kit").read_text()
+    assert "torch.version.cuda is None" in kit  # the exporter image is the CPU build: a GPU would sit idle
 
 
 def test_triton_pod_matches_the_compose_deployment(gpu: list[dict]) -> None:
@@ -107,11 +110,11 @@ def test_triton_pod_matches_the_compose_deployment(gpu: list[dict]) -> None:
     assert volumes[shm["name"]]["emptyDir"]["medium"] == "Memory"
     # the exporter: compose's command with its default model, writing the volume Triton reads
     want = [re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", str(a)) for a in compose["exporter"]["command"]]
-    assert export["command"][:2] == want[:2] == ["python3", "/kit/deploy/prepare_model.py"]
-    flags = lambda cmd: dict(zip(cmd[2::2], cmd[3::2], strict=False))  # noqa: E731 - flag -> value
-    same = ("--model", "--name", "--precision")
-    assert {k: flags(export["command"])[k] for k in same} == {k: flags(want)[k] for k in same}
-    assert flags(export["command"])["--repository"] == "/models"
+    assert export["command"][:2] == want[:2] == ["python", "/kit/deploy/prepare_model.py"]
+    flags = lambda cmd: dict(zip(cmd[2::2], cmd[3::2], strict=True))  # noqa: E731 - flag -> value
+    ours = flags(export["command"])
+    assert ours.pop("--cache-dir") == "/export-cache"  # compose's exporter has a writable root filesystem
+    assert ours == {**flags(want), "--repository": "/models"}  # same model, name, precision, instance kind
     (out,) = [m for m in export["volumeMounts"] if m["mountPath"] == "/models"]
     (inp,) = [m for m in server["volumeMounts"] if m["mountPath"] == "/models"]
     assert out["name"] == inp["name"] and inp["readOnly"] is True and not out.get("readOnly")
@@ -279,11 +282,12 @@ def test_images_are_overridable_with_kustomize_images(tmp_path: Path) -> None:
     overlay = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
                "resources": [os.path.relpath(K8S / tree, tmp_path) for tree in ("overlays/gpu", "loadtest")],
                "images": [{"name": n, "newName": f"registry.example/{n}", "newTag": "test"}
-                          for n in ("bge-triton-kit/server", "bge-triton-kit/gateway", "bge-triton-kit")]}
+                          for n in ("bge-triton-kit/server", "bge-triton-kit/gateway", "bge-triton-kit",
+                                    "bge-triton-kit/loadtest")]}
     (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
     images = {c["image"] for d in cm.render(tmp_path) if d["kind"] in WORKLOADS for c in containers(d)}
     assert images == {"registry.example/bge-triton-kit/server:test", "registry.example/bge-triton-kit/gateway:test",
-                      "registry.example/bge-triton-kit:test"}
+                      "registry.example/bge-triton-kit:test", "registry.example/bge-triton-kit/loadtest:test"}
 
 
 def test_gateway_and_locust_point_at_services_that_exist(gpu: list[dict], loadtest: list[dict]) -> None:
@@ -297,7 +301,7 @@ def test_gateway_and_locust_point_at_services_that_exist(gpu: list[dict], loadte
     locustfile = "/kit/src/bge_triton/loadtest/locustfile.py"
     assert master[master.index("-f") + 1] == worker[worker.index("-f") + 1] == locustfile
     assert (REPO / "src" / "bge_triton" / "loadtest" / "locustfile.py").is_file()
-    assert "COPY . /kit" in (REPO / "deploy/Dockerfile.kit").read_text()
+    assert locustfile in (REPO / "deploy/Dockerfile.kit").read_text()  # the loadtest target puts it there
     flags = dict(a.split("=", 1) for a in master + worker if a.startswith("--") and "=" in a)
     assert flags["--host"] == f"http://{host}:{triton_ports['http']}"
     assert flags["--shape"] in shapes.SHAPES and flags["--triton-model"] == TEXT.name
@@ -332,7 +336,7 @@ def test_model_pvc_component_replaces_the_init_container_with_one_export_job(gpu
     assert job["metadata"]["namespace"] == "bge-triton"
     export = container(job, "export")
     assert export["command"] == container(one(gpu, "Deployment", "triton"), "export", init=True)["command"]
-    assert export["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert "nvidia.com/gpu" not in str(job)  # the export runs on the CPU
     job_volumes = {v["name"]: v for v in job["spec"]["template"]["spec"]["volumes"]}
     (out,) = [m for m in export["volumeMounts"] if m["mountPath"] == "/models"]
     assert job_volumes[out["name"]]["persistentVolumeClaim"]["claimName"] == "bge-model-repository"
@@ -377,10 +381,9 @@ def test_every_path_a_container_writes_is_a_writable_volume(gpu: list[dict], loa
     assert checked >= 12
 
 
-def test_gateway_keeps_the_image_entrypoint_and_reads_its_key_and_tokenizer(gpu: list[dict]) -> None:
+def test_gateway_keeps_the_image_entrypoint_and_reads_its_key_from_the_secret(gpu: list[dict]) -> None:
     """The image's entrypoint turns $SECRETS_DIR/gateway_key into --api-keys-file: the container passes flags only,
-    its keys come from a Secret mounted there, its tokenizer from the init container that writes it from the
-    export's --model."""
+    and its keys come from a Secret mounted there, under the file name the entrypoint reads."""
     gateway = one(gpu, "Deployment", "gateway")
     spec = gateway["spec"]["template"]["spec"]
     main = container(gateway, "gateway")
@@ -397,18 +400,19 @@ def test_gateway_keeps_the_image_entrypoint_and_reads_its_key_and_tokenizer(gpu:
     assert secret.get("optional") is not True  # no Secret, no pod: the gateway never serves without a key
     assert spec["securityContext"]["fsGroup"] == spec["securityContext"]["runAsGroup"]
     assert secret["defaultMode"] & 0o040 and not secret["defaultMode"] & 0o007  # group-read only
+    assert "GATEWAY_API_KEY" not in env(main)  # else the entrypoint would write the key into the read-only mount
     args = main["args"]
-    opts = dict(zip(args[::2], args[1::2], strict=True))
-    assert opts["--host"] == "0.0.0.0" and not {"--api-key", "--api-keys-file", "--unsafe-no-auth"} & set(args)
-    tokenizer = container(gateway, "tokenizer", init=True)
-    writes = tokenizer["command"][tokenizer["command"].index("--out") + 1]
-    assert writes == opts["--tokenizer"]
-    out_mount, in_mount = _mount_of(tokenizer, writes), _mount_of(main, opts["--tokenizer"])
-    assert out_mount["name"] == in_mount["name"] and in_mount["readOnly"] is True
-    assert volumes[out_mount["name"]]["emptyDir"] is not None
-    export = container(one(gpu, "Deployment", "triton"), "export", init=True)
-    model = lambda cmd: cmd[cmd.index("--model") + 1]  # noqa: E731
-    assert model(tokenizer["command"]) == model(export["command"])
-    (scripts,) = [m for m in tokenizer["volumeMounts"] if tokenizer["command"][1].startswith(m["mountPath"] + "/")]
-    data = one(gpu, "ConfigMap", volumes[scripts["name"]]["configMap"]["name"])["data"]
-    assert data[Path(tokenizer["command"][1]).name] == (K8S / "base" / "gateway-tokenizer.py").read_text()
+    assert not {"--api-key", "--api-keys-file", "--unsafe-no-auth"} & set(args)
+
+
+def test_gateway_flags_build_the_gateways_settings(gpu: list[dict], tmp_path: Path) -> None:
+    """The Deployment's args plus what the image's entrypoint adds (--api-keys-file) parse with the gateway's own
+    parser into its settings: a flag it does not know, or a 0.0.0.0 bind without a key, would exit 2 at start."""
+    from bge_triton.gateway.settings import build_parser, settings_from_args
+
+    args = container(one(gpu, "Deployment", "gateway"), "gateway")["args"]
+    keys = tmp_path / "gateway_key"
+    keys.write_text("k" * 40 + "\n")
+    settings = settings_from_args(build_parser().parse_args([*args, "--api-keys-file", str(keys)]))
+    assert (settings.host, settings.port, settings.model) == ("0.0.0.0", 8080, TEXT.name)
+    assert settings.api_keys == {"k" * 40}

@@ -154,7 +154,7 @@ def test_missing_or_foreign_reference_says_what_to_do(tmp_path):
 
 def test_standalone_imports_only_stdlib_and_numpy():
     """The server image has python3 + numpy and no kit: the readiness check must import nothing else."""
-    tree = ast.parse(Path(sa.__file__).read_text())
+    tree = ast.parse(Path(sa.__file__).read_text(), feature_version=(3, 10))  # the 24.10 image's Python 3.10
     names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     names |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert names - set(sys.stdlib_module_names) == {"numpy"}

@@ -63,8 +63,12 @@ def _free_ports(n: int) -> list[int]:
 
 @pytest.fixture(scope="module")
 def tree() -> str:
-    """The tree-ish under test: DEPLOY_TEST_TREE, default HEAD ('worktree': tracked + untracked files on disk)."""
-    return os.environ.get("DEPLOY_TEST_TREE", "HEAD")
+    """The tree under test: DEPLOY_TEST_TREE, default HEAD ('worktree': tracked + untracked files on disk), resolved
+    once, so that the images and the compose project come from the same tree even if HEAD moves meanwhile."""
+    wanted = os.environ.get("DEPLOY_TEST_TREE", "HEAD")
+    if wanted == "worktree":
+        return wanted
+    return run(["git", "rev-parse", f"{wanted}^{{tree}}"], cwd=REPO).stdout.strip()
 
 
 @pytest.fixture(scope="module")

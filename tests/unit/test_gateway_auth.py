@@ -4,16 +4,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 import starlette  # noqa: F401 - the extra this test needs
+from test_gateway_app import KEY, assert_error, make, post
 
-from bge_triton.cli import COMMANDS  # noqa: E402
-from bge_triton.errors import InputError  # noqa: E402
-from bge_triton.gateway import GatewaySettings, build_parser, settings_from_args  # noqa: E402
-from bge_triton.gateway.auth import KeyGuard, TokenBucket  # noqa: E402
-from bge_triton.gateway.errors import GatewayError  # noqa: E402
-
-from test_gateway_app import KEY, assert_error, make, post  # noqa: E402
+from bge_triton.cli import COMMANDS
+from bge_triton.errors import InputError
+from bge_triton.gateway import GatewaySettings, build_parser, settings_from_args
+from bge_triton.gateway.auth import KeyGuard, TokenBucket
+from bge_triton.gateway.errors import GatewayError
 
 
 class Clock:

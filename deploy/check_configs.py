@@ -5,7 +5,9 @@
 The onnxruntime backend of Triton 24.10 fails the model load on an unknown TensorRT accelerator
 parameter or an unknown accelerator name, so a typo costs a whole GPU start-up; this catches it
 here. Allowed keys follow src/onnxruntime.cc of triton-inference-server/onnxruntime_backend
-(24.10 era); keys added later (trt_ep_context_*, precision BF16) are rejected on purpose.
+(r24.10: its ParseTensorRTOptions), EP-context keys included (trt_dump_ep_context_model,
+trt_ep_context_file_path, trt_ep_context_embed_mode); later ones (precision BF16, trt_engine_hw_compatible,
+trt_onnx_bytestream, ...) are rejected on purpose.
 """
 from __future__ import annotations
 
@@ -29,12 +31,18 @@ TRT_KEYS = {
     "trt_auxiliary_streams", "trt_tactic_sources", "trt_extra_plugin_lib_paths",
     "trt_profile_min_shapes", "trt_profile_max_shapes", "trt_profile_opt_shapes",
     "trt_cuda_graph_enable",
+    # EP context model (a serialized engine next to the ONNX file): dump it once, load it on later starts
+    "trt_dump_ep_context_model", "trt_ep_context_file_path", "trt_ep_context_embed_mode",
 }
 TRT_PRECISIONS = {"FP32", "FP16", "INT8"}
 TRT_BOOL_KEYS = {k for k in TRT_KEYS if k.endswith(("_enable", "_build", "_fallback", "_subgraphs",
                                                     "_cache", "_table"))} - {"trt_engine_cache_path"}
+TRT_BOOL_KEYS |= {"trt_dump_ep_context_model"}
 TRT_INT_KEYS = {"max_workspace_size_bytes", "trt_max_partition_iterations", "trt_min_subgraph_size",
-                "trt_dla_core", "trt_builder_optimization_level", "trt_auxiliary_streams"}
+                "trt_dla_core", "trt_builder_optimization_level", "trt_auxiliary_streams",
+                "trt_ep_context_embed_mode"}
+# paths that must persist across restarts: under the engine-cache volume
+TRT_CACHE_PATHS = ("trt_engine_cache_path", "trt_ep_context_file_path")
 # the backend passes CUDA EP keys straight to ONNX Runtime 1.19, which rejects unknown ones
 CUDA_KEYS = {
     "device_id", "gpu_mem_limit", "arena_extend_strategy", "cudnn_conv_algo_search",
@@ -67,10 +75,14 @@ def _check_trt(name: str, params: dict[str, str], engine_cache: str | None) -> l
             problems.append(f"{name}: TensorRT parameter {key}='{value}' must be an integer")
         elif key in TRT_BOOL_KEYS and value.lower() not in BOOL_VALUES:
             problems.append(f"{name}: TensorRT parameter {key}='{value}' must be 0/1/true/false")
+    for key in TRT_CACHE_PATHS:
+        where = params.get(key)
+        if engine_cache and where is not None and not (where + "/").startswith(engine_cache.rstrip("/") + "/"):
+            problems.append(f"{name}: {key} '{where}' is not under the engine-cache volume "
+                            f"'{engine_cache}' of docker-compose.yml: engines would be rebuilt every start")
+    if params.get("trt_ep_context_embed_mode", "0") not in ("0", "1"):
+        problems.append(f"{name}: trt_ep_context_embed_mode must be 0 (engine in its own file) or 1 (embedded)")
     path = params.get("trt_engine_cache_path")
-    if engine_cache and path is not None and not (path + "/").startswith(engine_cache.rstrip("/") + "/"):
-        problems.append(f"{name}: trt_engine_cache_path '{path}' is not under the engine-cache volume "
-                        f"'{engine_cache}' of docker-compose.yml: engines would be rebuilt every start")
     if params.get("trt_engine_cache_enable", "0").lower() in ("1", "true") and path is None:
         problems.append(f"{name}: trt_engine_cache_enable without trt_engine_cache_path: set it under "
                         f"'{engine_cache or '/engine_cache'}'")

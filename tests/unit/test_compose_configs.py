@@ -45,13 +45,39 @@ def test_committed_gpu_repository_passes() -> None:
     assert {str(p): probs for p, probs in results.items() if probs} == {}
 
 
+def _docs_trt_config() -> str:
+    """The committed encoder config with docs/gpu.md's TensorRT block put in, as the doc says to."""
+    doc = (REPO / "docs" / "gpu.md").read_text()
+    section = doc[doc.index("### TensorRT FP16"):]
+    block = section[section.index("```") + 3:]
+    block = block[block.index("\n") + 1:block.index("```")]
+    config = (REPO / "src" / "bge_triton" / "model_repository" / "bge_large_zh_onnx" / "config.pbtxt").read_text()
+    start = config.index("\noptimization {") + 1
+    depth, end = 0, start
+    for end in range(start, len(config)):
+        depth += {"{": 1, "}": -1}.get(config[end], 0)
+        if depth == 0 and config[end] == "}":
+            break
+    return config[:start] + block.strip() + config[end + 1:]
+
+
 def test_trt_block_documented_in_docs_passes() -> None:
     assert check_configs.check_config(_cfg(TRT_OK)) == []
+    text = _docs_trt_config()  # the doc's block replaces the config's one optimization block: it must parse
+    assert text.count("\noptimization {") == 1
+    cfg = _cfg(text)
+    assert check_configs.check_config(cfg) == []
+    assert cfg.optimization.input_pinned_memory.enable and cfg.optimization.output_pinned_memory.enable
+    (trt,) = cfg.optimization.execution_accelerators.gpu_execution_accelerator
+    assert trt.name == "tensorrt" and trt.parameters["precision_mode"] == "FP16"
 
 
 @pytest.mark.parametrize("snippet, needle", [
     ('parameters { key: "trt_fp16_enable" value: "1" }', "unknown TensorRT accelerator parameter 'trt_fp16_enable'"),
-    ('parameters { key: "trt_ep_context_embed_mode" value: "1" }', "unknown TensorRT"),
+    ('parameters { key: "trt_engine_hw_compatible" value: "1" }', "unknown TensorRT accelerator parameter"),
+    ('parameters { key: "trt_ep_context_embed_mode" value: "2" }', "trt_ep_context_embed_mode must be 0"),
+    ('parameters { key: "trt_dump_ep_context_model" value: "yes" }', "must be 0/1/true/false"),
+    ('parameters { key: "trt_ep_context_file_path" value: "/tmp/ctx.onnx" }', "not under the engine-cache volume"),
     ('parameters { key: "precision_mode" value: "BF16" }', "precision_mode 'BF16'"),
     ('parameters { key: "max_workspace_size_bytes" value: "4GB" }', "must be an integer"),
     ('parameters { key: "trt_engine_cache_enable" value: "yes" }', "must be 0/1/true/false"),

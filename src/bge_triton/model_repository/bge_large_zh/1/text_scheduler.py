@@ -41,9 +41,11 @@ import numpy.typing as npt
 from text_core import Cancelled, EncoderBackend, EncoderFailed, EncoderOverloaded, TextError, TextSettings
 from text_stages import plan_sub_batches
 
-__all__ = ["Job", "Item", "Level", "choose", "QueryMarker", "QueuePolicy", "Scheduler", "CANCEL_CHECKS_PER_ROUND"]
+__all__ = ["Job", "Item", "Level", "choose", "QueryMarker", "QueuePolicy", "Scheduler", "CANCEL_CHECKS_PER_ROUND",
+           "CANCEL_SHARE"]
 
-CANCEL_CHECKS_PER_ROUND = 32  # is_cancelled() calls per reaper round (each a round trip to the server)
+CANCEL_CHECKS_PER_ROUND = 16  # is_cancelled() calls per reaper round (each a round trip to the server)
+CANCEL_SHARE = 0.02  # at most this share of the reaper's wall time goes to is_cancelled() round trips
 
 
 @dataclass(eq=False)
@@ -304,6 +306,7 @@ class Scheduler:
         self.bulk_running = 0
         self.last_query = float("-inf")
         self.counters = Counters()
+        self.cancel_checks, self.cancel_check_s_total = 0, 0.0  # is_cancelled() calls and their seconds
         self.cond = threading.Condition()
         self.closing = False
         self.stop = threading.Event()
@@ -428,16 +431,24 @@ class Scheduler:
         return failed
 
     def _reap(self) -> None:
-        """Expire deadlines even while every dispatcher is at the encoder; drop cancelled requests' texts."""
+        """Expire deadlines even while every dispatcher is at the encoder; drop cancelled requests' texts.
+
+        Each is_cancelled() is a round trip to the server that holds the GIL (r24.10's binding does not release
+        it) and costs more the busier the host: the checks take at most CANCEL_SHARE of the reaper's wall time
+        (after a round that took t, the next waits t / CANCEL_SHARE), so under load they thin out, never the
+        dispatchers' time."""
         interval = self.s.cancel_check_s or 0.05
+        next_check = 0.0
         while not self.stop.wait(interval):
             try:
                 with self.cond:
                     expired = self._expire(self.clock())
                     check = self.cancelled if self.s.cancel_check_s else None
-                    batch = self._rotate(CANCEL_CHECKS_PER_ROUND) if check is not None else []
+                    due = check is not None and time.perf_counter() >= next_check
+                    batch = self._rotate(CANCEL_CHECKS_PER_ROUND) if due else []
                 self._answer(expired)
                 gone = []
+                started = time.perf_counter()
                 for job in batch:  # outside the pool lock: each check is a round trip to the server
                     try:
                         with job.guard:  # never once its answer went (see Job.guard)
@@ -445,6 +456,11 @@ class Scheduler:
                                 gone.append(job)
                     except Exception as exc:
                         self.log(f"text endpoint: is_cancelled raised {type(exc).__name__}: {exc}")
+                if batch:
+                    spent = time.perf_counter() - started
+                    self.cancel_checks += len(batch)
+                    self.cancel_check_s_total += spent
+                    next_check = started + spent / CANCEL_SHARE
                 if gone:
                     with self.cond:
                         gone = [j for j in gone if self._finish(j, Cancelled(

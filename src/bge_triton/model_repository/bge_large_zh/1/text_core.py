@@ -44,8 +44,8 @@ class TextSettings:
     query_token_budget: int = 512
     encoder: str = "bls"  # "bls", or X: the backend module encoder_X.py beside model.py (CPU variant)
     metrics_flush_s: float = 0.25  # counters are sent to the server at most this often
-    # Every cancel_check_s the reaper asks whether up to 32 waiting requests were cancelled by their clients
-    # (each ask is a round trip to the server), and expires deadlines; 0 = never ask (deadlines still expire).
+    # Every cancel_check_s the reaper expires deadlines and asks whether up to 16 waiting requests were cancelled
+    # by their clients (each ask a GIL-holding round trip to the server: at most 2% of its time); 0 = never ask.
     cancel_check_s: float = 0.05
 
     def __post_init__(self) -> None:

@@ -37,13 +37,15 @@ def test_bench_quick_has_all_rows(minilm_repo, tmp_path):
 
 
 def test_tuner_picks_delay_zero_when_delay_breaks_slo(tmp_path):
-    """Cost 20 ms per batch at 150 req/s: delay 0 keeps p99 near 2 batches (~60 ms); 400 ms of delay cannot meet
-    150 ms."""
+    """Cost 20 ms per batch at 150 req/s: a 400 ms delay cannot meet a 390 ms p99 by construction (a batch of 64
+    never fills in 400 ms at 150 req/s, so its oldest request waits the whole delay); delay 0 keeps p99 near two
+    batches (~60 ms quiet, 297 ms seen at load average 7), far inside it. The SLO sits just under the structural
+    bound, not at a latency tuned on a quiet machine."""
     target = tmp_path / "bge_large_zh_onnx"
     target.mkdir()
     canonical = REPO_ROOT / "src" / "bge_triton" / "model_repository" / "bge_large_zh_onnx" / "config.pbtxt"
     (target / "config.pbtxt").write_text(canonical.read_text(encoding="utf-8"), encoding="utf-8")
-    proc = _run(["bge_triton.cli", "tune", "--slo-p99-ms", "150", "--rate", "150", "--cost-a-us", "20000",
+    proc = _run(["bge_triton.cli", "tune", "--slo-p99-ms", "390", "--rate", "150", "--cost-a-us", "20000",
                  "--cost-b-us", "0",
                  "--delays-us", "400000,0", "--preferred", "none", "--duration", "3", "--warmup", "0.5",
                  "--out", str(tmp_path / "tune"), "--write", "--target", str(target),

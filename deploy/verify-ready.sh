@@ -9,6 +9,9 @@
 # Usage:
 #   sh verify-ready.sh                 # healthcheck / readinessProbe: 0 ready + verified, 1 otherwise
 #   sh verify-ready.sh --wait 600 &    # entrypoint, once at start: wait for Triton, check, log the verdict
+#   sh verify-ready.sh --marker-only   # probe that never embeds: ready + the marker a --wait run left
+# The first check embeds 13 probes (two at max length): a probe's timeout must cover it (GPU: well under a second;
+# BGE-large on a CPU: seconds). Where it cannot, start `--wait` in the entrypoint and probe with `--marker-only`.
 # Compose:    healthcheck: test: ["CMD", "sh", "/opt/bge-triton/verify-ready.sh"]
 # Kubernetes: readinessProbe: exec: command: ["sh", "/opt/bge-triton/verify-ready.sh"]  (timeoutSeconds >= 15)
 # Needs python3 + numpy (the NGC image has both) and the check script beside this file as bge_triton_verify.py

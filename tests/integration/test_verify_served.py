@@ -29,12 +29,12 @@ def verify_cli(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
-def ready_sh(srv, repository: Path, state: Path) -> subprocess.CompletedProcess:
+def ready_sh(srv, repository: Path, state: Path, *args: str) -> subprocess.CompletedProcess:
     """deploy/verify-ready.sh as the healthcheck runs it (python3 from PATH, here the test's interpreter)."""
     env = {**os.environ, "VERIFY_URL": f"http://{srv.http_url}", "VERIFY_MODEL": NAME,
            "VERIFY_REPOSITORY": str(repository), "VERIFY_STATE_DIR": str(state), "VERIFY_LOG": str(state / "log"),
            "VERIFY_PYTHON": sys.executable, "VERIFY_TIMEOUT_S": "120"}
-    return subprocess.run(["sh", str(READY_SH)], capture_output=True, text=True, timeout=300, env=env)
+    return subprocess.run(["sh", str(READY_SH), *args], capture_output=True, text=True, timeout=300, env=env)
 
 
 def copy_repo(src: Path, dst: Path) -> Path:
@@ -60,6 +60,12 @@ def test_served_export_verifies(minilm_repo: Path, triton_server, tmp_path: Path
     ready = ready_sh(triton_server, minilm_repo, tmp_path / "state")
     assert ready.returncode == 0 and "verify OK" in ready.stdout, ready.stdout + ready.stderr
     assert (tmp_path / "state" / f"{NAME}.ok").is_file()
+    marker_only = tmp_path / "marker_only"  # the entrypoint's check at start, probes that never embed
+    first = ready_sh(triton_server, minilm_repo, marker_only, "--marker-only")
+    assert first.returncode == 1 and "not verified yet" in first.stderr, first.stderr
+    at_start = ready_sh(triton_server, minilm_repo, marker_only, "--wait", "60")
+    assert at_start.returncode == 0 and "verify OK" in at_start.stdout, at_start.stdout + at_start.stderr
+    assert ready_sh(triton_server, minilm_repo, marker_only, "--marker-only").returncode == 0
     status = subprocess.run([sys.executable, "-m", "bge_triton.server", "status", "--state-dir",
                              str(triton_server.state)], capture_output=True, text=True, timeout=120)
     assert status.returncode == 0 and f"{NAME}: verify OK" in status.stdout, status.stdout + status.stderr

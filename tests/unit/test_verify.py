@@ -240,3 +240,17 @@ def test_check_reports_an_unreachable_server_as_not_ok(tmp_path):
         port = s.getsockname()[1]
     res = check(f"127.0.0.1:{port}", "m", repository=tmp_path, timeout_s=5)
     assert not res.ok and res.fault == "unavailable" and res.message.startswith("verify could not run:")
+
+
+def test_marker_only_probe_never_embeds_and_reports_the_check_at_start(tmp_path):
+    ref = _reference()
+    _write(tmp_path, ref)
+    marker = tmp_path / "state"
+    bad, good = FakeServer(ref, _tilt(_vectors(ref), 2, 0.9)), FakeServer(ref, _vectors(ref))
+    code, message = sa.ready_check(good, "m", tmp_path, None, marker, check=False)
+    assert code == sa.FAILED and message.startswith("not verified yet") and good.calls == 0
+    _, failed = sa.wait_and_check(bad, "m", tmp_path, None, marker, None, wait_s=0)  # the entrypoint's run
+    assert sa.ready_check(bad, "m", tmp_path, None, marker, check=False) == (sa.FAILED, failed)
+    assert bad.calls == 1 and "worst probe 'p2'" in failed
+    assert sa.wait_and_check(good, "m", tmp_path, None, marker, None, wait_s=0)[0] == sa.OK
+    assert sa.ready_check(good, "m", tmp_path, None, marker, check=False) == (sa.OK, "") and good.calls == 1

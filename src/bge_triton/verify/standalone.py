@@ -334,12 +334,20 @@ def _log_change(log: Path | None, previous: str, message: str) -> None:
         pass  # no container log to write to: the probe's own stderr still carries the message
 
 
+def _write(path: Path, doc: dict) -> None:
+    """Replace PATH atomically (a probe may read it meanwhile)."""
+    tmp = path.with_name(f".{path.name}.{time.monotonic_ns()}")
+    tmp.write_text(json.dumps(doc, ensure_ascii=False))
+    tmp.replace(path)
+
+
 def ready_check(http: HttpJson, model: str, repository: str | Path | None, reference: str | Path | None,
-                marker_dir: Path, log: Path | None = None) -> tuple[int, str]:
+                marker_dir: Path, log: Path | None = None, check: bool = True) -> tuple[int, str]:
     """Readiness: Triton ready AND this server start verified once (a marker keyed by the reference and the boot).
 
     A passed check is remembered in MARKER_DIR/MODEL.ok; a failed one is rerun at the next probe and its message
     kept in MODEL.failed (what `bge-triton serve status` and operators read) and logged when it changes.
+    check=False (--marker-only): never embed; ready only when a check at start (--wait) left a valid marker.
     """
     if not http.ready():
         return FAILED, f"not ready: Triton at {http.base} is not ready (/v2/health/ready)"
@@ -356,17 +364,22 @@ def ready_check(http: HttpJson, model: str, repository: str | Path | None, refer
                 return OK, ""
         except (OSError, ValueError):
             pass
+        if not check:
+            return FAILED, previous or (f"not verified yet: no passed check of this server start in {marker_dir} "
+                                        f"(verify-ready.sh --wait runs it)")
         result = run_check(http, model, ref)
     except VerifyError as err:
         result = Result(model, "?", "?", "?", fault="unavailable", message=f"verify could not run: {err}")
+        if not check:
+            return FAILED, result.message
     marker_dir.mkdir(parents=True, exist_ok=True)
     if result.ok:
         failed_file.unlink(missing_ok=True)
-        ok_file.write_text(json.dumps({"key": key, **result.to_dict()}, ensure_ascii=False))
+        _write(ok_file, {"key": key, **result.to_dict()})
         _log_change(log, "", result.message)
         return OK, result.message
     ok_file.unlink(missing_ok=True)
-    failed_file.write_text(json.dumps(result.to_dict(), ensure_ascii=False))
+    _write(failed_file, result.to_dict())
     _log_change(log, previous, result.message)
     return FAILED, result.message
 
@@ -398,6 +411,8 @@ def _parser() -> argparse.ArgumentParser:
                    "(e.g. /proc/1/fd/2, the container's log)")
     p.add_argument("--wait", type=float, default=0.0, metavar="SECONDS", help="readiness mode: wait up to SECONDS "
                    "for Triton to be ready, then check (an entrypoint's one check at start)")
+    p.add_argument("--marker-only", action="store_true", help="readiness mode: never embed, only read the marker "
+                   "a --wait run left (probes with a short timeout on a slow host)")
     return p
 
 
@@ -405,7 +420,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = _parser().parse_args(argv)
     http = HttpJson(a.url, a.timeout)
     if a.ready_marker is not None:
-        code, message = wait_and_check(http, a.model, a.repository, a.reference, a.ready_marker, a.log, a.wait)
+        if a.marker_only:
+            code, message = ready_check(http, a.model, a.repository, a.reference, a.ready_marker, check=False)
+        else:
+            code, message = wait_and_check(http, a.model, a.repository, a.reference, a.ready_marker, a.log, a.wait)
         if message:
             print(message, file=sys.stderr if code else sys.stdout, flush=True)
         return code

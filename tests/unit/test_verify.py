@@ -254,3 +254,10 @@ def test_marker_only_probe_never_embeds_and_reports_the_check_at_start(tmp_path)
     assert bad.calls == 1 and "worst probe 'p2'" in failed
     assert sa.wait_and_check(good, "m", tmp_path, None, marker, None, wait_s=0)[0] == sa.OK
     assert sa.ready_check(good, "m", tmp_path, None, marker, check=False) == (sa.OK, "") and good.calls == 1
+
+
+def test_text_endpoint_off_with_equal_token_counts_still_names_the_tokenizer_side():
+    ref = _reference()
+    v = _vectors(ref)
+    res = judge(ref, _tilt(v, 0, 0.99), _counts(ref), v)
+    assert res.fault == "tokenizer" and "TOKENIZER" in res.message and "token counts match" in res.message

@@ -206,11 +206,13 @@ def judge(ref: Reference, text_vectors: np.ndarray, token_counts: Sequence[int] 
                        f"{ref.path} ({ref.source}); text endpoint: {worst_text}")
         return res
     res.fault = "tokenizer"
-    counts_note = ""
     if mismatched:
         m = mismatched[0]
         counts_note = (f"; token counts differ on {len(mismatched)} of {len(ref.probes)} probes (e.g. {m.name!r}: "
                        f"{m.tokens_served} served, {m.tokens_exported} exported)")
+    else:  # same counts: other ids (another vocab of the same shape), or the endpoint's padding / batching
+        counts_note = ("; token counts match, so the ids differ (another vocab or normaliser) or the text "
+                       "endpoint's padding / batching does")
     res.message = (f"verify FAILED: {head}: the text endpoint's TOKENIZER does not match the export: through the "
                    f"text endpoint {worst_text}, while the encoder given the exporter's tokens holds (worst "
                    f"{enc_cos.min():.6f}){counts_note}. Check that {model}/1/tokenizer/ and max_length in "

@@ -104,7 +104,8 @@ def write(rows: list[dict], out: Path, cmd: str, model: str, machine: str) -> Pa
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Measure and write the report."""
-    p = argparse.ArgumentParser(prog="python -m bge_triton.export.fidelity_report", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m bge_triton.export.fidelity_report",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="sentence-transformers/all-MiniLM-L6-v2")
     p.add_argument("--variants", default="fp32,fp16," + ",".join(f"int8-{r}" for r in RECIPES))
     p.add_argument("--reps", type=int, default=10)

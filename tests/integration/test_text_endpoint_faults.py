@@ -129,3 +129,28 @@ def test_a_request_timeout_shorter_than_the_default_is_honoured(server) -> None:
     tag, result, error = answers.get(timeout=60)
     assert error is None and result.as_numpy("embedding").shape == (4, 384)
     del busy
+
+
+def test_shutdown_answers_the_waiting_texts_unavailable(minilm_repo: Path, tmp_path: Path) -> None:
+    """SIGTERM (graceful stop) while a request's texts wait in the pool: its caller gets one answer, UNAVAILABLE
+    (503-class, retry elsewhere), not INTERNAL, and the server exits."""
+    from conftest import start_server
+
+    repo = _repo(minilm_repo, tmp_path / "repo")
+    batching = {"tf_onnx": Batching(max_queue_delay_us=0, preferred_batch_sizes=())}
+    variant = CpuVariant(executor="costmodel", cost_a_us=CALL_S * 1e6, cost_b_us=0.0, encoder_instances=1,
+                         text_instances=1, batching=batching, text_params={"sub_batch_max": "1", "max_in_flight": "1"})
+    srv = start_server(repo, tmp_path / "state", variant=variant)
+    try:
+        client = grpcclient.InferenceServerClient(srv.grpc_url)
+        answers: queue.Queue = queue.Queue()
+        before = _encoded(client)
+        client.async_infer("tf", _inputs([f"stop me {i}" for i in range(20)]),
+                           callback=lambda result, error: answers.put((result, error)))
+        _until(lambda: _encoded(client) > before, what="the request's first text at the encoder")
+    finally:
+        srv.stop()
+    result, error = answers.get(timeout=60)
+    assert result is None and error is not None
+    assert error.status() == "StatusCode.UNAVAILABLE", (error.status(), error.message())
+    assert "Server not ready" in error.message() or "unloading" in error.message()

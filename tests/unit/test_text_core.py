@@ -49,6 +49,7 @@ def test_every_error_kind_is_mapped() -> None:
     "Exceeds maximum queue size",  # queue full (default_queue_policy.max_queue_size)
     "Request timeout expired",  # queue timeout with timeout_action REJECT
     "Server is stopping",  # a BLS call during shutdown (python_backend r24.10 request_executor.cc)
+    "Server not ready",  # a BLS call after SIGTERM on a real 2.51 server
 ])
 def test_triton_overload_messages_are_overload_even_with_code_internal(message: str) -> None:
     # python_backend 2.51 hands a BLS error back with code INTERNAL whatever the encoder said

@@ -150,9 +150,11 @@ def triton_code(error: TextError) -> str:
 # (Triton 2.51) drops the code of a BLS response error: src/request_executor.cc builds every
 # PbError from the message alone, so code() reads INTERNAL; the code is kept from r25.05 on
 # (python_backend #398). The message is therefore the only sign of overload there. "Server is stopping"
-# is what a BLS call gets while the server shuts down (src/request_executor.cc): UNAVAILABLE too, so
-# clients retry on another replica instead of reading a 500.
-OVERLOAD_MESSAGES = ("Exceeds maximum queue size", "Request timeout expired", "Server is stopping")
+# (src/request_executor.cc) and "Server not ready" (seen on a real 2.51 server: a BLS call after SIGTERM,
+# tests/integration/test_text_endpoint_faults.py) are what a BLS call gets while the server shuts down:
+# UNAVAILABLE too, so clients retry on another replica instead of reading a 500.
+OVERLOAD_MESSAGES = ("Exceeds maximum queue size", "Request timeout expired", "Server is stopping",
+                     "Server not ready")
 
 
 def encoder_error(model: str, message: str, unavailable: bool = False) -> TextError:

@@ -46,6 +46,7 @@ from bge_triton.gateway.openapi import Operation, build_openapi, docs_html
 from bge_triton.gateway.parsing import CHARS_PER_TOKEN, PROCESS_ABOVE, Parsed, ParseLimits, parse, parse_in_worker
 from bge_triton.gateway.settings import GatewaySettings
 from bge_triton.gateway.texts import TextPreparer
+from bge_triton.gateway.verified import Check, ReferenceGate
 
 __all__ = ["create_app"]
 
@@ -106,14 +107,26 @@ async def tei_payload(vectors: NDArray[Any]) -> bytes:
 class Gateway:
     """State of one app: settings, backend, the optional local tokenizer, key guard, metrics."""
 
-    def __init__(self, settings: GatewaySettings, backend: Backend, preparer: TextPreparer | None) -> None:
+    def __init__(self, settings: GatewaySettings, backend: Backend, preparer: TextPreparer | None,
+                 verify: Check | None = None) -> None:
         self.s, self.backend, self.preparer = settings, backend, preparer
         self.guard = KeyGuard(settings.api_keys, settings.rate_limit, settings.rate_burst)
-        self.metrics = GatewayMetrics()
+        self.metrics = GatewayMetrics(verified=settings.reference is not None)
+        gauge = self.metrics.verified
+        self.gate = None if settings.reference is None else ReferenceGate(
+            settings, backend, verify, on_verdict=None if gauge is None else lambda ok: gauge.set(int(ok)))
         self.parsers = anyio.CapacityLimiter(settings.parse_workers)
         self.limits = ParseLimits(settings.max_inputs, settings.max_input_chars)
         self._limited = False
         self._openapi: bytes | None = None
+
+    def not_ready(self) -> str | None:
+        """Why /ready is 503 (None: ready): no embedding went through lately, or --reference does not hold yet."""
+        if not self.backend.ready():
+            return self.backend.last_error
+        if self.gate is not None and not self.gate.ok:
+            return self.gate.message
+        return None
 
     async def connected(self) -> None:
         """Make sure the model's config was read (dim, max_length); KitError -> 503 when Triton is down."""
@@ -273,13 +286,14 @@ def _routes(gw: Gateway) -> tuple[list[Route], list[Operation]]:
         return _json({"status": "ok"})
 
     async def ready(request: Request, timing: dict[str, float]) -> Response:
-        if gw.backend.ready():
+        error = gw.not_ready()
+        if error is None:
             return _json({"status": "ready", "model": gw.s.model})
-        return _json({"status": "not ready", "model": gw.s.model, "error": gw.backend.last_error},
+        return _json({"status": "not ready", "model": gw.s.model, "error": error},
                      503, {"retry-after": str(gw.s.retry_after_s)})
 
     async def metrics(request: Request, timing: dict[str, float]) -> Response:
-        gw.metrics.ready.set(1 if gw.backend.ready() else 0)
+        gw.metrics.ready.set(1 if gw.not_ready() is None else 0)
         return Response(gw.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     E = _EMBED_ERRORS
@@ -296,7 +310,8 @@ def _routes(gw: Gateway) -> tuple[list[Route], list[Operation]]:
         (Operation("/v1/models/{name}", "GET", "OpenAI: one served model", m.ModelCard, errors=("not_found",)),
          model, "/v1/models/{name}"),
         (Operation("/health", "GET", "liveness (no key needed)", m.Health, auth=False), health, "/health"),
-        (Operation("/ready", "GET", "readiness: an embedding went through lately (no key needed)", m.Ready,
+        (Operation("/ready", "GET", "readiness: an embedding went through lately and, with --reference, the served "
+                   "model reproduced its export's reference vectors (no key needed)", m.Ready,
                    auth=False, extra=(503,)), ready, "/ready"),
         (Operation("/metrics", "GET", "Prometheus metrics (no key needed)", None, auth=False), metrics, "/metrics"),
     ]
@@ -307,17 +322,20 @@ def _routes(gw: Gateway) -> tuple[list[Route], list[Operation]]:
 
 
 def create_app(settings: GatewaySettings, backend: Backend | None = None,
-               preparer: TextPreparer | None = None) -> _Direct:
-    """The gateway app; backend (and the optional local tokenizer) are built from settings unless given."""
+               preparer: TextPreparer | None = None, verify: Check | None = None) -> _Direct:
+    """The gateway app; backend (and the optional local tokenizer) are built from settings unless given;
+    verify replaces bge_triton.verify.check behind --reference (unit tests)."""
     real: Backend = backend if backend is not None else TritonBackend(settings)
     if preparer is None and settings.tokenizer_dir:
         preparer = TextPreparer(settings.tokenizer_dir, 512)
-    gw = Gateway(settings, real, preparer)
+    gw = Gateway(settings, real, preparer, verify)
     routes, operations = _routes(gw)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await real.start()
+        if gw.gate is not None:
+            await gw.gate.start()  # after the canary: it checks once an embedding went through
         warm = asyncio.create_task(_warm_parser(gw))  # the first big body should not wait for a worker to start
         watch = asyncio.create_task(watch_loop(gw.metrics))  # gateway_event_loop_lag_seconds
         try:
@@ -327,6 +345,8 @@ def create_app(settings: GatewaySettings, backend: Backend | None = None,
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
+            if gw.gate is not None:
+                await gw.gate.close()
             await real.close()
 
     async def openapi(request: Request) -> Response:

@@ -15,7 +15,7 @@ LAG_PERIOD_S = 0.01  # the event-loop watch: a timer every 10 ms, its lateness o
 class GatewayMetrics:
     """Requests by route and status, latency, inputs and tokens per request, requests in flight."""
 
-    def __init__(self) -> None:
+    def __init__(self, verified: bool = False) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("gateway_requests", "HTTP requests answered, by route and status",
@@ -33,6 +33,8 @@ class GatewayMetrics:
         self.in_flight = Gauge("gateway_in_flight_requests", "Requests being answered now", registry=r)
         self.in_flight.set_function(lambda: self.answering)
         self.ready = Gauge("gateway_ready", "1 while /ready answers 200", registry=r)
+        self.verified = Gauge("gateway_verified", "1 while the served model reproduces the --reference vectors "
+                              "(only with --reference)", registry=r) if verified else None
         self.loop_lag = Histogram("gateway_event_loop_lag_seconds", "How late a 10 ms timer fired on the event "
                                   "loop: whatever held the loop (or the CPU) that long", buckets=LAG_BUCKETS,
                                   registry=r)

@@ -60,6 +60,9 @@ class GatewaySettings:
     max_input_chars: int = 0  # characters per text; 0 = 250 x the model's max_length (TEI's rule)
     parse_workers: int = 2  # worker processes that parse bodies over 64 KiB (off the event loop)
     log_level: str = "info"
+    # the export's NAME_onnx/1/reference.json: /ready stays 503 until the served model reproduces its vectors
+    reference: str | None = None
+    verify_retry_s: float = 30.0  # a failed verdict is checked again after this long (a fixed model may be loaded)
 
     def __post_init__(self) -> None:
         if not self.api_keys and not self.unsafe_no_auth and not is_loopback(self.host):
@@ -74,9 +77,9 @@ class GatewaySettings:
             if getattr(self, name) < 1:
                 raise InputError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be >= 1")
         if self.rate_limit < 0 or self.timeout_s <= 0 or self.canary_interval_s <= 0 or self.micro_batch_wait_s < 0 \
-                or self.keep_alive_s <= 0:
-            raise InputError("--rate-limit and --micro-batch-wait-ms must be >= 0, --timeout, --canary-interval and "
-                             "--keep-alive > 0 s")
+                or self.keep_alive_s <= 0 or self.verify_retry_s <= 0:
+            raise InputError("--rate-limit and --micro-batch-wait-ms must be >= 0, --timeout, --canary-interval, "
+                             "--verify-retry and --keep-alive > 0 s")
         if self.ready_max_age_s < self.canary_interval_s:
             raise InputError(f"--ready-max-age {self.ready_max_age_s} < --canary-interval {self.canary_interval_s}: "
                              "the gateway would flap between ready and not ready; raise --ready-max-age")
@@ -162,6 +165,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="while a batch is in flight, let the next fill for up to this long (work-conserving)")
     p.add_argument("--keep-alive", type=float, default=d.keep_alive_s,
                    help="seconds an idle client connection stays open (keep it above the proxy's idle timeout)")
+    p.add_argument("--reference", default=None, metavar="PATH",
+                   help="the export's NAME_onnx/1/reference.json: /ready stays 503 until the served model reproduces "
+                   "its reference vectors (checked at start and whenever Triton comes back; `bge-triton verify`)")
+    p.add_argument("--verify-retry", type=float, default=d.verify_retry_s, metavar="SECONDS",
+                   help="with --reference: check a failed verdict again after this many seconds")
     p.add_argument("--log-level", default=d.log_level, choices=["debug", "info", "warning", "error"])
     return p
 
@@ -178,4 +186,18 @@ def settings_from_args(args: argparse.Namespace) -> GatewaySettings:
         passage_priority=args.passage_priority, query_instruction=args.query_instruction,
         canary_interval_s=args.canary_interval, ready_max_age_s=args.ready_max_age, log_level=args.log_level,
         micro_batch=not args.no_micro_batch, micro_batch_wait_s=args.micro_batch_wait_ms / 1e3,
-        keep_alive_s=args.keep_alive, max_input_chars=args.max_input_chars, parse_workers=args.parse_workers)
+        keep_alive_s=args.keep_alive, max_input_chars=args.max_input_chars, parse_workers=args.parse_workers,
+        reference=_reference(args.reference), verify_retry_s=args.verify_retry)
+
+
+def _reference(path: str | None) -> str | None:
+    """--reference, read once here: a missing or unreadable file stops the gateway at start with the reason."""
+    if path is None:
+        return None
+    from bge_triton.verify import VerifyError, load_reference
+
+    try:
+        load_reference(path)
+    except VerifyError as err:
+        raise InputError(f"--reference {path}: {err}") from None
+    return path

@@ -62,6 +62,11 @@ def test_public_api_all() -> None:
         obj = getattr(client, name)
         assert getattr(obj, "__module__", "bge_triton").startswith("bge_triton"), (name, obj)
     assert {"EmbeddingClient", "AsyncEmbeddingClient", "InputError", "Overloaded"} <= set(client.__all__)
+    # what embed_with_timing returns and what a caller passes as pre-encoded text: public, as the gateway uses them
+    from bge_triton.client import core
+
+    assert {"Timing", "Timed", "Utf8"} <= set(client.__all__)
+    assert (client.Timing, client.Timed, client.Utf8) == (core.Timing, core.Timed, core.Utf8)
     from bge_triton.errors import Overloaded, ServerUnavailable
 
     assert client.Overloaded is Overloaded and issubclass(client.Overloaded, ServerUnavailable)

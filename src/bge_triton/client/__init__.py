@@ -7,7 +7,15 @@ tensor modes, a micro-batcher for many concurrent single-text callers, retries w
 """
 from bge_triton.client.aio import AsyncEmbeddingClient
 from bge_triton.client.batcher import MicroBatcher
-from bge_triton.client.core import BGE_QUERY_INSTRUCTION, DEFAULT_BUCKETS, ClientSettings, ModelSpec
+from bge_triton.client.core import (
+    BGE_QUERY_INSTRUCTION,
+    DEFAULT_BUCKETS,
+    ClientSettings,
+    ModelSpec,
+    Timed,
+    Timing,
+    Utf8,
+)
 from bge_triton.client.errors import InputError, KitError, ModelConfigError, Overloaded, ServerUnavailable
 from bge_triton.client.retry import RetryBudget, RetryPolicy
 from bge_triton.client.sync import EmbeddingClient
@@ -20,6 +28,9 @@ __all__ = [
     "RetryBudget",
     "ClientSettings",
     "ModelSpec",
+    "Timing",
+    "Timed",
+    "Utf8",
     "BGE_QUERY_INSTRUCTION",
     "DEFAULT_BUCKETS",
     "KitError",

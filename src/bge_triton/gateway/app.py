@@ -27,7 +27,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
-from bge_triton.client.core import Utf8
+from bge_triton.client import Utf8
 from bge_triton.errors import KitError
 from bge_triton.gateway import models as m
 from bge_triton.gateway.auth import KeyGuard

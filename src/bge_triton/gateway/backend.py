@@ -14,8 +14,7 @@ from typing import Any, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from bge_triton.client import AsyncEmbeddingClient, MicroBatcher, RetryPolicy
-from bge_triton.client.core import Timing
+from bge_triton.client import AsyncEmbeddingClient, MicroBatcher, RetryPolicy, Timing
 from bge_triton.errors import KitError, ModelConfigError
 from bge_triton.gateway.errors import overloaded
 from bge_triton.gateway.settings import GatewaySettings

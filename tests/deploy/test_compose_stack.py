@@ -72,16 +72,31 @@ def tree() -> str:
 
 
 @pytest.fixture(scope="module")
-def images(tree: str) -> dict[str, str]:
-    """Base + stand-ins when missing, then every repository image from a clean archive of the tree."""
+def checkout(tree: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A clean copy of the tree under test: the compose project's directory, and the scripts that build the images."""
+    directory = tmp_path_factory.mktemp("compose")
+    if tree == "worktree":
+        files = run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO).stdout
+        paths = [p for p in files.split("\0") if p and (REPO / p).exists()]
+        subprocess.run(["tar", "-C", str(REPO), "-cf", str(directory / "tree.tar"), *paths], check=True)
+    else:
+        with (directory / "tree.tar").open("wb") as out:
+            subprocess.run(["git", "archive", "--format=tar", tree], cwd=REPO, stdout=out, check=True)
+    subprocess.run(["tar", "-xf", "tree.tar"], cwd=directory, check=True)
+    (directory / "tree.tar").unlink()
+    return directory
+
+
+@pytest.fixture(scope="module")
+def images(checkout: Path) -> dict[str, str]:
+    """Base + stand-ins when missing, then every repository image from that clean copy, by its own scripts."""
     t0 = time.monotonic()
-    run(["bash", str(REPO / "deploy/standins/build.sh")], timeout=1800)
+    run(["bash", str(checkout / "deploy/standins/build.sh")], timeout=1800)
     _timed("base and stand-ins (build.sh)", t0)
     t0 = time.monotonic()
     timings = Path(f"/tmp/bge-deploy-images-{os.getpid()}.txt")
     timings.unlink(missing_ok=True)
-    arg = "--worktree" if tree == "worktree" else f"--tree={tree}"
-    run(["bash", str(REPO / "deploy/build-images.sh"), arg], env={**os.environ, "TIMINGS": str(timings)},
+    run(["bash", str(checkout / "deploy/build-images.sh"), "--here"], env={**os.environ, "TIMINGS": str(timings)},
         timeout=3600)
     _timed("repository images (build-images.sh)", t0)
     built = {}
@@ -94,18 +109,9 @@ def images(tree: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def project(images: dict[str, str], tree: str, tmp_path_factory: pytest.TempPathFactory):
+def project(images: dict[str, str], checkout: Path):
     """The compose project, up: exporter done, Triton healthy, gateway ready. `down -v` at the end, always."""
-    directory = tmp_path_factory.mktemp("compose")
-    if tree == "worktree":
-        files = run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO).stdout
-        paths = [p for p in files.split("\0") if p and (REPO / p).exists()]
-        subprocess.run(["tar", "-C", str(REPO), "-cf", str(directory / "tree.tar"), *paths], check=True)
-    else:
-        with (directory / "tree.tar").open("wb") as out:
-            subprocess.run(["git", "archive", "--format=tar", tree], cwd=REPO, stdout=out, check=True)
-    subprocess.run(["tar", "-xf", "tree.tar"], cwd=directory, check=True)
-    (directory / "tree.tar").unlink()
+    directory = checkout
     (directory / "model_repository").mkdir()
     service = ApiService(f"bge-deploy-{os.getpid()}-{directory.name}")
     nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
@@ -170,6 +176,31 @@ def test_triton_serves_the_swapped_encoder_over_http(project: Project) -> None:
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-4)
     assert float(vectors[0] @ vectors[1]) < 0.999  # two texts, two vectors
     np.testing.assert_allclose(_triton_embed(project, TEXTS[:1])[0], vectors[0], atol=1e-5)  # batch == single
+
+
+def test_triton_is_healthy_only_when_the_reference_vectors_verify(project: Project) -> None:
+    """The compose healthcheck is deploy/verify-ready.sh: healthy means the served model reproduced its export's
+    reference vectors; the same check against a spoiled reference fails and names the cause."""
+    from bge_triton.verify.standalone import decode_vector, encode_vector
+
+    cid = project.container("triton", running_only=True)
+    assert run(["podman", "inspect", "--format", "{{.State.Health.Status}}", cid]).stdout.strip() == "healthy"
+    repo = project.directory / "model_repository"
+    doc = json.loads((repo / f"{MODEL}_onnx/1/reference.json").read_text())
+    doc["probes"][0]["vector"] = encode_vector(-decode_vector(doc["probes"][0]["vector"]))
+    spoiled = repo / "spoiled-reference.json"
+    spoiled.write_text(json.dumps(doc))
+    try:
+        def check(*env: str) -> subprocess.CompletedProcess[str]:
+            flags = [a for e in ("VERIFY_STATE_DIR=/tmp/verify-spoiled", "VERIFY_LOG=", *env) for a in ("-e", e)]
+            return run(["podman", "exec", *flags, cid, "sh", "/opt/bge-triton/verify-ready.sh"], check=False)
+
+        good = check()
+        assert good.returncode == 0, good.stdout + good.stderr
+        bad = check("VERIFY_REFERENCE=/models/spoiled-reference.json")
+        assert bad.returncode != 0 and doc["probes"][0]["name"] in bad.stdout + bad.stderr, bad.stdout + bad.stderr
+    finally:
+        spoiled.unlink()
 
 
 def test_sdk_over_grpc(project: Project) -> None:

@@ -70,3 +70,16 @@ def test_sdk_only_install_embeds_through_the_real_server(light_venv: Path, trito
     vectors = np.asarray(out["vectors"], dtype=np.float32)
     assert vectors.shape == reference.shape == (len(TEXTS), 384)
     np.testing.assert_allclose(vectors, reference, atol=1e-5)
+
+
+def test_the_checkout_cannot_shadow_the_installed_wheel(light_venv: Path) -> None:
+    """Run from the checkout's root (a Docker WORKDIR holding the sources): the import resolves to the wheel in the
+    venv, and a subpackage whose extra is missing says which extra, instead of a ModuleNotFoundError."""
+    probe = ("import json, bge_triton, bge_triton.client\n"
+             "try:\n    import bge_triton.gateway\n    err = ''\nexcept ImportError as exc:\n    err = str(exc)\n"
+             "print(json.dumps({'file': bge_triton.__file__, 'client': bge_triton.client.__file__, 'err': err}))")
+    proc = _run([str(light_venv), "-c", probe], cwd=REPO_ROOT)
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    venv_root = str(light_venv.parent.parent)
+    assert out["file"].startswith(venv_root) and out["client"].startswith(venv_root), out
+    assert "bge-triton-kit[gateway]" in out["err"], out["err"]

@@ -197,8 +197,12 @@ def test_python_backend_resources_and_healthcheck(raw: dict) -> None:
     assert triton["shm_size"]
     assert triton["ulimits"]["memlock"] == -1 and triton["ulimits"]["stack"] == 67108864
     hc = triton["healthcheck"]
-    assert "curl" in hc["test"] and any("/v2/health/ready" in t for t in hc["test"])
-    assert hc["start_period"]
+    # healthy = ready + the reference vectors verified, by the script the server image carries
+    assert hc["test"] == ["CMD", "sh", "/opt/bge-triton/verify-ready.sh"]
+    server = (REPO / "deploy" / "Dockerfile.server").read_text()
+    assert "deploy/verify-ready.sh" in server
+    assert "src/bge_triton/verify/standalone.py /opt/bge-triton/bge_triton_verify.py" in server
+    assert hc["start_period"] and int(hc["timeout"].rstrip("s")) >= 15
 
 
 def test_profiles(raw: dict) -> None:

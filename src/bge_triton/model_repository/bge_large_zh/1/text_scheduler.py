@@ -524,13 +524,10 @@ class Scheduler:
             work = self._take(queries_only)
             if work is not None:
                 return work, []
-            # nothing to run, or bulk held back in query mode: look again when woken or soon; never past the
-            # next deadline (the reaper also expires, every cancel_check_s)
-            wait = 0.005 if self.pending and not queries_only else None
-            if self.deadlines:
-                until = max(0.001, self.deadlines[0][0] - self.clock())
-                wait = until if wait is None else min(wait, until)
-            self.cond.wait(wait)
+            # nothing to run, or bulk held back in query mode: look again when woken or soon. Deadlines are the
+            # reaper's (every cancel_check_s): waking here at each one would wake an idle dispatcher for every
+            # request at peak (one deadline per request)
+            self.cond.wait(0.005 if self.pending and not queries_only else None)
         return None, []
 
     def _dispatch(self, queries_only: bool) -> None:

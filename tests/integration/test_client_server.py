@@ -10,8 +10,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bge_triton.client import AsyncEmbeddingClient, EmbeddingClient, InputError, ModelConfigError, RetryPolicy
-from bge_triton.client import ServerUnavailable
+from bge_triton.client import (
+    AsyncEmbeddingClient,
+    EmbeddingClient,
+    InputError,
+    ModelConfigError,
+    RetryPolicy,
+    ServerUnavailable,
+)
 from bge_triton.client.tokens import BucketTokenizer
 
 pytestmark = pytest.mark.integration

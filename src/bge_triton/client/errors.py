@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from bge_triton.errors import InputError, KitError, ModelConfigError, Overloaded, ServerUnavailable, Timeout
 from tritonclient.utils import InferenceServerException
+
+from bge_triton.errors import InputError, KitError, ModelConfigError, Overloaded, ServerUnavailable, Timeout
 
 __all__ = ["KitError", "InputError", "ModelConfigError", "Overloaded", "ServerUnavailable", "Timeout",
            "classify", "is_retryable", "status_code"]

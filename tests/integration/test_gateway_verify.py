@@ -80,3 +80,45 @@ def test_a_reference_that_does_not_hold_keeps_ready_503_naming_the_worst_probe(
         assert httpx.get(proc.url + "/health", timeout=10).status_code == 200  # the process itself is fine
     finally:
         proc.stop()
+
+
+def test_another_model_behind_the_same_address_is_verified_again(minilm_repo: Path, tmp_path: Path) -> None:
+    """Triton goes away and comes back on the same port serving an encoder whose weights were perturbed: the
+    gateway, ready before, checks again and stays 503 naming the encoder, never 200 in between."""
+    from test_verify_served import copy_repo, perturb_largest_matmul_weight
+
+    from bge_triton.server.launcher import LocalServer, ServerSettings
+    from conftest import free_port
+
+    bad_repo = copy_repo(minilm_repo, tmp_path / "corrupt")
+    perturb_largest_matmul_weight(bad_repo / f"{NAME}_onnx" / "1" / "model.onnx")
+    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
+    servers = [LocalServer(ServerSettings(repository=minilm_repo, state_dir=tmp_path / "a", **ports)).start()]
+    proc = None
+    try:
+        proc = start(tmp_path, servers[0].grpc_url, None, "--reference", str(reference_of(minilm_repo)),
+                     "--canary-interval", "0.5", "--ready-max-age", "2")
+        assert "gateway_verified 1.0" in httpx.get(proc.url + "/metrics", timeout=10).text
+        servers[0].stop()
+        deadline = time.monotonic() + 120
+        while httpx.get(proc.url + "/ready", timeout=10).status_code == 200:
+            assert time.monotonic() < deadline, "/ready still 200 two minutes after Triton stopped"
+            time.sleep(0.2)
+        servers.append(LocalServer(ServerSettings(repository=bad_repo, state_dir=tmp_path / "b", **ports)).start())
+        deadline = time.monotonic() + 180
+        while True:
+            r = httpx.get(proc.url + "/ready", timeout=10)
+            assert r.status_code == 503, r.text  # not ready between Triton's return and the verdict
+            if "verify FAILED" in r.json()["error"]:
+                break
+            assert time.monotonic() < deadline, f"no verdict within 180 s: {r.text}\n{proc.log_text()}"
+            time.sleep(0.2)
+        assert "through the encoder with the exporter's tokens, worst probe" in r.json()["error"]
+        assert "gateway_verified 0.0" in httpx.get(proc.url + "/metrics", timeout=10).text
+        log = proc.log.read_text(errors="replace")
+        assert log.count("verify OK") == 1 and log.count("verify FAILED") == 1, log[-4000:]
+    finally:
+        if proc is not None:
+            proc.stop()
+        for srv in servers:
+            srv.stop()

@@ -38,11 +38,16 @@ class FakeCheck:
         self.hold = threading.Event()
         self.hold.set()
         self.entered = threading.Event()
+        self.daemon: list[bool] = []
+        self.raises: Exception | None = None
 
     def __call__(self, url: str, model: str, reference: str, timeout_s: float) -> Result:
         self.calls.append((url, model, reference, timeout_s))
+        self.daemon.append(threading.current_thread().daemon)
         self.entered.set()
         assert self.hold.wait(60), "the test never released the check"
+        if self.raises is not None:
+            raise self.raises
         return self.result
 
 
@@ -120,6 +125,23 @@ def test_no_check_before_triton_answers_and_again_after_it_was_unreachable() -> 
         check.hold.set()
         until(lambda: gw.gate.ok)
         assert client.get("/ready").status_code == 200 and len(check.calls) == 2
+
+
+def test_the_check_runs_in_a_daemon_thread_and_a_bug_in_it_keeps_ready_503(caplog: pytest.LogCaptureFixture) -> None:
+    """A daemon thread: a gateway stopped while a check waits on a hung Triton exits at once (worker threads of
+    anyio and concurrent.futures are joined at exit). A check that raises (it should not) is logged, not fatal."""
+    check = FakeCheck(PASSED)
+    check.raises = RuntimeError("a bug in the check")
+    client, _, gw = make(check)
+    with caplog.at_level(logging.INFO, "bge_triton.gateway"), client:
+        until(lambda: gw.gate.checks >= 2)  # counted as could-not-run: tried again
+        r = client.get("/ready")
+        assert r.status_code == 503 and "could not run" in r.json()["error"] and "a bug" not in r.text
+        assert "verify could not run: RuntimeError: a bug in the check" in [rec.getMessage() for rec in caplog.records]
+        check.raises = None
+        until(lambda: gw.gate.ok)
+        assert client.get("/ready").status_code == 200
+    assert check.daemon and all(check.daemon)
 
 
 def test_without_reference_ready_is_the_canary_alone() -> None:

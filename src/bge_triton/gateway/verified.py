@@ -1,20 +1,20 @@
 """--reference: the served model checked against the reference vectors its export wrote (bge_triton.verify),
 at start and again whenever Triton was unreachable and came back; /ready stays 503 until the check holds.
 
-The check (13 probe texts through the text endpoint and through the encoder) runs in a thread, off the event
-loop. Its message is logged exactly as `bge-triton verify` prints it; /ready carries it in the API's words: the
-reference file by its name only, and a check that could not run (Triton's address, grpc's words) only as
-"could not run, see the gateway's log".
+The check (13 probe texts through the text endpoint and through the encoder) runs in a daemon thread, off the
+event loop: a gateway told to stop mid-check exits at once instead of waiting out the check's timeouts (anyio's
+and concurrent.futures' worker threads are joined at exit). Its message is logged exactly as `bge-triton verify`
+prints it; /ready carries it in the API's words: the reference file by its name only, and a check that could not
+run (Triton's address, grpc's words) only as "could not run, see the gateway's log".
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import threading
 from collections.abc import Callable
 from pathlib import Path
-
-import anyio.to_thread
 
 from bge_triton.gateway.backend import Backend
 from bge_triton.gateway.settings import GatewaySettings
@@ -62,11 +62,10 @@ class ReferenceGate:
             self._logged = result.message
 
     async def run_once(self) -> Result:
-        """One check, in a worker thread (it blocks for as long as the probes take)."""
-        url = f"grpc://{self.s.triton}"
+        """One check, in a daemon thread (it blocks for as long as the probes take)."""
         try:
-            result = await anyio.to_thread.run_sync(self.verify, url, self.s.model, self.reference, self.s.timeout_s,
-                                                    abandon_on_cancel=True)
+            result = await _in_daemon_thread(self.verify, f"grpc://{self.s.triton}", self.s.model, self.reference,
+                                             self.s.timeout_s)
         except Exception as exc:  # the check never raises for a server fault; anything else is a bug: say so
             log.exception("verify against %s failed", self.reference)
             result = Result(self.s.model, "?", "?", "?", ok=False, fault="unavailable",
@@ -102,3 +101,31 @@ class ReferenceGate:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+
+
+async def _in_daemon_thread(fn: Check, url: str, model: str, reference: str, timeout_s: float) -> Result:
+    """fn(...) in a new daemon thread, awaited; cancelling the await abandons the thread."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[Result] = loop.create_future()
+
+    def settle(result: Result | None, error: BaseException | None) -> None:
+        if done.done():  # cancelled meanwhile
+            return
+        if error is not None:
+            done.set_exception(error)
+        else:
+            assert result is not None
+            done.set_result(result)
+
+    def run() -> None:
+        result: Result | None = None
+        error: BaseException | None = None
+        try:
+            result = fn(url, model, reference, timeout_s)
+        except BaseException as exc:  # handed to the awaiting task, which logs it
+            error = exc
+        with contextlib.suppress(RuntimeError):  # the loop closed while the check ran: nobody waits for it
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=run, name="gateway-verify", daemon=True).start()
+    return await done

@@ -172,6 +172,8 @@ def test_graph_interface(fp32, int8):
         assert dims[0].dim_param == "batch_size" and dims[1].dim_value == 384
         opset = next(o.version for o in m.opset_import if o.domain in ("", "ai.onnx"))
         assert opset <= 21 and m.ir_version <= 10
+        # every op's domain declared (fused contrib ops: com.microsoft); onnx's checker and shape inference need it
+        assert {n.domain for n in m.graph.node} - {"", "ai.onnx"} <= {o.domain for o in m.opset_import}
         assert not list(Path(result.paths["onnx"]).parent.glob("*.data"))  # one self-contained file
 
 

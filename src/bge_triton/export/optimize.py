@@ -40,6 +40,11 @@ def fuse(src: Path, dst: Path, source: ModelSource, use_gpu: bool, external_data
                           f"{err}") from err
     stats = {k: int(v) for k, v in opt.get_fused_operator_statistics().items() if v}
     opt.model.ir_version = min(opt.model.ir_version, MAX_IR_VERSION)
+    # the fused contrib ops (Attention, SkipLayerNormalization...) need their domain declared: ONNX Runtime
+    # tolerates its absence, but onnx's shape inference (quantize_dynamic) and checker do not
+    domains = {o.domain for o in opt.model.opset_import}
+    if "com.microsoft" not in domains and any(n.domain == "com.microsoft" for n in opt.model.graph.node):
+        opt.model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     if external_data:
         save_external(opt.model, dst)
     else:

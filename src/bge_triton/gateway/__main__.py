@@ -34,6 +34,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "" if not settings.unsafe_no_auth else " (--unsafe-no-auth: publish this port on 127.0.0.1 only)")
     log.info("gateway -> Triton %s model %s; OpenAI base_url http://%s:%d/v1", settings.triton, settings.model,
              settings.host, settings.port)
+    if settings.reference:
+        log.info("/ready stays 503 until %s reproduces the reference vectors of %s", settings.model, settings.reference)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False,
                 loop="auto", http="auto", timeout_graceful_shutdown=5,  # uvloop + httptools where installed
                 timeout_keep_alive=settings.keep_alive_s)  # type: ignore[arg-type]  # uvicorn takes seconds as float

@@ -68,6 +68,11 @@ def tree() -> str:
     wanted = os.environ.get("DEPLOY_TEST_TREE", "HEAD")
     if wanted == "worktree":
         return wanted
+    # a commit when it is one: `git archive` of a commit stamps every file with the commit's time, so an unchanged
+    # tree gives byte-identical build contexts and podman's layer cache holds (a bare tree gets the current time)
+    commit = run(["git", "rev-parse", "--verify", "-q", f"{wanted}^{{commit}}"], cwd=REPO, check=False)
+    if commit.returncode == 0:
+        return commit.stdout.strip()
     return run(["git", "rev-parse", f"{wanted}^{{tree}}"], cwd=REPO).stdout.strip()
 
 

@@ -4,17 +4,17 @@ retries some callers get Overloaded ("Exceeds maximum queue size"); with retries
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
 
+from bge_triton.client import AsyncEmbeddingClient, EmbeddingClient, Overloaded, RetryPolicy
 from bge_triton.errors import ServerNotReady
 from bge_triton.server.launcher import LocalServer, ServerSettings
 from bge_triton.server.launcher import free_ports as launcher_free_ports
-
-from bge_triton.client import AsyncEmbeddingClient, EmbeddingClient, Overloaded, RetryPolicy
 
 pytestmark = pytest.mark.integration
 

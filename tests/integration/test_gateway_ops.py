@@ -7,12 +7,10 @@ import re
 import signal
 import time
 
-import pytest
-
 import httpx as httpx
+import pytest
 import starlette  # noqa: F401 - the extra this test needs
-
-from test_gateway_openai import NAME, start  # noqa: E402
+from test_gateway_openai import NAME, start
 
 pytestmark = pytest.mark.integration
 

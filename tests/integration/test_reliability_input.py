@@ -91,7 +91,7 @@ def test_kit_client_sync(server, protocol, texts, truncate, expected, message, r
     with EmbeddingClient(url, model=NAME, protocol=protocol, retry=RetryPolicy.off(), timeout_s=60) as c:
         try:
             result = c.embed_documents(texts, truncate=truncate)
-        except Exception as exc:  # noqa: BLE001 - the type is what the test checks
+        except Exception as exc:
             result = exc
     _check_kit(result, expected, message, rows)
 
@@ -107,7 +107,7 @@ def test_kit_client_async_all_cases(server, protocol) -> None:
             return await asyncio.gather(*(c.embed_documents(t, truncate=tr) for t, tr, *_ in cases),
                                         return_exceptions=True)
 
-    for (texts, truncate, expected, message, rows), result in zip(cases, asyncio.run(main())):
+    for (_texts, _truncate, expected, message, rows), result in zip(cases, asyncio.run(main()), strict=True):
         _check_kit(result, expected, message, rows)
     assert _healthy(server)
 

@@ -144,10 +144,10 @@ def test_concurrent_different_lengths_are_batched_unchanged(triton_server, refer
     jobs = [i % len(TEXTS) for i in range(96)]
     with cf.ThreadPoolExecutor(24) as pool:
         outs = list(pool.map(lambda i: embed_text(triton_server.grpc_url, "minilm", [TEXTS[i]])[0], jobs))
-    for i, out in zip(jobs, outs):
+    for i, out in zip(jobs, outs, strict=True):
         assert float(out @ want[i]) >= 0.999
     after = kit_counters(url, "minilm")
-    texts, subs = (after.get(name, 0.0) - b for name, b in zip(names, before))
+    texts, subs = (after.get(name, 0.0) - b for name, b in zip(names, before, strict=True))
     assert texts == 96 and subs < texts, (texts, subs)  # texts of different requests shared encoder calls
 
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
@@ -63,7 +63,7 @@ def test_batches_under_load_and_each_caller_gets_its_vector() -> None:
         async with MicroBatcher(fake, max_batch=16, max_wait_s=0.01, max_in_flight=2) as mb:
             texts = [f"text-{i}" * (i % 5 + 1) for i in range(200)]
             results = await asyncio.gather(*(mb.embed(t) for t in texts))
-        for text, result in zip(texts, results):
+        for text, result in zip(texts, results, strict=True):
             assert result.tolist() == vec(text)
         sizes = [len(b) for b in fake.batches]
         assert sum(sizes) == 200 and max(sizes) <= 16
@@ -219,7 +219,7 @@ def test_input_error_only_reaches_the_bad_text() -> None:
         async with MicroBatcher(fake, max_batch=8, max_in_flight=1) as mb:
             texts = ["a", "b", "BAD", "c", "d", "e"]
             results = await asyncio.gather(*(mb.embed(t) for t in texts), return_exceptions=True)
-        for text, result in zip(texts, results):
+        for text, result in zip(texts, results, strict=True):
             if text == "BAD":
                 assert isinstance(result, InputError)
             else:

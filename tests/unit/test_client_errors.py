@@ -4,8 +4,16 @@ from __future__ import annotations
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from bge_triton.client.errors import (InputError, KitError, ModelConfigError, Overloaded, ServerUnavailable,
-                                      classify, is_retryable, status_code)
+from bge_triton.client.errors import (
+    InputError,
+    KitError,
+    ModelConfigError,
+    Overloaded,
+    ServerUnavailable,
+    classify,
+    is_retryable,
+    status_code,
+)
 
 # What the text endpoint answers when its encoder is overloaded (text_core.encoder_error).
 ENCODER_OVERLOADED = ("encoder bge_large_zh_onnx is overloaded: Exceeds maximum queue size; retry with backoff, "
@@ -14,8 +22,9 @@ ENCODER_OVERLOADED = ("encoder bge_large_zh_onnx is overloaded: Exceeds maximum 
 
 @pytest.mark.parametrize("status, code", [("StatusCode.UNAVAILABLE", "UNAVAILABLE"), ("503", "UNAVAILABLE"),
                                           ("400", "INVALID_ARGUMENT"), ("500", "INTERNAL"),
-                                          ("StatusCode.INVALID_ARGUMENT", "INVALID_ARGUMENT"), ("429", "RESOURCE_EXHAUSTED"),
-                                          ("504", "DEADLINE_EXCEEDED"), (None, None), ("", None)])
+                                          ("StatusCode.INVALID_ARGUMENT", "INVALID_ARGUMENT"),
+                                          ("429", "RESOURCE_EXHAUSTED"), ("504", "DEADLINE_EXCEEDED"),
+                                          (None, None), ("", None)])
 def test_status_code_reads_grpc_and_http(status, code) -> None:
     assert status_code(InferenceServerException("m", status=status)) == code
 

@@ -8,8 +8,8 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Iterator
 from concurrent import futures
-from typing import Iterator
 
 import grpc
 import numpy as np
@@ -18,8 +18,15 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from bge_triton.client import AsyncEmbeddingClient, EmbeddingClient, InputError, ModelConfigError, Overloaded, RetryPolicy
-from bge_triton.client import ServerUnavailable
+from bge_triton.client import (
+    AsyncEmbeddingClient,
+    EmbeddingClient,
+    InputError,
+    ModelConfigError,
+    Overloaded,
+    RetryPolicy,
+    ServerUnavailable,
+)
 from bge_triton.client.cli import main as cli_main
 
 DIM = 4
@@ -67,18 +74,18 @@ class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
         self.delay_s = 0.0
         self.lock = threading.Lock()
 
-    def ServerReady(self, request, context):  # noqa: N802 - gRPC method name
+    def ServerReady(self, request, context):
         return service_pb2.ServerReadyResponse(ready=True)
 
-    def ModelReady(self, request, context):  # noqa: N802
+    def ModelReady(self, request, context):
         return service_pb2.ModelReadyResponse(ready=request.name == "fake")
 
-    def ModelConfig(self, request, context):  # noqa: N802
+    def ModelConfig(self, request, context):
         if request.name != "fake":
             context.abort(grpc.StatusCode.NOT_FOUND, f"Request for unknown model: '{request.name}' is not found")
         return service_pb2.ModelConfigResponse(config=text_format.Parse(CONFIG, mc.ModelConfig()))
 
-    def ModelInfer(self, request, context):  # noqa: N802
+    def ModelInfer(self, request, context):
         with self.lock:
             failure = self.failures.pop(0) if self.failures else None
         if failure:
@@ -247,7 +254,7 @@ def test_micro_batcher_over_async_client(fake) -> None:
                 assert mb.max_batch == 4  # clamped to the server's max_batch_size
                 texts = [f"caller {i}" for i in range(50)]
                 results = await asyncio.gather(*(mb.embed(t) for t in texts))
-        for text, vec in zip(texts, results):
+        for text, vec in zip(texts, results, strict=True):
             assert vec.tolist() == fake_vector(text)
 
     asyncio.run(main())

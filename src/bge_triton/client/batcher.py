@@ -15,30 +15,30 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-from typing import Any, Awaitable, Callable, Sequence
-
-import numpy as np
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Generic, TypeVar
 
 from bge_triton.client.core import prepare_texts
 from bge_triton.client.errors import InputError, KitError, Overloaded
 
 __all__ = ["MicroBatcher"]
 
-EmbedFn = Callable[[Sequence[str]], Awaitable[Sequence[Any]]]  # one row per text: a vector, or e.g. (vector, tokens)
+Row = TypeVar("Row")  # what embed_fn answers per text: a vector, or e.g. (vector, tokens)
+EmbedFn = Callable[[Sequence[str]], Awaitable[Sequence[Row]]]  # one row per text, in order
 
 
 @dataclasses.dataclass
-class _Item:
+class _Item(Generic[Row]):
     text: str
-    future: asyncio.Future
+    future: asyncio.Future[Row]
     enqueued: float
 
 
-class MicroBatcher:
-    """`await batcher.embed(text)` -> float32 [dim] (the text's row of `embed_fn(texts)`, the function that
-    sends each batch)."""
+class MicroBatcher(Generic[Row]):
+    """`await batcher.embed(text)` -> the text's row of `embed_fn(texts)` (the function that sends each
+    batch): a float32 [dim] vector for the SDK's embed_documents."""
 
-    def __init__(self, embed_fn: EmbedFn, *, max_batch: int = 32, max_wait_s: float = 0.005,
+    def __init__(self, embed_fn: EmbedFn[Row], *, max_batch: int = 32, max_wait_s: float = 0.005,
                  max_queue: int = 1024, max_in_flight: int = 2, queue_timeout_s: float | None = None,
                  isolate_input_errors: bool = True) -> None:
         if max_batch < 1 or max_queue < 1 or max_in_flight < 1 or max_wait_s < 0:
@@ -48,17 +48,17 @@ class MicroBatcher:
         self.max_batch, self.max_wait_s, self.max_queue = max_batch, max_wait_s, max_queue
         self.max_in_flight, self.queue_timeout_s = max_in_flight, queue_timeout_s
         self.isolate_input_errors = isolate_input_errors
-        self._pending: collections.deque[_Item] = collections.deque()
+        self._pending: collections.deque[_Item[Row]] = collections.deque()
         self._space: asyncio.Semaphore | None = None
         self._changed: asyncio.Event | None = None
-        self._runner: asyncio.Task | None = None
-        self._tasks: set[asyncio.Task] = set()
+        self._runner: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
         self._in_flight = 0
         self._closing = False
         self.batch_sizes: collections.Counter[int] = collections.Counter()
 
     # -- caller side ------------------------------------------------------------------------
-    async def embed(self, text: str) -> np.ndarray:
+    async def embed(self, text: str) -> Row:
         """Embed one text through the shared batches; raises what the text's batch raised."""
         prepare_texts([text])  # an invalid text fails its own caller only, before queueing
         self._start()
@@ -73,7 +73,8 @@ class MicroBatcher:
         if self._closing:
             self._space.release()
             raise KitError("MicroBatcher closed while this text waited for room; create a new one")
-        item = _Item(text, asyncio.get_running_loop().create_future(), asyncio.get_running_loop().time())
+        loop = asyncio.get_running_loop()
+        item: _Item[Row] = _Item(text, loop.create_future(), loop.time())
         self._pending.append(item)
         self._changed.set()
         return await item.future  # cancelling the caller cancels the future: dropped or discarded
@@ -103,7 +104,7 @@ class MicroBatcher:
             self._runner.cancel()
             await asyncio.gather(self._runner, return_exceptions=True)
 
-    async def __aenter__(self) -> "MicroBatcher":
+    async def __aenter__(self) -> MicroBatcher[Row]:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -122,9 +123,9 @@ class MicroBatcher:
             self._pending.popleft()
             self._space.release()
 
-    def _take(self) -> list[_Item]:
+    def _take(self) -> list[_Item[Row]]:
         assert self._space is not None
-        batch: list[_Item] = []
+        batch: list[_Item[Row]] = []
         while self._pending and len(batch) < self.max_batch:
             item = self._pending.popleft()
             self._space.release()
@@ -175,7 +176,7 @@ class MicroBatcher:
                     item.future.set_exception(err)
             raise
 
-    async def _dispatch(self, batch: list[_Item]) -> None:
+    async def _dispatch(self, batch: list[_Item[Row]]) -> None:
         assert self._changed is not None
         try:
             try:
@@ -191,22 +192,22 @@ class MicroBatcher:
                 err = KitError("MicroBatcher was closed while this text was in flight; retry on a new batcher")
                 _fail(batch, err)
                 raise
-            except Exception as exc:  # noqa: BLE001 - handed to exactly this batch's callers
+            except Exception as exc:  # handed to exactly this batch's callers
                 _fail(batch, exc)
             else:
-                for item, vector in zip(batch, vectors):
+                for item, vector in zip(batch, vectors, strict=True):
                     if not item.future.done():
                         item.future.set_result(vector)
         finally:
             self._in_flight -= 1
             self._changed.set()
 
-    async def _dispatch_one(self, item: _Item) -> None:
+    async def _dispatch_one(self, item: _Item[Row]) -> None:
         if item.future.done():
             return
         try:
             vector = (await self._embed_fn([item.text]))[0]
-        except Exception as exc:  # noqa: BLE001 - this caller's own error
+        except Exception as exc:  # this caller's own error
             _fail([item], exc)
         else:
             if not item.future.done():
@@ -220,7 +221,7 @@ class MicroBatcher:
                 "sizes": dict(sorted(self.batch_sizes.items()))}
 
 
-def _fail(batch: Sequence[_Item], exc: BaseException) -> None:
+def _fail(batch: Sequence[_Item[Any]], exc: BaseException) -> None:
     for item in batch:
         if not item.future.done():
             item.future.set_exception(exc)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from bge_triton.client.core import ClientSettings
 from bge_triton.client.errors import KitError
@@ -58,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         texts = [line.rstrip("\n") for line in sys.stdin if line.strip()] if args.texts == ["-"] else args.texts
         with client:
             vectors = client.embed_queries(texts) if args.query else client.embed_documents(texts)
-        for text, vector in zip(texts, vectors):
+        for text, vector in zip(texts, vectors, strict=True):
             print(json.dumps({"text": text, "dim": len(vector),
                               "embedding": [round(float(x), args.digits) for x in vector]}, ensure_ascii=False))
         return 0

@@ -9,9 +9,10 @@ import asyncio
 import dataclasses
 import random
 import time
-from typing import Awaitable, Callable, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import NoReturn, TypeVar
 
-from bge_triton.client.errors import classify, is_retryable
+from bge_triton.client.errors import KitError, classify, is_retryable
 
 __all__ = ["RetryPolicy", "RetryBudget", "call_with_retry", "acall_with_retry"]
 
@@ -30,7 +31,7 @@ class RetryPolicy:
     budget_tokens: float = 10.0  # client-wide RetryBudget (0 = no budget: every call may use max_attempts)
     budget_ratio: float = 0.1
 
-    def make_budget(self) -> "RetryBudget | None":
+    def make_budget(self) -> RetryBudget | None:
         """The client-wide retry throttle this policy asks for (None when budget_tokens is 0)."""
         return RetryBudget(self.budget_tokens, self.budget_ratio) if self.budget_tokens > 0 else None
 
@@ -39,7 +40,7 @@ class RetryPolicy:
             raise ValueError(f"bad RetryPolicy {self}: need max_attempts >= 1, backoffs >= 0, total_s > 0")
 
     @classmethod
-    def off(cls) -> "RetryPolicy":
+    def off(cls) -> RetryPolicy:
         """One attempt, no retry."""
         return cls(max_attempts=1)
 
@@ -87,7 +88,7 @@ class RetryBudget:
         return self.tokens > self.max_tokens / 2
 
 
-def _give_up(err, attempt: int, exc: BaseException, throttled: bool):
+def _give_up(err: KitError, attempt: int, exc: BaseException, throttled: bool) -> NoReturn:
     if attempt > 1 or throttled:
         why = "retry budget exhausted: the server is overloaded" if throttled else f"gave up after {attempt} attempts"
         err.args = (f"{err.args[0]} ({why})",) if err.args else err.args
@@ -117,7 +118,7 @@ def call_with_retry(fn: Callable[[float], T], policy: RetryPolicy, timeout_s: fl
         attempt += 1
         try:
             result = fn(policy.attempt_timeout(timeout_s, clock() - start))
-        except BaseException as exc:  # noqa: BLE001 - classified and re-raised below
+        except BaseException as exc:  # classified and re-raised below
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
             sleep(_next_delay_or_raise(exc, policy, attempt, clock() - start, budget, where, timeout_s))
@@ -138,7 +139,7 @@ async def acall_with_retry(fn: Callable[[float], Awaitable[T]], policy: RetryPol
             result = await fn(policy.attempt_timeout(timeout_s, clock() - start))
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # noqa: BLE001 - classified and re-raised below
+        except Exception as exc:  # classified and re-raised below
             await asyncio.sleep(_next_delay_or_raise(exc, policy, attempt, clock() - start, budget, where,
                                                      timeout_s))
         else:

@@ -9,6 +9,7 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from bge_triton.client.core import OUTPUT, TOKEN_COUNT, InferCall
 from bge_triton.client.errors import KitError
@@ -38,7 +39,7 @@ def build_outputs(module: ModuleType, names: tuple[str, ...] = (OUTPUT,)) -> lis
     return [module.InferRequestedOutput(name) for name in names]
 
 
-def raw_contents(dtype: str, arr: np.ndarray) -> bytes:
+def raw_contents(dtype: str, arr: NDArray[Any]) -> bytes:
     """One input tensor in Triton's raw wire format: BYTES as 4-byte little-endian length + bytes per
     element (row-major), every other datatype as its contiguous little-endian buffer."""
     if dtype == "BYTES":
@@ -114,7 +115,7 @@ def http_request(call: InferCall) -> tuple[bytes, int]:
     request: dict[str, Any] = {
         "inputs": [{"name": name, "shape": [int(d) for d in arr.shape], "datatype": dtype,
                     "parameters": {"binary_data_size": len(raw)}}
-                   for (name, dtype, arr), raw in zip(call.inputs, raws)],
+                   for (name, dtype, arr), raw in zip(call.inputs, raws, strict=True)],
         "outputs": [{"name": name, "parameters": {"binary_data": True}} for name in call.outputs],
     }
     if parameters:
@@ -123,7 +124,7 @@ def http_request(call: InferCall) -> tuple[bytes, int]:
     return b"".join([header, *raws]), len(header)
 
 
-def decode_embeddings(result: Any, rows: int, dim: int) -> np.ndarray:
+def decode_embeddings(result: Any, rows: int, dim: int) -> NDArray[Any]:
     """Read `embedding` from an InferResult and check it is float32 [rows, dim]."""
     arr = result.as_numpy(OUTPUT)
     if arr is None:
@@ -135,7 +136,7 @@ def decode_embeddings(result: Any, rows: int, dim: int) -> np.ndarray:
     return arr
 
 
-def decode_token_counts(result: Any, rows: int) -> np.ndarray:
+def decode_token_counts(result: Any, rows: int) -> NDArray[Any]:
     """Read `token_count` (INT32 [rows, 1]) from an InferResult: int32 [rows]."""
     arr = result.as_numpy(TOKEN_COUNT)
     if arr is None:

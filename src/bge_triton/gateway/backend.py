@@ -23,6 +23,7 @@ __all__ = ["Backend", "TritonBackend"]
 
 log = logging.getLogger("bge_triton.gateway")
 CANARY_TEXT = "ready"
+Row = tuple[NDArray[Any], int, Timing | None]  # one text's answer through the MicroBatcher
 
 
 class Backend(Protocol):
@@ -59,7 +60,7 @@ class TritonBackend:
         self.last_ok = float("-inf")
         self.last_error = "no canary has run yet"
         self._canary: asyncio.Task[None] | None = None
-        self._batchers: dict[tuple[int, bool, str], MicroBatcher] = {}  # (priority, truncate, direction) -> batcher
+        self._batchers: dict[tuple[int, bool, str], MicroBatcher[Row]] = {}  # (priority, truncate, direction) -> one
 
     @property
     def dim(self) -> int:
@@ -113,12 +114,12 @@ class TritonBackend:
         vectors, counts = await self.client.embed_with_counts(texts, truncate=truncate, priority=priority)
         return vectors, counts, None
 
-    def _batcher(self, priority: int, truncate: bool, direction: str) -> MicroBatcher:
+    def _batcher(self, priority: int, truncate: bool, direction: str) -> MicroBatcher[Row]:
         """The MicroBatcher of one (priority, truncate, direction): only texts Triton treats alike share a call."""
         key = (priority, truncate, direction)
         batcher = self._batchers.get(key)
         if batcher is None:
-            async def embed(texts: Sequence[str]) -> list[tuple[NDArray[Any], int, Timing | None]]:
+            async def embed(texts: Sequence[str]) -> list[Row]:
                 vectors, counts, timing = await self._call(texts, priority, truncate, direction)
                 return [(v, c, timing) for v, c in zip(vectors, counts.tolist(), strict=True)]  # one row per caller
 
@@ -139,7 +140,7 @@ class TritonBackend:
         self.in_flight += 1
         try:
             if shared:
-                row: Any = await self._batcher(priority, truncate, direction).embed(texts[0])
+                row = await self._batcher(priority, truncate, direction).embed(texts[0])
                 out = row[0][None, :], np.array([row[1]], dtype=np.int32), row[2]
             else:
                 out = await self._call(texts, priority, truncate, direction)

@@ -14,8 +14,9 @@ import starlette  # noqa: F401 - the extra this test needs
 from starlette.testclient import TestClient
 
 from bge_triton.client.core import Timing
+from bge_triton.client.errors import classify
 from bge_triton.client.tokens import _load
-from bge_triton.errors import InputError, Overloaded, ServerUnavailable
+from bge_triton.errors import InputError, Overloaded, ServerUnavailable, Timeout
 from bge_triton.gateway import GatewaySettings, create_app
 from bge_triton.gateway.texts import TextPreparer
 
@@ -362,6 +363,23 @@ def test_overload_unreachable_and_input_errors_from_triton(gw) -> None:
     assert "127.0.0.1" not in r.text and "python -m" not in r.text
     backend.fail = None
     assert post(client, {"model": "minilm", "input": "x"}).status_code == 200  # the gateway is untouched
+
+
+def test_a_timeout_is_504_by_its_type_not_its_text(gw) -> None:
+    """The SDK's Timeout (what classify makes of a passed deadline) answers 504 on both APIs, without the SDK's
+    words; a ServerUnavailable that merely says "timeout" stays 503: the type decides, not the message."""
+    client, backend = gw
+    backend.fail = classify(TimeoutError("timed out"), "infer 'minilm' (1 texts) at 127.0.0.1:37649", 30.0)
+    assert isinstance(backend.fail, Timeout)
+    err = assert_error(post(client, {"model": "minilm", "input": "x"}), 504, "timeout")
+    assert err["type"] == "server_error" and "127.0.0.1" not in err["message"] and "timeout_s" not in err["message"]
+    assert "retry-after" not in post(client, {"model": "minilm", "input": "x"}).headers  # a deadline: not retried
+    r = post(client, {"inputs": "x"}, "/embed")
+    assert r.status_code == 504 and r.json()["error_type"] == "Backend" and "127.0.0.1" not in r.text
+    backend.fail = ServerUnavailable("infer at 127.0.0.1:37649: no answer within timeout_s=30.0 (not a Timeout)")
+    assert_error(post(client, {"model": "minilm", "input": "x"}), 503, "triton_unavailable")
+    backend.fail = None
+    assert post(client, {"model": "minilm", "input": "x"}).status_code == 200
 
 
 def test_models_health_ready_metrics(gw) -> None:

@@ -11,7 +11,7 @@ import logging
 import re
 from typing import Any
 
-from bge_triton.errors import InputError, KitError, ModelConfigError, Overloaded, ServerUnavailable
+from bge_triton.errors import InputError, KitError, ModelConfigError, Overloaded, ServerUnavailable, Timeout
 
 __all__ = ["GatewayError", "BadRequest", "KINDS", "bad_request", "too_large", "unknown_model", "unauthorized",
            "rate_limited", "overloaded", "from_kit_error", "openai_body", "tei_body"]
@@ -62,7 +62,7 @@ class GatewayError(KitError):
 
     @property
     def type(self) -> str:
-        return KINDS[self.kind][2]  # noqa: RUF100
+        return KINDS[self.kind][2]
 
     @property
     def headers(self) -> dict[str, str]:
@@ -154,10 +154,10 @@ def from_kit_error(err: KitError, retry_after_s: int, tei: bool = False, rows: i
     if isinstance(err, Overloaded):
         return overloaded("The model is overloaded (its queue is full); retry after the Retry-After seconds",
                           retry_after_s)
+    if isinstance(err, Timeout):  # the SDK's deadline passed (a ServerUnavailable, so tested first)
+        return GatewayError("The model did not answer within the gateway's timeout; retry with fewer texts",
+                            kind="timeout", code="timeout")
     if isinstance(err, ServerUnavailable):
-        if "no answer within timeout_s" in text:
-            return GatewayError("The model did not answer within the gateway's timeout; retry with fewer texts",
-                                kind="timeout", code="timeout")
         return GatewayError("The model server is unreachable; retry after the Retry-After seconds",
                             kind="unavailable", code="triton_unavailable", retry_after_s=retry_after_s)
     if isinstance(err, ModelConfigError):

@@ -1,6 +1,6 @@
 """What the gateway benchmarks (gateway_bench, gateway_priority) share: their texts, one local
-tritonserver, one gateway process in front of it (started, awaited on /ready, stopped by pid),
-the CSV writer and the one shape of their main(): flags -> run in a temp dir -> report -> print.
+tritonserver, one gateway process in front of it (started, awaited on /ready, stopped by pid)
+and the one shape of their main(): flags -> run in a temp dir -> report -> print (CSV: report.write_csv).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-__all__ = ["texts", "local_server", "gateway_process", "write_csv", "bench_main"]
+__all__ = ["texts", "local_server", "gateway_process", "bench_main"]
 
 GATEWAY_READY_S = 120.0
 # The benches measure the gateway, not its admission limit: a deep one keeps 503s out of the numbers.
@@ -81,13 +81,6 @@ def _await_ready(proc: subprocess.Popen, url: str, log: Path) -> None:
             pass
         time.sleep(0.2)
     raise SystemExit(f"gateway not ready within {GATEWAY_READY_S:.0f} s: {log.read_text()[-2000:]}")
-
-
-def write_csv(path: Path, rows: list[dict[str, str]], fields: list[str], command: str) -> None:
-    """report.write_csv in this module's old argument order (gateway_stall calls it so); use report.write_csv."""
-    from bge_triton.loadtest.report import write_csv as write
-
-    write(rows, fields, path, command)
 
 
 def bench_main(module: str, parser: argparse.ArgumentParser, argv: Sequence[str] | None,

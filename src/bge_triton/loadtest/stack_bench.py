@@ -23,7 +23,6 @@ from bge_triton.errors import KitError
 from bge_triton.extras import require
 from bge_triton.loadtest import corpus, stack_client, stack_raw
 from bge_triton.loadtest.report import machine_line
-from bge_triton.loadtest.report import machine_line as machine  # noqa: F401  (gateway_stall imports it here)
 from bge_triton.loadtest.stack_report import StackResults, write_report
 from bge_triton.loadtest.stack_setup import (
     StackSettings,

@@ -6,9 +6,10 @@ Runs exactly as `kubectl kustomize deploy/k8s/base` renders it: every container'
 mounts, the pod and container securityContext (runAsUser/runAsGroup, readOnlyRootFilesystem, dropped
 capabilities), init containers before the main one, the ConfigMap (canary.sh) and the two key Secrets.
 Checked: the export init container completes (kube play fails when an init container fails), the Triton
-pod's startup probe path answers and its readiness command (canary.sh, run with `podman exec` in the container,
-with the container's env) passes, the admin API refuses a call without its key, the root filesystem is
-read-only, and the gateway answers an embedding with its key and 401 without one.
+pod's startup command (verify-ready.sh: the served model against its export's reference vectors) and readiness
+command (canary.sh), run with `podman exec` in the container with the container's env, pass, the admin API
+refuses a call without its key, the root filesystem is read-only, and the gateway answers an embedding with its
+key and 401 without one.
 
 What the test changes, and why (each change is made in `adapt()` below, nothing else is):
 - the images: the locally built ones; the GPU resource requests are stripped (none in the base; the gpu overlay
@@ -335,7 +336,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
         play(files["triton"])  # returns after the init containers
         timings["triton pod: kube play (export + cpu variant init containers)"] = time.monotonic() - t0
         wait_http(f"http://127.0.0.1:{triton_port}/v2/health/ready", state["triton_ctr"],
-                  lambda s, _: s == 200, "Triton ready (/v2/health/ready, the startup probe)")
+                  lambda s, _: s == 200, "Triton ready (/v2/health/ready)")
         timings["triton pod: ready after kube play"] = time.monotonic() - t0
         gateway_pod["hostAliases"] = [{"ip": pod_ip(f"{triton['metadata']['name']}-pod-0"), "hostnames": ["triton"]}]
         files["gateway"].write_text(dump([*configmaps, gateway]))
@@ -378,14 +379,16 @@ def test_export_init_container_completed_and_triton_serves_the_export(cluster: d
     assert touch.returncode != 0 and "Read-only file system" in touch.stderr
 
 
-def test_triton_readiness_command_passes(cluster: dict) -> None:
-    """The pod's readinessProbe exec command (canary.sh from the ConfigMap), in the container, with its env."""
+def test_triton_probe_commands_pass(cluster: dict) -> None:
+    """The pod's startupProbe (verify-ready.sh: the served model against its export's reference vectors) and
+    readinessProbe (canary.sh, from the ConfigMap) exec commands, in the container, with its env, in that order."""
     server = next(c for c in cluster["triton"]["spec"]["template"]["spec"]["containers"] if c["name"] == "triton")
-    command = server["readinessProbe"]["exec"]["command"]
-    proc = subprocess.run(["podman", "exec", cluster["triton_ctr"], *command], capture_output=True, text=True,
-                          timeout=server["readinessProbe"]["timeoutSeconds"] * 4)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"embeddings of {MODEL_DIM} dims from bge_large_zh" in proc.stdout
+    for kind, says in (("startupProbe", ""), ("readinessProbe", f"embeddings of {MODEL_DIM} dims from bge_large_zh")):
+        probe = server[kind]
+        proc = subprocess.run(["podman", "exec", cluster["triton_ctr"], *probe["exec"]["command"]],
+                              capture_output=True, text=True, timeout=probe["timeoutSeconds"] * 4)
+        assert proc.returncode == 0, f"{kind}: {proc.stdout}{proc.stderr}"
+        assert says in proc.stdout, proc.stdout
 
 
 def test_gateway_answers_with_its_key_only(cluster: dict) -> None:

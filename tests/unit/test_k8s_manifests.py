@@ -125,7 +125,15 @@ def test_triton_pod_matches_the_compose_deployment(gpu: list[dict]) -> None:
 def test_probes_see_a_dead_model_not_only_the_health_endpoint(gpu: list[dict]) -> None:
     triton = one(gpu, "Deployment", "triton")
     server = container(triton, "triton")
-    assert server["startupProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
+    # start-up: Triton ready AND the served model verified against its export's reference vectors
+    verify = server["startupProbe"]["exec"]["command"]
+    assert verify[0] == "sh" and server["startupProbe"]["timeoutSeconds"] >= 15  # docs/export.md: >= 15 s
+    dockerfile = (REPO / "deploy" / "Dockerfile.server").read_text()
+    (copied,) = [line for line in dockerfile.splitlines() if line.startswith("COPY") and "verify-ready.sh" in line]
+    assert copied.split()[-1].rstrip("/") == str(Path(verify[1]).parent)  # the image carries the script there
+    assert (REPO / "deploy" / Path(verify[1]).name).is_file()
+    e = env(server)
+    assert e["VERIFY_MODEL"] == TEXT.name and _mount_of(server, e["VERIFY_REPOSITORY"])["mountPath"] == "/models"
     for kind in ("readinessProbe", "livenessProbe"):
         assert server[kind]["exec"]["command"] == ["sh", "/canary/canary.sh"]
     (mount,) = [m for m in server["volumeMounts"] if m["mountPath"] == "/canary"]
@@ -350,7 +358,7 @@ def _mount_of(c: dict, path: str) -> dict | None:
 
 # flags and env of the kit's commands that name a path the command writes
 WRITTEN_FLAGS = ("--repository", "--cache-dir", "--out", "--csv")
-WRITTEN_ENV = ("HOME", "HF_HOME")
+WRITTEN_ENV = ("HOME", "HF_HOME", "VERIFY_STATE_DIR")
 
 
 def test_every_path_a_container_writes_is_a_writable_volume(gpu: list[dict], loadtest: list[dict],

@@ -90,7 +90,8 @@ def ensure_export(s: DemoSettings, model: str) -> dict:
     report_path = s.repository / f"{s.name}_onnx" / "1" / "export_report.json"
     if report_path.exists() and not s.force_export:
         report = json.loads(report_path.read_text())
-        if report.get("model") == model and report.get("precision") == s.precision:
+        fresh = (report_path.parent / "reference.json").exists()  # exports before the verify probes lack it
+        if report.get("model") == model and report.get("precision") == s.precision and fresh:
             print(f"reusing export in {s.repository} (--force-export to redo)")
             from bge_triton.server.repository import install_text_endpoint
 
@@ -101,7 +102,9 @@ def ensure_export(s: DemoSettings, model: str) -> dict:
 
     t0 = time.perf_counter()
     code = export_main(["--model", model, "--repository", str(s.repository), "--name", s.name,
-                        "--precision", s.precision])
+                        "--precision", s.precision,
+                        # served here by the kit's own ONNX Runtime: INT8 may use the faster nbits8 graph
+                        "--server-onnxruntime", "local"])
     if code != 0:
         raise ExportError(f"export of {model} failed (exit {code}); see the table above")
     print(f"export took {time.perf_counter() - t0:.0f} s")
@@ -166,12 +169,17 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"embedded {len(SENTENCES)} sentences in {1000 * (time.perf_counter() - t0):.0f} ms "
                       f"({model}, {report.get('precision')}, pooling {report.get('pooling')})")
             show(vectors, synthetic)
+            from bge_triton.verify import check
+
+            verdict = check(srv.grpc_url, s.name, repository=s.repository, protocol="grpc")
+            print(f"\nverify against the export's reference vectors: {verdict.message}")
+            if not verdict.ok:
+                raise KitError(f"the served model does not reproduce its export: {verdict.message}")
             print(f"\nTriton statistics {s.name}: {batch_stats(srv.grpc_url, s.name)}")
+            print(f"Triton statistics {s.name}_onnx: {batch_stats(srv.grpc_url, f'{s.name}_onnx')}")
             if encoder_mode(srv.grpc_url, s.name) == "inprocess":
-                print(f"{s.name}_onnx: not called; the CPU stand-in's text endpoint runs model.onnx in-process "
-                      f"(on the GPU it calls {s.name}_onnx through BLS)")
-            else:
-                print(f"Triton statistics {s.name}_onnx: {batch_stats(srv.grpc_url, f'{s.name}_onnx')}")
+                print(f"(the CPU stand-in's text endpoint runs model.onnx in-process; {s.name}_onnx served only "
+                      f"verify's encoder probes here; on the GPU the text endpoint calls it through BLS)")
         print("\nserver stopped." + ("  (SYNTHETIC weights were served)" if synthetic else ""))
         return 0
     except KitError as exc:

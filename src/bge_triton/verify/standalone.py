@@ -271,13 +271,18 @@ class HttpJson:
         except VerifyError:
             return False
 
+    def _timeout(self) -> dict:
+        """Triton's per-request timeout (microseconds, allow_timeout_override): the long probes of a large model
+        on a busy CPU outlast the text endpoint's default 5 s queue timeout; a verdict must not depend on load."""
+        return {"timeout": int(self.timeout_s * 1e6)}
+
     def encoder_of(self, model: str) -> str | None:
         params = self._call(f"/v2/models/{model}/config").get("parameters", {})
         return params.get("onnx_model", {}).get("string_value") or None
 
     def embed_texts(self, model: str, texts: list[str]) -> tuple[np.ndarray, list[int] | None]:
         body = {"inputs": [{"name": "text", "shape": [len(texts), 1], "datatype": "BYTES", "data": texts}],
-                "outputs": [{"name": "embedding"}, {"name": "token_count"}]}
+                "outputs": [{"name": "embedding"}, {"name": "token_count"}], "parameters": self._timeout()}
         out = {o["name"]: o for o in self._call(f"/v2/models/{model}/infer", body)["outputs"]}
         emb = np.asarray(out["embedding"]["data"], dtype=np.float32).reshape(out["embedding"]["shape"])
         counts = [int(x) for x in out["token_count"]["data"]] if "token_count" in out else None
@@ -287,7 +292,7 @@ class HttpJson:
         n = len(input_ids)
         body = {"inputs": [{"name": "input_ids", "shape": [1, n], "datatype": "INT64", "data": input_ids},
                            {"name": "attention_mask", "shape": [1, n], "datatype": "INT64", "data": [1] * n}],
-                "outputs": [{"name": "embedding"}]}
+                "outputs": [{"name": "embedding"}], "parameters": self._timeout()}
         out = self._call(f"/v2/models/{encoder}/infer", body)["outputs"][0]
         return np.asarray(out["data"], dtype=np.float32).reshape(out["shape"])
 

@@ -69,7 +69,10 @@ class TritonTransport:
 
     def _infer(self, model: str, inputs: list, outputs: list[str]):
         req = [self.mod.InferRequestedOutput(name) for name in outputs]
-        kwargs = {"client_timeout": self.timeout_s} if self.protocol == "grpc" else {}
+        kwargs: dict = {"client_timeout": self.timeout_s} if self.protocol == "grpc" else {}
+        # the server-side request timeout too (allow_timeout_override): the long probes of a large model on a
+        # busy CPU outlast the text endpoint's default 5 s queue timeout, and a verdict must not depend on load
+        kwargs["timeout"] = int(self.timeout_s * 1e6)
         return self._call(f"inference on {model}", self.client.infer, model, inputs, outputs=req, **kwargs)
 
     def embed_texts(self, model: str, texts: list[str]) -> tuple[np.ndarray, list[int] | None]:

@@ -12,7 +12,8 @@
 # Settings (environment): TAG (local), TRITON_IMAGE, PYTHON_IMAGE (the bases; default the real names, which the
 # stand-ins carry), TORCH_WHEELS (a directory holding torch-2.13.0+cpu for cp311: mounted into the exporter's
 # build as /wheels; default: the first find-links directory of this host's pip that holds one; none: the
-# PyTorch CPU index, the Dockerfile's default), TIMINGS (a file: one "image seconds bytes" line per image).
+# PyTorch CPU index, the Dockerfile's default), TIMINGS (a file: one "image seconds bytes" line per image),
+# BUILD_CONTEXT_DIR (/var/tmp/bge-triton-build-context, locked while a build runs).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 TAG=${TAG:-local}
@@ -25,7 +26,7 @@ for arg in "$@"; do
     --worktree) source=worktree ;;
     --tree=*) treeish=${arg#--tree=} ;;
     --here) source=here ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "build-images.sh: unknown argument $arg (use --worktree, --tree=TREEISH, --here or nothing)" >&2; exit 2 ;;
   esac
 done
@@ -35,7 +36,12 @@ for base in "$TRITON_IMAGE" "$PYTHON_IMAGE"; do
     "(or pull the real one)" >&2; exit 3; }
 done
 
-ctx=$(mktemp -d /tmp/bge-triton-context.XXXXXX)
+# One fixed context directory, one build at a time: podman's layer cache (buildah 1.28) keys a COPY on the context's
+# path as well as its content, so a fresh temporary directory per run would rebuild every image every time.
+ctx=${BUILD_CONTEXT_DIR:-/var/tmp/bge-triton-build-context}
+exec 9>"$ctx.lock"
+flock 9
+rm -rf "$ctx" && mkdir -p "$ctx"
 trap 'rm -rf "$ctx"' EXIT
 if [ "$source" = archive ]; then
   git -C "$repo" archive --format=tar "$treeish" | tar -x -C "$ctx"

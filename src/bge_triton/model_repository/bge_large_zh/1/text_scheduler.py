@@ -67,6 +67,7 @@ class Job:
     ended: float | None = None
     timeout_s: float = 0.0  # the request's own timeout (0 = the queue policy's)
     deadline: float = float("inf")
+    key: int = -1  # its unique number in the pool (Scheduler.jobs, the deadline heap)
     waiting: int = 0  # texts still in the pool
     done: bool = False  # answered, or being answered, by exactly one thread
     items: list[Item] = field(default_factory=list, repr=False)
@@ -300,7 +301,8 @@ class Scheduler:
         self.levels: dict[int, Level] = {}
         self.pending = 0  # texts waiting
         self.jobs: collections.OrderedDict[int, Job] = collections.OrderedDict()  # with texts waiting, by seq
-        self.deadlines: list[tuple[float, int, Job]] = []  # heap
+        # (deadline, job key): keys, not jobs, so an answered job is freed at once, not when its deadline passes
+        self.deadlines: list[tuple[float, int]] = []  # heap
         self.seq = itertools.count()
         self.running = 0  # sub-batches at the encoder
         self.bulk_running = 0
@@ -345,7 +347,7 @@ class Scheduler:
                     level.drop(it)
                     self.pending -= 1
             job.waiting = 0
-        self.jobs.pop(id(job), None)
+        self.jobs.pop(job.key, None)
         job.items = []
         return True
 
@@ -392,10 +394,11 @@ class Scheduler:
                     level.add(it)
                 job.waiting = len(ids)
                 self.pending += len(ids)
-                self.jobs[id(job)] = job
+                job.key = next(self.seq)
+                self.jobs[job.key] = job
                 if timeout:
                     job.deadline = now + timeout
-                    heapq.heappush(self.deadlines, (job.deadline, next(self.seq), job))
+                    heapq.heappush(self.deadlines, (job.deadline, job.key))
                 if 1 <= job.priority <= self.s.query_levels:
                     self.last_query = now
             if len(refused) < len(jobs):
@@ -419,8 +422,9 @@ class Scheduler:
         """Under the lock: requests with texts still waiting at their deadline fail UNAVAILABLE."""
         failed = []
         while self.deadlines and self.deadlines[0][0] <= now:
-            _, _, job = heapq.heappop(self.deadlines)
-            if job.done or not job.waiting:  # answered, or every text left for the encoder: not a queue timeout
+            _, key = heapq.heappop(self.deadlines)
+            job = self.jobs.get(key)
+            if job is None or job.done or not job.waiting:  # answered, or every text left: not a queue timeout
                 continue
             waited = now - (job.queued_at if job.queued_at is not None else now)
             limit = job.deadline - (job.queued_at or 0.0)
@@ -507,7 +511,7 @@ class Scheduler:
             job = it.job
             job.waiting -= 1
             if not job.waiting:
-                self.jobs.pop(id(job), None)
+                self.jobs.pop(job.key, None)
                 left.append(job)  # a job's texts all arrived together
         if left:
             with self.counters.lock:

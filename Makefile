@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test test-unit bench tune stack-bench chaos help compose-check gpu-wheels gpu-bench deploy-test images
+.PHONY: setup demo test lint test-unit bench tune stack-bench chaos help compose-check gpu-wheels gpu-bench deploy-test images
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -21,11 +21,15 @@ demo: setup  ## export BGE-Large-zh (or synthetic), start local Triton, embed, s
 	$(PY) -m bge_triton.demo
 	$(PY) -m bge_triton.cli bench seed --quick --executor costmodel --scenarios no_batching,static_32,dynamic_5ms,delay_0 --out reports/demo
 
-test: setup  ## the whole suite: unit + integration against a real local tritonserver
+test: setup lint  ## lint + types, then the whole suite: unit, integration (a real local tritonserver), deploy (podman)
 	$(PY) -m pytest
 
+lint: setup  ## ruff (rule set in pyproject.toml) and mypy (strict on client/, gateway/, the text endpoint's pure modules)
+	$(VENV)/bin/ruff check src tests deploy
+	$(VENV)/bin/mypy
+
 test-unit: setup  ## unit tests only (no server)
-	$(PY) -m pytest -m "not integration"
+	$(PY) -m pytest -m "not integration and not deploy"
 
 bench: setup  ## seed table on the local Triton (real CPU rows + EMULATED GPU rows), ~6 min; BENCH_ARGS=--quick ~2 min
 	$(PY) -m bge_triton.cli bench seed --out reports/bench $(BENCH_ARGS)

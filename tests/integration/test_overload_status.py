@@ -31,7 +31,8 @@ pytestmark = pytest.mark.integration
 CALLERS = 3  # = text-endpoint instances: three BLS calls in flight together
 BURST = 2 * CALLERS  # texts sent at once
 # `full` never times out (60 s), so its one way to turn a call away is the full queue.
-COPIES = {"full": dict(max_queue_size=1, queue_timeout_us=60_000_000), "slow": dict(max_queue_size=64, queue_timeout_us=100_000), "bad": {}}
+COPIES = {"full": dict(max_queue_size=1, queue_timeout_us=60_000_000),
+          "slow": dict(max_queue_size=64, queue_timeout_us=100_000), "bad": {}}
 
 
 def _clone(src_repo: Path, out: Path) -> Path:

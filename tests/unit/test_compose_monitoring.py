@@ -30,7 +30,9 @@ def test_dashboard_has_the_four_signals() -> None:
     assert uids == {"prometheus"}
     assert 'nv_inference_request_summary_us{model=~"$model",quantile="0.99"}' in exprs  # p99
     assert "nv_inference_queue_duration_us" in exprs  # queue time
-    assert "rate(kit_queue_duration_us_total{model=~\"$model\"}[$__rate_interval]) / rate(kit_queue_requests_total" in exprs  # the pool wait
+    # the pool wait
+    assert ("rate(kit_queue_duration_us_total{model=~\"$model\"}[$__rate_interval]) / "
+            "rate(kit_queue_requests_total") in exprs
     assert ("rate(nv_inference_count{model=~\"$model\"}[$__rate_interval]) / "
             "rate(nv_inference_exec_count{model=~\"$model\"}[$__rate_interval])") in exprs  # avg batch
     assert "nv_gpu_utilization" in exprs

@@ -82,8 +82,9 @@ def resolves(dotted: str) -> bool:
 def names_in(text: str) -> set[tuple[str, str]]:
     """(kind, name) pairs the text refers to: ('module', m), ('dotted', d), ('path', p)."""
     # a name ending in "." or an upper-case part is a placeholder (python -m bge_triton.<module>, ...loadtest.X)
+    # only the kit's own modules: `python -m pytest` / `pip` / `venv` are other projects' business
     found = {("module", m) for m in PYTHON_M.findall(text)
-             if not m.endswith(".") and not re.search(r"\.[A-Z]+(\.|$)", m)}
+             if m.split(".")[0] == "bge_triton" and not m.endswith(".") and not re.search(r"\.[A-Z]+(\.|$)", m)}
     for tick in TICKED.findall(text):
         m = DOTTED.match(tick.strip())
         if m:

@@ -16,8 +16,16 @@ from pathlib import Path
 from tritonclient.grpc import model_config_pb2 as mc
 
 from bge_triton.errors import ModelConfigError
-from bge_triton.server.repository import (Batching, apply_batching, iter_models, load_config, set_param,
-                                          set_text_settings, text_settings, write_config)
+from bge_triton.server.repository import (
+    Batching,
+    apply_batching,
+    iter_models,
+    load_config,
+    set_param,
+    set_text_settings,
+    text_settings,
+    write_config,
+)
 
 CPU_MODELS = Path(__file__).resolve().parent / "cpu_models"
 ONNX_MODEL_PY = CPU_MODELS / "onnx_model.py"
@@ -39,8 +47,9 @@ TEXT_BACKENDS = {"inprocess": CPU_MODELS / "encoder_inprocess.py"}
 #   instance such a request is taken at once, tokenized while the first instance's run holds the cores, and
 #   run as soon as it ends (ORT was busy 99% of a saturated window in a one-off instrumented run). The
 #   text endpoint's dispatcher holds the lock around each sub-batch (max_in_flight 1: one dispatcher, as
-#   ORT already uses every core). Without the lock, two instances oversubscribe the cores. Real CPU rows (reports/bench vs
-#   reports/bench/cpu_no_lock): delay 0 peak p99 131 vs 595 ms; text endpoint low-load p99 93 vs 128 ms.
+#   ORT already uses every core). Without the lock, two instances oversubscribe the cores. Real CPU rows
+#   (reports/bench vs reports/bench/cpu_no_lock): delay 0 peak p99 131 vs 595 ms; text endpoint low-load p99
+#   93 vs 128 ms.
 # - Sub-batches of at most 8 texts and 2048 tokens: ORT on CPU costs about 140 us per token from B=4 up,
 #   with almost no fixed cost per call, so bigger sub-batches only add padding; a split pays off from
 #   about 16 tokens of saved padding (split_overhead_tokens).

@@ -11,10 +11,11 @@ import functools
 import importlib.util
 import shutil
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Iterable
+from typing import Any
 
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
@@ -50,7 +51,8 @@ def load_config(path: Path | str) -> mc.ModelConfig:
     if path.is_dir():
         path = path / "config.pbtxt"
     if not path.is_file():
-        raise ModelConfigError(f"no config.pbtxt at {path}: export the model first (python -m bge_triton.export --help)")
+        raise ModelConfigError(f"no config.pbtxt at {path}: export the model first "
+                               "(python -m bge_triton.export --help)")
     return parse_config(path.read_text(encoding="utf-8"), str(path))
 
 
@@ -86,12 +88,14 @@ def set_param(cfg: mc.ModelConfig, key: str, value: object) -> None:
     cfg.parameters[key].string_value = str(value)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def text_core(model_dir: Path = TEXT_MODEL_DIR) -> ModuleType:
     """The shipped text_core module (settings, error kinds), imported by path: it is no package."""
     path = Path(model_dir) / "text_core.py"
     name = f"_bge_triton_text_core_{abs(hash(str(path)))}"
     spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ModelConfigError(f"cannot import the text endpoint's {path}: is the model repository complete?")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses resolve the module by name
     spec.loader.exec_module(module)

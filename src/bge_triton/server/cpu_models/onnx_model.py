@@ -6,7 +6,8 @@ dynamic_batching as the GPU config. Executor `costmodel` sleeps a + b*B*L micros
 share one emulated GPU: a file lock in the model's directory is held while a Triton batch "runs", so two
 instances overlap their hand-offs but not their compute, as two instances on one GPU do. With
 parameter cpu_lock "1", executor `onnxruntime` takes turns the same way through the repository's
-.cpu_compute.lock, shared with the text endpoint's in-process encoder, encoder_inprocess.py (ORT uses every core per run).
+.cpu_compute.lock, shared with the text endpoint's in-process encoder, encoder_inprocess.py
+(ORT uses every core per run).
 """
 import fcntl
 import json
@@ -119,7 +120,8 @@ class TritonPythonModel:
             return f"input_ids must be [batch, seq_len] with seq_len >= 1, got shape {list(ids.shape)}"
         if self.vocab_size and (ids.min() < 0 or ids.max() >= self.vocab_size):
             bad = int(ids.max() if ids.max() >= self.vocab_size else ids.min())
-            return f"token id {bad} is outside the vocabulary [0, {self.vocab_size}): tokenize with the model's tokenizer"
+            return (f"token id {bad} is outside the vocabulary [0, {self.vocab_size}): "
+                    "tokenize with the model's tokenizer")
         if mask.min() < 0 or mask.max() > 1:
             return "attention_mask must hold only 0 and 1"
         if (mask.sum(axis=1) == 0).any():

@@ -45,18 +45,27 @@ def local_server(repository: Path, variant: Any, state_dir: Path) -> Iterator[An
 
 
 @contextlib.contextmanager
-def gateway_process(grpc_url: str, log: Path, *, model: str, repository: Path,
-                    flags: Sequence[str] = ()) -> Iterator[tuple[subprocess.Popen, str]]:
+def gateway_process(grpc_url: str, log: Path, *, model: str, repository: Path | None = None,
+                    flags: Sequence[str] = (), src: Path | None = None) -> Iterator[tuple[subprocess.Popen, str]]:
     """`python -m bge_triton.gateway` on a free port in front of grpc_url: (process, base url) once /ready
-    answers 200; terminated (by its pid) on exit. SystemExit with its log if it dies or stays unready."""
+    answers 200; terminated (by its pid) on exit. SystemExit with its log if it dies or stays unready.
+
+    repository: passed as --model-repository (the gateway needs none since it takes counts and truncation from
+    the text endpoint; an older gateway does). src: a source tree (its `src/` folder) whose gateway runs
+    instead of the installed one, through PYTHONPATH (the stall bench's before/after).
+    """
     from bge_triton.server.launcher import free_ports
 
     (port,) = free_ports(1)
-    cmd = [sys.executable, "-m", "bge_triton.gateway", "--triton", grpc_url, "--model", model,
-           "--model-repository", str(repository), "--port", str(port), *BENCH_GATEWAY_FLAGS, *flags]
+    env = dict(os.environ)
+    if src is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(src.resolve()), env.get("PYTHONPATH")]))
+    repo_flags = [] if repository is None else ["--model-repository", str(repository)]
+    cmd = [sys.executable, "-m", "bge_triton.gateway", "--triton", grpc_url, "--model", model, *repo_flags,
+           "--port", str(port), *BENCH_GATEWAY_FLAGS, *flags]
     url = f"http://127.0.0.1:{port}"
     with log.open("wb") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
     try:
         _await_ready(proc, url, log)
         yield proc, url

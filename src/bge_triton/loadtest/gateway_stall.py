@@ -13,16 +13,13 @@ import argparse
 import asyncio
 import contextlib
 import datetime
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from bge_triton.loadtest.gateway_bench import ENCODERS
-from bge_triton.loadtest.gateway_harness import BENCH_GATEWAY_FLAGS, bench_main, local_server
+from bge_triton.loadtest.gateway_harness import bench_main, gateway_process, local_server
 from bge_triton.loadtest.report import machine_line, write_csv
 from bge_triton.loadtest.stats import percentile
 
@@ -182,36 +179,8 @@ async def measure(args: argparse.Namespace, url: str) -> list[dict[str, Any]]:
 @contextlib.contextmanager
 def _gateway(args: argparse.Namespace, grpc_url: str, log: Path) -> Iterator[str]:
     """The gateway process (from --gateway-src if given) on a free port, once /ready is 200; stopped by pid."""
-    import httpx
-
-    from bge_triton.server.launcher import free_ports
-
-    (port,) = free_ports(1)
-    env = dict(os.environ)
-    if args.gateway_src:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(args.gateway_src.resolve()), env.get("PYTHONPATH")]))
-    cmd = [sys.executable, "-m", "bge_triton.gateway", "--triton", grpc_url, "--model", args.model,
-           "--port", str(port), *BENCH_GATEWAY_FLAGS, *args.gateway_arg]
-    url = f"http://127.0.0.1:{port}"
-    with log.open("wb") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"gateway not ready (exit {proc.poll()}): {log.read_text()[-2000:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/ready", timeout=2).status_code == 200:
-                    break
-            time.sleep(0.2)
+    with gateway_process(grpc_url, log, model=args.model, flags=args.gateway_arg, src=args.gateway_src) as (_, url):
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
 
 
 def _run(args: argparse.Namespace, tmp: Path) -> list[dict[str, Any]]:

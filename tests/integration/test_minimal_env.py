@@ -152,7 +152,9 @@ def test_text_embeds_through_the_text_endpoint(minimal_server: LocalServer) -> N
                                                    "data": ["今天天气很好"]}]})
     outputs = {o["name"]: o for o in out["outputs"]}
     emb = outputs["embedding"]
-    assert sorted(outputs) == ["embedding", "token_count"] and emb["shape"] == [1, 1024]
+    # no outputs named: Triton answers every output, the text endpoint's timing_us included
+    assert sorted(outputs) == ["embedding", "timing_us", "token_count"] and emb["shape"] == [1, 1024]
+    assert outputs["timing_us"]["shape"] == [1, 3] and min(outputs["timing_us"]["data"]) >= 0
     assert outputs["token_count"]["shape"] == [1, 1] and outputs["token_count"]["data"][0] >= 3  # [CLS] .. [SEP]
     assert abs(float(np.linalg.norm(np.asarray(emb["data"], dtype=np.float32))) - 1.0) < 1e-3
     with EmbeddingClient(minimal_server.grpc_url, model=NAME) as client:

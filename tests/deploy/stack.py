@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import threading
 import time
@@ -21,12 +22,17 @@ REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILES = ("docker-compose.yml", "docker-compose.cpu.yml", "tests/deploy/compose.standin.yml")
 
 
-def why_podman_cannot_run() -> str | None:
-    """None where rootful podman and docker-compose can run here; else why not (the skip reason)."""
-    missing = [tool for tool in ("podman", "docker-compose", "debootstrap", "git") if shutil.which(tool) is None]
+def why_podman_cannot_run(tools: tuple[str, ...] = ("docker-compose",)) -> str | None:
+    """None where rootful podman (and `tools`) can run here; else why not (the skip reason of both deploy tests).
+
+    Both build the images from `git archive HEAD` (deploy/build-images.sh): git and a checkout are needed too.
+    """
+    missing = [tool for tool in ("podman", "debootstrap", "git", *tools) if shutil.which(tool) is None]
     if missing:
-        return (f"{', '.join(missing)} not installed (.ci/run installs them: apt-get install -y podman buildah "
-                "catatonit debootstrap docker-compose)")
+        return (f"{', '.join(missing)} not installed (.ci/run installs podman, buildah, catatonit, debootstrap and "
+                "docker-compose with apt-get; kubectl (>= 1.27) renders the Kustomize base)")
+    if not (REPO / ".git").exists():
+        return "the images are built from `git archive HEAD`: needs a git checkout"
     if os.geteuid() != 0:
         return "the deploy tests need rootful podman (run as root)"
     proc = subprocess.run(["podman", "info", "--format", "{{.Host.OCIRuntime.Name}}"], capture_output=True,
@@ -161,17 +167,40 @@ class Project:
         return {"containers": containers, "networks": networks, "volumes": volumes}
 
 
-def http(method: str, url: str, body: object | None = None, headers: dict[str, str] | None = None,
-         timeout: float = 60) -> tuple[int, dict]:
-    """(status, JSON body or {}) of one HTTP request; error statuses are returned, not raised."""
+def free_ports(n: int) -> list[int]:
+    """n distinct free TCP ports on 127.0.0.1 (bound together, so no two are the same)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def http_raw(method: str, url: str, body: object | None = None, headers: dict[str, str] | None = None,
+             timeout: float = 60) -> tuple[int, bytes]:
+    """(status, body bytes) of one HTTP request; error statuses are returned, not raised; status 0 and the error's
+    text when nothing answered (not listening yet, reset)."""
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, method=method,
                                  headers={"content-type": "application/json", **(headers or {})})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
-            raw, status = resp.read(), resp.status
+            return resp.status, resp.read()
     except urllib.error.HTTPError as err:
-        raw, status = err.read(), err.code
+        return err.code, err.read()
+    except (urllib.error.URLError, OSError) as err:
+        return 0, str(err).encode()
+
+
+def http(method: str, url: str, body: object | None = None, headers: dict[str, str] | None = None,
+         timeout: float = 60) -> tuple[int, dict]:
+    """(status, JSON body or {}) of one HTTP request; error statuses are returned, not raised."""
+    status, raw = http_raw(method, url, body, headers, timeout)
+    if status == 0:
+        raise urllib.error.URLError(raw.decode(errors="replace"))
     try:
         return status, json.loads(raw) if raw else {}
     except ValueError:

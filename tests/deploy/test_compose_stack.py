@@ -17,14 +17,23 @@ import hashlib
 import json
 import os
 import resource
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from tests.deploy.stack import REPO, ApiService, HealthDriver, Project, http, run, wait_until, why_podman_cannot_run
+from tests.deploy.stack import (
+    REPO,
+    ApiService,
+    HealthDriver,
+    Project,
+    free_ports,
+    http,
+    run,
+    wait_until,
+    why_podman_cannot_run,
+)
 
 pytestmark = pytest.mark.deploy
 REASON = why_podman_cannot_run()
@@ -48,17 +57,6 @@ def _write_timings() -> None:
     lines = [f"{phase}\t{secs} s" for phase, secs in TIMINGS.items()]
     path.write_text("# tests/deploy/test_compose_stack.py: seconds per phase of the last run\n"
                     + "\n".join(lines) + "\n")
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +119,7 @@ def project(images: dict[str, str], checkout: Path):
     service = ApiService(f"bge-deploy-{os.getpid()}-{directory.name}")
     nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     memlock = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
-    http_port, grpc_port, metrics_port, gateway_port = _free_ports(4)
+    http_port, grpc_port, metrics_port, gateway_port = free_ports(4)
     proj = Project(directory, service.docker_host,
                    ports={"TRITON_HTTP_PORT": http_port, "TRITON_GRPC_PORT": grpc_port,
                           "TRITON_METRICS_PORT": metrics_port, "GATEWAY_PORT": gateway_port},

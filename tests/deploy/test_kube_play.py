@@ -49,19 +49,16 @@ import json
 import os
 import re
 import secrets
-import shutil
-import socket
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import yaml
+from tests.deploy.stack import REPO, free_ports, why_podman_cannot_run
+from tests.deploy.stack import http_raw as http
 
-REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "deploy" / "k8s"
 STANDINS = REPO / "deploy" / "standins"
 STANDIN_IMAGES = ("docker.io/library/python:3.11-slim", "nvcr.io/nvidia/tritonserver:24.10-py3")
@@ -75,23 +72,7 @@ PREFIX = f"kp{os.getpid()}"
 START_TIMEOUT_S = 900  # generous: progress-bounded waits on a busy 2-core machine
 
 
-def _skip_reason() -> str | None:
-    if shutil.which("podman") is None:
-        return "podman is not installed (apt-get install podman buildah catatonit debootstrap; ../shared/CONTAINERS.md)"
-    if os.geteuid() != 0:
-        return "needs rootful podman (the stand-ins and the kube play pods run as root's podman)"
-    if shutil.which("kubectl") is None:
-        return "kubectl is not installed: it renders the Kustomize base"
-    if shutil.which("git") is None or not (REPO / ".git").exists():
-        return "the images are built from `git archive HEAD`: needs git and a checkout"
-    info = subprocess.run(["podman", "info", "--format", "{{.Host.OCIRuntime.Name}}"], capture_output=True,
-                          text=True, timeout=120)
-    if info.returncode != 0:
-        return f"podman cannot run here: {info.stderr.strip()[-300:]}"
-    return None
-
-
-SKIP = _skip_reason()
+SKIP = why_podman_cannot_run(("kubectl",))
 pytestmark = [pytest.mark.deploy, pytest.mark.timeout(3600),
               pytest.mark.skipif(SKIP is not None, reason=SKIP or "")]
 
@@ -102,25 +83,6 @@ def podman(*args: str, timeout: float = 600, check: bool = True, stdin: bytes | 
     if check and proc.returncode != 0:
         raise AssertionError(f"podman {' '.join(args[:4])}... exit {proc.returncode}:\n{out[-3000:]}\n{err[-3000:]}")
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def http(method: str, url: str, body: dict | None = None, headers: dict | None = None) -> tuple[int, bytes]:
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method,
-                                 headers={"Content-Type": "application/json", **(headers or {})})
-    try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            return resp.status, resp.read()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read()
-    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as err:
-        return 0, str(err).encode()
 
 
 # ---------------------------------------------------------------- images
@@ -314,7 +276,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
                                                          capture_output=True, text=True, check=True).stdout) if d]
     admin_key, gateway_key = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
     values = {("triton-admin", "key"): admin_key, ("gateway-api-keys", "keys"): gateway_key}
-    triton_port, gateway_port = free_port(), free_port()
+    triton_port, gateway_port = free_ports(2)
     ports = {("triton", "http"): triton_port, ("gateway", "http"): gateway_port}
     played, podman_secrets = adapt(docs, images, values, ports, tmp / "volumes")
     names = {d["metadata"]["name"]: d for d in played}

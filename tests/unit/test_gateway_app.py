@@ -15,7 +15,7 @@ from starlette.testclient import TestClient
 
 from bge_triton.client.core import Timing
 from bge_triton.client.errors import classify
-from bge_triton.client.tokens import _load
+from bge_triton.client.tokens import load_tokenizer
 from bge_triton.errors import InputError, Overloaded, ServerUnavailable, Timeout
 from bge_triton.gateway import GatewaySettings, create_app
 from bge_triton.gateway.texts import TextPreparer
@@ -38,7 +38,7 @@ class FakeBackend:
         self.calls: list[dict[str, Any]] = []
         self.fail: Exception | None = None
         self.is_ready, self.last_error = True, "canary failed: test"
-        self.tok, _ = _load(TOKENIZER_DIR)
+        self.tok, _ = load_tokenizer(TOKENIZER_DIR)
         self.tok.no_padding()
         self.tok.no_truncation()
         self.count_offset = 0  # lets a test tell the backend's counts from any the gateway could make

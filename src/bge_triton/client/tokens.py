@@ -45,7 +45,8 @@ def pad_to_bucket(ids: Sequence[Sequence[int]], buckets: Sequence[int], pad_id: 
     return input_ids, mask
 
 
-def _load(source: str) -> tuple[Any, str | None]:
+def load_tokenizer(source: str) -> tuple[Any, str | None]:
+    """A `tokenizers.Tokenizer` from a tokenizer.json, its directory or a hub id, and the directory it came from."""
     try:
         from tokenizers import Tokenizer
     except ImportError as exc:  # pragma: no cover - a base dependency
@@ -81,7 +82,7 @@ class BucketTokenizer:
     """Tokenize a batch, truncate to max_length (or reject with truncate=False), pad to a bucket."""
 
     def __init__(self, source: str, buckets: Sequence[int], max_length: int | None = None) -> None:
-        self._tok, directory = _load(source)
+        self._tok, directory = load_tokenizer(source)
         self.max_length = int(max_length or _declared_max_length(directory) or max(buckets))
         self.buckets = effective_buckets(buckets, self.max_length)
         self._tok.no_padding()

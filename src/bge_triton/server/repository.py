@@ -297,3 +297,49 @@ def update_text_settings_in_place(model_dir: Path, instances: int | None = None,
         cfg.instance_group[0].count = int(instances)
     path.write_text(header + dump_config(cfg), encoding="utf-8")
     return path
+
+
+# --- the text endpoint's scheduler "triton" (text_batcher.py): Triton's dynamic batcher holds the waiting texts ---
+
+@dataclass(frozen=True)
+class TritonMode:
+    """How the text endpoint runs with parameter scheduler "triton" (issue 24's alternative to the pool).
+
+    Triton's queue holds the waiting requests, so its limits count REQUESTS, each of up to max_batch_size texts:
+    the memory they bound is max_queue_size x max_batch_size x bytes per text (raw UTF-8 in Triton's queue, at most
+    ~4 x max_length + 8 bytes: ~2 KiB at 512 tokens) per priority level, for the model (not per instance)."""
+
+    max_batch_size: int = 512  # texts per Triton batch = per execute (a request is `text` [n, 1])
+    instances: int = 2  # instance_group count: Triton batches executed at once
+    max_in_flight: int = 2  # sub-batches at the encoder at once, per instance
+    bulk_max_queue_size: int = 256  # requests waiting at the bulk level (2): <= 256 x 512 x 2 KiB = 256 MiB
+    query_max_queue_size: int = 256  # requests waiting at the query level (1), its own limit
+    timeout_us: int = 5_000_000  # queue timeout of both levels (a request's own shorter one is honoured)
+
+
+def triton_mode_config(cfg: mc.ModelConfig, mode: TritonMode = TritonMode()) -> mc.ModelConfig:
+    """A copy of a text endpoint's config in scheduler "triton": parameter scheduler, max_batch_size, instance
+    count, max_in_flight, and a work-conserving dynamic_batching block with one queue policy per priority level
+    (1 = queries, 2 = bulk, the default level)."""
+    out = mc.ModelConfig()
+    out.CopyFrom(cfg)
+    set_text_settings(out, scheduler="triton", max_in_flight=mode.max_in_flight)
+    out.max_batch_size = int(mode.max_batch_size)
+    if mode.instances < 1:
+        raise ModelConfigError(f"{cfg.name}: TritonMode.instances={mode.instances}: needs >= 1")
+    if not out.instance_group:
+        out.instance_group.add(kind=mc.ModelInstanceGroup.KIND_CPU)
+    out.instance_group[0].count = int(mode.instances)
+    db = out.dynamic_batching
+    db.SetInParent()
+    del db.preferred_batch_size[:]
+    db.max_queue_delay_microseconds = 0
+    db.priority_levels = 2
+    db.default_priority_level = 2
+    for policy, size in ((db.default_queue_policy, mode.bulk_max_queue_size),
+                         (db.priority_queue_policy[1], mode.query_max_queue_size)):
+        policy.max_queue_size = int(size)
+        policy.default_timeout_microseconds = int(mode.timeout_us)
+        policy.allow_timeout_override = True
+        policy.timeout_action = mc.ModelQueuePolicy.REJECT
+    return out

@@ -8,7 +8,8 @@ Two servers, each rendered by server.cpu_variant from the exported MiniLM pair w
 - `slow`: an emulated encoder (cost model, 0.2 s a call, one instance, no queue delay) that answers one column short
   for a sub-batch holding "poison", behind `tb` in scheduler "triton" with ONE instance, one text per sub-batch, one
   at a time: a request of N texts holds the instance for N calls, so the next request waits in Triton's queue, and
-  the encoder's statistics count texts. Waits are bounded by progress; timeouts are only a safety net.
+  the encoder's statistics count texts; beside it the query-only model `tb_query` (query_model_config).
+Waits are bounded by progress; timeouts are only a safety net.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from bge_triton.server.repository import (
     Batching,
     TritonMode,
     load_config,
+    query_model_config,
     set_param,
     set_text_settings,
     triton_mode_config,
@@ -88,6 +90,11 @@ def slow(minilm_repo: Path, server_factory, tmp_path_factory):
     _encoder(minilm_repo, out, "tb_onnx", fault_token_id=tok.token_to_id("poison"), fault="shape")
     _text_endpoint(minilm_repo, out, "tb", "tb_onnx", TritonMode(max_batch_size=64, instances=1, max_in_flight=1),
                    sub_batch_max=1, cancel_check_s=0.02)
+    query = query_model_config(load_config(out / "tb"), TritonMode(max_batch_size=8, instances=1, max_in_flight=1))
+    (out / query.name / "1").mkdir(parents=True)
+    for item in (out / "tb" / "1").iterdir():
+        os.symlink(item.resolve(), out / query.name / "1" / item.name)
+    write_config(query, out / query.name / "config.pbtxt", HERE)
     variant = CpuVariant(executor="costmodel", cost_a_us=CALL_S * 1e6, cost_b_us=0.0, encoder_instances=1,
                          text_params={}, text_instances=1,
                          batching={"tb_onnx": Batching(max_queue_delay_us=0, preferred_batch_sizes=())})
@@ -193,3 +200,23 @@ def test_a_cancelled_request_sends_none_of_its_texts_still_to_go(slow) -> None:
     assert marker.shape == (1, 384)
     ran = _encoded(client) - before - 1
     assert 1 <= ran <= n // 2, f"{ran} of the cancelled request's {n} texts reached the encoder"
+
+
+def test_a_query_to_the_query_model_does_not_wait_for_the_bulk_models_instance(slow) -> None:
+    """The bulk model's one instance holds a request of 12 texts (12 encoder calls one after the other); a query sent
+    to tb_query meanwhile is answered while that bulk request is still running (it waits at the encoder behind one
+    bulk text at most), and the bulk request is answered in full afterwards."""
+    client = grpcclient.InferenceServerClient(slow.grpc_url)
+    config = client.get_model_config("tb_query", as_json=True)["config"]
+    assert config["dynamic_batching"]["default_priority_level"] == "1"  # every request a query
+    order: queue.Queue = queue.Queue()
+    before = _encoded(client)
+    client.async_infer("tb", _inputs([f"bulk {i}" for i in range(12)]),
+                       callback=lambda result, error: order.put(("bulk", result, error)))
+    _until(lambda: _encoded(client) > before, what="the bulk request's first text at the encoder")
+    client.async_infer("tb_query", _inputs(["a query"]), callback=lambda result, error: order.put(("query", result,
+                                                                                                   error)))
+    first, second = order.get(timeout=60), order.get(timeout=60)
+    assert [first[0], second[0]] == ["query", "bulk"], (first, second)
+    assert first[2] is None and first[1].as_numpy("embedding").shape == (1, 384)
+    assert second[2] is None and second[1].as_numpy("embedding").shape == (12, 384)

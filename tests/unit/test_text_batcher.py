@@ -25,8 +25,8 @@ PAD = VOCAB["[PAD]"]
 
 
 class Stub:
-    """The python backend stub's way with an execute that returns a coroutine (default mode): run it on the stub's
-    event loop (a thread of its own) to completion, then take the returned list."""
+    """The python backend stub's way with execute's return (default mode): a coroutine runs on the stub's event loop
+    (a thread of its own) to completion, then its list is taken; a list is taken as it is."""
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
@@ -35,8 +35,9 @@ class Stub:
 
     def execute(self, model, requests) -> list[InferenceResponse]:
         returned = model.execute(requests)
-        assert asyncio.iscoroutine(returned), "scheduler 'triton' returns a coroutine from execute"
-        responses = asyncio.run_coroutine_threadsafe(returned, self.loop).result(timeout=30)
+        self.ran_async = asyncio.iscoroutine(returned)  # else the responses themselves (one sub-batch: inline)
+        responses = asyncio.run_coroutine_threadsafe(returned, self.loop).result(timeout=30) if self.ran_async \
+            else returned
         assert isinstance(responses, list) and len(responses) == len(requests)  # ProcessReturnedResponses' checks
         assert all(isinstance(r, InferenceResponse) for r in responses)
         assert not any(r.sender.done.is_set() for r in requests), "no response through a sender in this mode"
@@ -248,17 +249,23 @@ def test_a_stopping_server_is_unavailable(tmp_path, monkeypatch, stub, message) 
 
 
 def test_a_fault_inside_execute_answers_every_request(tmp_path, monkeypatch, stub) -> None:
-    model, _ = triton_model(tmp_path, monkeypatch, by_tokens)
+    model, _ = triton_model(tmp_path, monkeypatch, by_tokens, sub_batch_max=1)
 
-    async def broken(batch, results):
+    def broken(*args):
         raise RuntimeError("a bug in the batcher")
 
-    real = model.batcher.run
-    model.batcher.run = broken
+    async def broken_async(*args):
+        broken()
+
+    model.batcher.prepare = broken  # in execute itself
     responses = stub.execute(model, [Req(["hello"]), Req([" "])])
-    assert [code(r) for r in responses] == [TritonError.INTERNAL] * 2
+    assert not stub.ran_async and [code(r) for r in responses] == [TritonError.INTERNAL] * 2
     assert "a bug in the batcher" in responses[0].error().message()
-    model.batcher.run = real
+    del model.batcher.prepare
+    model.batcher.run_planned = broken_async  # in the coroutine
+    responses = stub.execute(model, [Req(["hello", "world"]), Req(["rag"])])
+    assert stub.ran_async and [code(r) for r in responses] == [TritonError.INTERNAL] * 2
+    del model.batcher.run_planned
     serves(stub, model)
     model.finalize()
 
@@ -322,3 +329,55 @@ def test_query_mode_bulk_runs_one_at_a_time(tmp_path, monkeypatch, stub) -> None
     (response,) = stub.execute(model, [Req(["hello world"] * 4)])
     assert code(response) is None and seen == [2, 2]
     model.finalize()
+
+
+def test_a_batch_of_one_sub_batch_runs_inline_and_more_go_through_the_event_loop(tmp_path, monkeypatch, stub) -> None:
+    submitted: list[int] = []
+    model, pb = triton_model(tmp_path, monkeypatch, by_tokens, sub_batch_max=4)
+
+    def counting(self):
+        submitted.append(1)
+        return _async_exec(self)
+
+    pb.InferenceRequest.async_exec = counting
+    responses = stub.execute(model, [Req(["hello"]), Req(["rag", "world"])])
+    assert not stub.ran_async and not submitted  # one sub-batch: the blocking BLS exec in execute, no loop hop
+    assert [code(r) for r in responses] == [None, None]
+    responses = stub.execute(model, [Req(["hello", "world", "rag", "fast", "hello world"])])
+    assert stub.ran_async and len(submitted) == 2 and code(responses[0]) is None  # two sub-batches: async_exec
+    model.batcher.last_query = model.batcher.clock() + 3600  # query mode: even one bulk sub-batch goes the slow way
+    (response,) = stub.execute(model, [Req(["hello"])])
+    assert stub.ran_async and len(submitted) == 3 and code(response) is None
+    (response,) = stub.execute(model, [Req(["rag"], {"priority_level": 1})])  # but a query alone runs inline
+    assert not stub.ran_async and len(submitted) == 3 and code(response) is None
+    model.finalize()
+
+
+def test_the_triton_mode_and_its_query_model_are_rendered_from_the_committed_config() -> None:
+    from bge_triton.server.repository import (
+        DEFAULT_CANONICAL,
+        TritonMode,
+        load_config,
+        parse_config,
+        query_model_config,
+        text_settings,
+        triton_mode_config,
+    )
+    from bge_triton.server.repository import dump_config as dump
+
+    committed = load_config(DEFAULT_CANONICAL / "bge_large_zh")
+    assert text_settings(committed).scheduler == "pool"  # the committed mode stays the pool
+    cfg = triton_mode_config(committed, TritonMode(max_batch_size=512, instances=3, max_in_flight=2,
+                                                   bulk_max_queue_size=100, query_max_queue_size=50))
+    assert parse_config(dump(cfg)) == cfg  # Triton's schema reads it back
+    assert text_settings(cfg).scheduler == "triton" and text_settings(cfg).max_in_flight == 2
+    assert cfg.max_batch_size == 512 and cfg.instance_group[0].count == 3
+    db = cfg.dynamic_batching
+    assert db.max_queue_delay_microseconds == 0 and not db.preferred_batch_size
+    assert (db.priority_levels, db.default_priority_level) == (2, 2)
+    assert db.default_queue_policy.max_queue_size == 100 and db.priority_queue_policy[1].max_queue_size == 50
+    assert db.priority_queue_policy[1].allow_timeout_override and db.default_queue_policy.allow_timeout_override
+    query = query_model_config(committed)
+    assert query.name == "bge_large_zh_query" and query.dynamic_batching.default_priority_level == 1
+    assert text_settings(query).onnx_model == "bge_large_zh_onnx"  # the same encoder (and so the same QueryMarker)
+    assert committed.max_batch_size == 128 and text_settings(committed).scheduler == "pool"  # copies, not edits

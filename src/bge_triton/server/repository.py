@@ -343,3 +343,20 @@ def triton_mode_config(cfg: mc.ModelConfig, mode: TritonMode = TritonMode()) -> 
         policy.allow_timeout_override = True
         policy.timeout_action = mc.ModelQueuePolicy.REJECT
     return out
+
+
+QUERY_SUFFIX = "_query"
+# The query-only text model beside a bulk one in scheduler "triton": short queries, a batch is about one sub-batch
+QUERY_MODE = TritonMode(max_batch_size=64, instances=2, max_in_flight=2, bulk_max_queue_size=256,
+                        query_max_queue_size=256)
+
+
+def query_model_config(cfg: mc.ModelConfig, mode: TritonMode = QUERY_MODE) -> mc.ModelConfig:
+    """The query-only text model `<name>_query` of a text endpoint, in scheduler "triton": the same code, tokenizer
+    and encoder, every request a query (default_priority_level 1, the query level), so no query ever waits for a
+    Triton instance that holds bulk; the bulk model's instances see its queries through the encoder's QueryMarker and
+    cut their bulk sub-batches to query_token_budget, one at a time (query mode), while queries come."""
+    out = triton_mode_config(cfg, mode)
+    out.name = cfg.name + QUERY_SUFFIX
+    out.dynamic_batching.default_priority_level = 1
+    return out

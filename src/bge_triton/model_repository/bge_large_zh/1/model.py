@@ -120,15 +120,15 @@ def _batcher(settings: TextSettings, backend: EncoderBackend, pad_id: int, dim: 
         raise pb_utils.TritonModelException(
             f"parameter scheduler='triton' needs text_batcher.py beside model.py ({exc}): copy the model "
             "repository's bge_large_zh/1/*.py, or use scheduler 'pool'") from exc
+    def blocking(ids, mask):
+        with backend.hold():
+            return backend.run(ids, mask)
+
     run = getattr(backend, "run_async", None)
     if run is None:
-        def blocking(ids, mask):
-            with backend.hold():
-                return backend.run(ids, mask)
-
         async def run(ids, mask):
             return await asyncio.get_running_loop().run_in_executor(None, blocking, ids, mask)
-    return Batcher(settings, pad_id, dim, run, marker, log=_log)
+    return Batcher(settings, pad_id, dim, run, marker, log=_log, run_blocking=blocking)
 
 
 class TritonPythonModel:
@@ -153,8 +153,10 @@ class TritonPythonModel:
         self._metrics(cfg["name"])
         self.scheduler, self.batcher = None, None
         if self.settings.scheduler == "triton":
+            # query mode is shared by every text model in front of the same encoder (e.g. a query-only model beside
+            # the bulk one: server.repository.query_model_config), so the marker is the encoder's
             self.batcher = _batcher(self.settings, self.backend, tok.pad_id, int(cfg["output"][0]["dims"][-1]),
-                                    QueryMarker(cfg["name"]))
+                                    QueryMarker(self.settings.onnx_model))
         else:
             self._pool(cfg, tok)
         self.flusher = threading.Thread(target=self._flush_loop, name="kit-metrics", daemon=True)
@@ -232,7 +234,7 @@ class TritonPythonModel:
         Every request gets exactly one response on every path: by the returned list (inline run, or a fault
         before any sender was taken), else through its sender (here for errors, by the scheduler for the rest)."""
         if self.batcher is not None:
-            return self._execute_batch(requests)  # a coroutine: the stub runs it to completion (default mode)
+            return self._execute_batch(requests)  # the responses, or a coroutine the stub runs to completion
         senders: list = []  # (sender, its job | None = not queued | False = answered) once senders are taken
         try:
             return self._execute(requests, senders)
@@ -249,9 +251,11 @@ class TritonPythonModel:
                             error=pb_utils.TritonError(message, pb_utils.TritonError.INTERNAL)))
             return None
 
-    async def _execute_batch(self, requests):
-        """Scheduler "triton": tokenize the batch, plan and run it (text_batcher), return one response per request in
-        order. Every fault is its request's own error response; nothing raises out of here."""
+    def _execute_batch(self, requests):
+        """Scheduler "triton": tokenize and plan the batch (text_batcher); one sub-batch runs here and the responses
+        return at once, more go through a coroutine that the stub runs to completion on its event loop (default
+        mode, r24.10 src/pb_stub.cc). One response per request, in order; every fault is its request's own error
+        response; nothing raises out of here."""
         try:
             batch = self.pipeline.encode_pre([(pb_utils.get_input_tensor_by_name(r, "text").as_numpy(),
                                                r.parameters()) for r in requests])
@@ -262,12 +266,21 @@ class TritonPythonModel:
             for r, _, n in batch.slots:
                 results[r] = self.batcher.new_result(n, batch.priorities[r] or self.default_priority)
                 results[r].cancelled = getattr(requests[r], "is_cancelled", None)  # r24.10: InferRequest.is_cancelled
-            await self.batcher.run(batch, results)
+            full, subs = self.batcher.prepare(batch, results)
+            if not subs or self.batcher.inline(subs, full):
+                return self._batch_responses(requests, batch, results)
         except Exception as exc:
-            _log(f"text endpoint: execute caught {type(exc).__name__}: {exc}")
-            message = f"text endpoint failed on this batch: {type(exc).__name__}: {exc}"
-            return [pb_utils.InferenceResponse(error=pb_utils.TritonError(message, pb_utils.TritonError.INTERNAL))
-                    for _ in requests]
+            return self._batch_failed(requests, exc)
+        return self._execute_async(requests, batch, results, full, subs)
+
+    async def _execute_async(self, requests, batch, results, full, subs):
+        try:
+            await self.batcher.run_planned(subs, full)
+        except Exception as exc:
+            return self._batch_failed(requests, exc)
+        return self._batch_responses(requests, batch, results)
+
+    def _batch_responses(self, requests, batch, results):
         responses = []
         for r, request in enumerate(requests):
             try:
@@ -277,6 +290,13 @@ class TritonPythonModel:
                     f"text endpoint could not build its response: {type(exc).__name__}: {exc}",
                     pb_utils.TritonError.INTERNAL)))
         return responses
+
+    @staticmethod
+    def _batch_failed(requests, exc):
+        _log(f"text endpoint: execute caught {type(exc).__name__}: {exc}")
+        message = f"text endpoint failed on this batch: {type(exc).__name__}: {exc}"
+        return [pb_utils.InferenceResponse(error=pb_utils.TritonError(message, pb_utils.TritonError.INTERNAL))
+                for _ in requests]
 
     def _execute(self, requests, taken: list):
         batch = self.pipeline.encode_pre([(pb_utils.get_input_tensor_by_name(r, "text").as_numpy(),

@@ -35,6 +35,7 @@ __all__ = ["Result", "SubBatch", "plan", "chunk", "pad", "accept", "is_query", "
 SLOT_POLL_S = 0.001  # how often a bulk sub-batch in query mode asks for the instances' shared bulk slot
 
 RunEncoder = Callable[[npt.NDArray[np.int64], npt.NDArray[np.int64]], Awaitable[Any]]
+RunBlocking = Callable[[npt.NDArray[np.int64], npt.NDArray[np.int64]], Any]
 
 
 @dataclass(eq=False)
@@ -178,12 +179,13 @@ def accept(sub: SubBatch, results: Sequence[Result], arr: npt.NDArray[np.float32
 class Batcher:
     """One instance's executor of Triton batches (see the module doc). `run(ids, mask)` is the encoder call (a
     coroutine function: BLS async_exec, or a blocking backend in the loop's thread pool); raising TextError (or
-    anything) fails the sub-batch's requests only."""
+    anything) fails the sub-batch's requests only. `run_blocking` (optional) is the same call blocking, for a batch
+    of one sub-batch (inline)."""
 
     def __init__(self, settings: TextSettings, pad_id: int, dim: int, run: RunEncoder,
                  marker: QueryMarker | None = None, clock: Callable[[], float] = time.monotonic,
-                 log: Callable[[str], None] | None = None) -> None:
-        self.s, self.pad_id, self.dim, self.encode = settings, pad_id, dim, run
+                 log: Callable[[str], None] | None = None, run_blocking: RunBlocking | None = None) -> None:
+        self.s, self.pad_id, self.dim, self.encode, self.run_blocking = settings, pad_id, dim, run, run_blocking
         self.marker, self.clock = marker, clock
         self.log = log or (lambda message: None)
         self.counters = Counters()
@@ -197,25 +199,50 @@ class Batcher:
         last = max(self.last_query, self.marker.last() if self.marker is not None else float("-inf"))
         return now - last <= self.s.query_window_s
 
-    async def run(self, batch: Batch, results: Sequence[Result | None]) -> None:
-        """Embed every row of the batch's live results (results[r] None: request r was answered already). Never
-        raises for one request's fault: each ends with embeddings or its own error."""
-        live = [res for res in results if res is not None]
+    def prepare(self, batch: Batch, results: Sequence[Result | None]) -> tuple[list[Result], list[SubBatch]]:
+        """Before any encoder call: each live result's token counts and start time, query mode marked when the batch
+        holds a query, and the batch's plan. Returns (results with None replaced by an answered stand-in, plan)."""
         full = [res if res is not None else _ANSWERED for res in results]
         now = self.clock()
         for r, start, n in batch.slots:
             res = full[r]
             res.tokens[:] = [len(ids) for ids in batch.ids[start:start + n]]
             res.tokenize_us, res.queued_at = batch.tokenize_us, now
-        if any(is_query(res.priority, self.s) for res in live):
+        if any(is_query(res.priority, self.s) for res in results if res is not None):
             self.last_query = now
             if self.marker is not None:
                 self.marker.mark(now)
+        return full, plan(batch, results, self.s)
+
+    def inline(self, subs: Sequence[SubBatch], results: Sequence[Result]) -> bool:
+        """Quiet hours: a batch that is one sub-batch (and not bulk in query mode) runs here, with the blocking
+        encoder call, skipping the event loop and its thread pool; False = use run_planned. True: every row done."""
+        if self.run_blocking is None or len(subs) != 1 or (not subs[0].query and self.query_mode(self.clock())):
+            return False
+        blocking = self.run_blocking
+        try:
+            started, arrays = self._start(subs[0], results)
+            if arrays is not None:
+                out, error = self._call(lambda: blocking(*arrays))
+                self._finish(subs[0], results, arrays, out, error, started)
+        except Exception as exc:
+            self._crashed(subs[0], results, exc)
+        return True
+
+    async def run(self, batch: Batch, results: Sequence[Result | None]) -> None:
+        """prepare + run_planned (the whole batch through the event loop)."""
+        full, subs = self.prepare(batch, results)
+        await self.run_planned(subs, full)
+
+    async def run_planned(self, subs: Sequence[SubBatch], full: Sequence[Result]) -> None:
+        """Embed every row of the planned sub-batches, at most max_in_flight at the encoder at once. Never raises
+        for one request's fault: each ends with embeddings or its own error."""
+        live = [res for res in full if res is not _ANSWERED]
         in_flight = asyncio.Semaphore(max(1, self.s.max_in_flight))
         bulk = asyncio.Lock()  # query mode: one bulk sub-batch at a time from this instance
         tasks: list[asyncio.Future[None]] = []
         try:
-            for sub in plan(batch, results, self.s):
+            for sub in subs:
                 query_mode = not sub.query and self.query_mode(self.clock())
                 parts = chunk(sub, min(self.s.token_budget, self.s.query_token_budget), self.s.pad_to_multiple) \
                     if query_mode else [sub]
@@ -284,44 +311,70 @@ class Batcher:
                    held: asyncio.Lock | None, slot: bool) -> None:
         """One sub-batch: pad the rows still going, call the encoder, fill in or fail its requests. Never raises."""
         try:
-            arrays = pad(sub, results, self.pad_id, self.s.pad_to_multiple)
+            started, arrays = self._start(sub, results)
             if arrays is None:
                 return
-            ids, mask = arrays
-            started = self.clock()
-            first = {r: results[r] for r, _ in sub.sent if not results[r].launched}
-            for res in first.values():
-                res.launched = True
-            with self.counters.lock:  # requests whose first sub-batch starts now, and their wait in this execute
-                self.counters.queued += len(first)
-                self.counters.queue_us += sum(int((started - (res.queued_at or started)) * 1e6)
-                                              for res in first.values())
-            error: TextError | None = None
             out: Any = None
+            error: TextError | None = None
             try:
-                out = await self.encode(ids, mask)
+                out = await self.encode(*arrays)
             except TextError as exc:
                 error = exc.with_traceback(None)
             except Exception as exc:
                 error = EncoderFailed(f"encoder call failed: {type(exc).__name__}: {exc}")
-            ended = self.clock()
-            arr = None
-            if error is None:
-                arr, error = check(out, len(sub.sent), self.dim, self.s.onnx_model)
-            with self.counters.lock:
-                self.counters.subs += 1
-                self.counters.padded += ids.size
-                self.counters.real += int(mask.sum())
-                self.counters.texts += len(sub.sent) if error is None else 0
-            accept(sub, results, arr, error, started, ended)
+            self._finish(sub, results, arrays, out, error, started)
         except Exception as exc:
-            self.log(f"text endpoint: a sub-batch raised {type(exc).__name__}: {exc}")
-            for r, _, _ in sub.rows:
-                if not results[r].done:
-                    results[r].fail(EncoderFailed(f"text endpoint failed on a sub-batch: {type(exc).__name__}: "
-                                                  f"{exc}"))
+            self._crashed(sub, results, exc)
         finally:
             self._release(in_flight, held, slot)
+
+    def _start(self, sub: SubBatch, results: Sequence[Result]
+               ) -> tuple[float, tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] | None]:
+        """(start time, padded arrays of the rows still going or None); counts the requests starting now."""
+        arrays = pad(sub, results, self.pad_id, self.s.pad_to_multiple)
+        started = self.clock()
+        if arrays is None:
+            return started, None
+        first = {r: results[r] for r, _ in sub.sent if not results[r].launched}
+        for res in first.values():
+            res.launched = True
+        with self.counters.lock:  # requests whose first sub-batch starts now, and their wait in this execute
+            self.counters.queued += len(first)
+            self.counters.queue_us += sum(int((started - (res.queued_at or started)) * 1e6) for res in first.values())
+        return started, arrays
+
+    @staticmethod
+    def _call(fn: Callable[[], Any]) -> tuple[Any, TextError | None]:
+        """A blocking encoder call: (answer, None) or (None, the error it raised as a TextError)."""
+        try:
+            return fn(), None
+        except TextError as exc:
+            return None, exc.with_traceback(None)
+        except Exception as exc:
+            return None, EncoderFailed(f"encoder call failed: {type(exc).__name__}: {exc}")
+
+    def _finish(self, sub: SubBatch, results: Sequence[Result],
+                arrays: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]], out: Any, error: TextError | None,
+                started: float) -> None:
+        """Check the answer's shape, count, and fill in (or fail) the sub-batch's requests."""
+        ended = self.clock()
+        ids, mask = arrays
+        arr = None
+        if error is None:
+            arr, error = check(out, len(sub.sent), self.dim, self.s.onnx_model)
+        with self.counters.lock:
+            self.counters.subs += 1
+            self.counters.padded += ids.size
+            self.counters.real += int(mask.sum())
+            self.counters.texts += len(sub.sent) if error is None else 0
+        accept(sub, results, arr, error, started, ended)
+
+    def _crashed(self, sub: SubBatch, results: Sequence[Result], exc: Exception) -> None:
+        """A bug around one sub-batch: its requests still going fail INTERNAL; the rest of the batch goes on."""
+        self.log(f"text endpoint: a sub-batch raised {type(exc).__name__}: {exc}")
+        for r, _, _ in sub.rows:
+            if not results[r].done:
+                results[r].fail(EncoderFailed(f"text endpoint failed on a sub-batch: {type(exc).__name__}: {exc}"))
 
 
 def _answered() -> Result:

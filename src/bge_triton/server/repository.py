@@ -305,15 +305,19 @@ def update_text_settings_in_place(model_dir: Path, instances: int | None = None,
 class TritonMode:
     """How the text endpoint runs with parameter scheduler "triton" (issue 24's alternative to the pool).
 
-    Triton's queue holds the waiting requests, so its limits count REQUESTS, each of up to max_batch_size texts:
-    the memory they bound is max_queue_size x max_batch_size x bytes per text (raw UTF-8 in Triton's queue, at most
-    ~4 x max_length + 8 bytes: ~2 KiB at 512 tokens) per priority level, for the model (not per instance)."""
+    Triton's queue holds the waiting requests, so its limits count REQUESTS (per priority level, for the model, not
+    per instance), each of up to max_batch_size texts held as the raw request (UTF-8 text, not yet tokenized): the
+    memory they bound is max_queue_size x max_batch_size x bytes per text. Worst case at the defaults, texts of 512
+    CJK characters (1.5 KiB each): 2048 x 512 x 1.5 KiB = 1.5 GiB per level; the bench's traffic (bulk requests of
+    32-64 reviews of ~150 bytes, or one text per request) holds 2048 x 64 x 150 B = 19 MiB. Cap bytes per request
+    in front (the gateway) where the worst case matters."""
 
     max_batch_size: int = 512  # texts per Triton batch = per execute (a request is `text` [n, 1])
     instances: int = 2  # instance_group count: Triton batches executed at once
     max_in_flight: int = 2  # sub-batches at the encoder at once, per instance
-    bulk_max_queue_size: int = 256  # requests waiting at the bulk level (2): <= 256 x 512 x 2 KiB = 256 MiB
-    query_max_queue_size: int = 256  # requests waiting at the query level (1), its own limit
+    # requests waiting at the bulk level (2) / the query level (1); one-text requests at C = 1024 need about C
+    bulk_max_queue_size: int = 2048
+    query_max_queue_size: int = 2048
     timeout_us: int = 5_000_000  # queue timeout of both levels (a request's own shorter one is honoured)
 
 
@@ -347,8 +351,7 @@ def triton_mode_config(cfg: mc.ModelConfig, mode: TritonMode = TritonMode()) -> 
 
 QUERY_SUFFIX = "_query"
 # The query-only text model beside a bulk one in scheduler "triton": short queries, a batch is about one sub-batch
-QUERY_MODE = TritonMode(max_batch_size=64, instances=2, max_in_flight=2, bulk_max_queue_size=256,
-                        query_max_queue_size=256)
+QUERY_MODE = TritonMode(max_batch_size=64, instances=2, max_in_flight=2)
 
 
 def query_model_config(cfg: mc.ModelConfig, mode: TritonMode = QUERY_MODE) -> mc.ModelConfig:

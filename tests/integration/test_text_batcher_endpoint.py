@@ -117,6 +117,17 @@ def _encoded(client, model: str = "tb_onnx") -> int:
     return sum(int(s.get("inference_count", 0)) for s in stats)
 
 
+def _pending(metrics_url: str, model: str) -> float:
+    """Triton's nv_inference_pending_request_count of a model (requests in its queue, not yet executing)."""
+    import urllib.request
+
+    with urllib.request.urlopen(metrics_url, timeout=10) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith("nv_inference_pending_request_count") and f'model="{model}"' in line:
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
 def _until(check, timeout_s: float = 60.0, what: str = "") -> None:
     end = time.monotonic() + timeout_s
     while not check():
@@ -220,3 +231,42 @@ def test_a_query_to_the_query_model_does_not_wait_for_the_bulk_models_instance(s
     assert [first[0], second[0]] == ["query", "bulk"], (first, second)
     assert first[2] is None and first[1].as_numpy("embedding").shape == (1, 384)
     assert second[2] is None and second[1].as_numpy("embedding").shape == (12, 384)
+
+
+def test_shutdown_answers_the_running_and_the_waiting_requests_unavailable(minilm_repo: Path, tmp_path: Path) -> None:
+    """SIGTERM (graceful stop) while one request's texts run through the one instance and another waits in Triton's
+    queue: each caller gets exactly one answer, UNAVAILABLE (retry elsewhere), never INTERNAL, and the server exits."""
+    from conftest import start_server
+
+    out = tmp_path / "repo"
+    _encoder(minilm_repo, out, "tb_onnx")
+    _text_endpoint(minilm_repo, out, "tb", "tb_onnx", TritonMode(max_batch_size=64, instances=1, max_in_flight=1),
+                   sub_batch_max=1)
+    variant = CpuVariant(executor="costmodel", cost_a_us=CALL_S * 1e6, cost_b_us=0.0, encoder_instances=1,
+                         text_params={}, text_instances=1,
+                         batching={"tb_onnx": Batching(max_queue_delay_us=0, preferred_batch_sizes=())})
+    srv = start_server(out, tmp_path / "state", variant=variant)
+    answers: queue.Queue = queue.Queue()
+    try:
+        client = grpcclient.InferenceServerClient(srv.grpc_url)
+        before = _encoded(client)
+        for tag, n in (("running", 20), ("waiting", 3)):
+            client.async_infer("tb", _inputs([f"stop me {i}" for i in range(n)]),
+                               callback=lambda result, error, tag=tag: answers.put((tag, result, error)))
+            if tag == "running":
+                _until(lambda: _encoded(client) > before, what="the first request's first text at the encoder")
+        _until(lambda: _pending(srv.metrics_url, "tb") >= 1, what="the second request in Triton's queue")
+        assert answers.empty()
+    finally:
+        srv.stop()
+    got = {}
+    for _ in range(2):
+        tag, result, error = answers.get(timeout=60)
+        assert tag not in got, f"{tag} answered twice"
+        got[tag] = (result, error)
+    for tag, (result, error) in got.items():
+        assert result is None and error is not None, tag
+        assert error.status() == "StatusCode.UNAVAILABLE", (tag, error.status(), error.message())
+        assert "the server is shutting down" in error.message() or "Server is stopping" in error.message(), \
+            (tag, error.message())
+    assert answers.empty()

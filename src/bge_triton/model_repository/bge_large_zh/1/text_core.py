@@ -167,10 +167,14 @@ def triton_code(error: TextError) -> str:
 # UNAVAILABLE too, so clients retry on another replica instead of reading a 500.
 OVERLOAD_MESSAGES = ("Exceeds maximum queue size", "Request timeout expired", "Server is stopping",
                      "Server not ready")
+STOPPING_MESSAGES = ("Server is stopping", "Server not ready")  # of those, the shutdown's: said so in the answer
 
 
 def encoder_error(model: str, message: str, unavailable: bool = False) -> TextError:
     """The core's error for an encoder answer: overloaded (code UNAVAILABLE or its message) or failed."""
+    if any(m in message for m in STOPPING_MESSAGES):
+        return EncoderOverloaded(f"encoder {model} is unavailable, the server is shutting down: {message}; retry on "
+                                 "another replica")
     if unavailable or any(m in message for m in OVERLOAD_MESSAGES):
         return EncoderOverloaded(f"encoder {model} is overloaded: {message}; retry with backoff, or add encoder "
                                  "instances / raise its max_queue_size or queue timeout")

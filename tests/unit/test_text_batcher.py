@@ -9,6 +9,7 @@ each fault is that request's own error; the endpoint serves on. Waits are bounde
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import threading
 import time
@@ -120,7 +121,20 @@ def triton_model(tmp_path, monkeypatch, answer, **params):
     model, pb = load_model(tmp_path, monkeypatch, answer, scheduler="triton", **params)
     pb.InferenceRequest.async_exec = _async_exec
     assert model.batcher is not None and model.scheduler is None
+    MARKERS.append(model.batcher.marker.path)
     return model, pb
+
+
+MARKERS: list[str] = []  # the query markers' files: finalize leaves them (shared by the encoder's text models)
+
+
+@pytest.fixture(autouse=True)
+def _remove_markers():
+    yield
+    while MARKERS:
+        path = MARKERS.pop()
+        if os.path.exists(path):
+            os.unlink(path)
 
 
 @pytest.fixture

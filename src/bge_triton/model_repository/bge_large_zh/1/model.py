@@ -213,7 +213,9 @@ class TritonPythonModel:
         if self.scheduler is not None:
             self.scheduler.close()
         elif self.batcher is not None and self.batcher.marker is not None:
-            self.batcher.marker.close()
+            # closed, not removed: the file is the encoder's, shared with the other text models in front of it that
+            # may stay loaded (a model loaded later must find the same file); 8 bytes under /dev/shm per server
+            os.close(self.batcher.marker.fd)
         self.stopping.set()
         self.flusher.join(5)
         self._flush_metrics()

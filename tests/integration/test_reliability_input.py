@@ -12,14 +12,15 @@ import numpy as np
 import pytest
 
 from bge_triton.client import AsyncEmbeddingClient, EmbeddingClient, InputError, ModelConfigError, RetryPolicy
-from bge_triton.loadtest.chaos_common import raw_client, raw_infer, start_server, text_array
-from bge_triton.loadtest.chaos_inputs import ALL_CASES, flood, run_catalogue
+from bge_triton.loadtest.chaos_faults import PORT_RANGE
+from bge_triton.loadtest.chaos_inputs import ALL_CASES, flood, raw_client, raw_infer, run_catalogue, text_array
+from bge_triton.loadtest.harness import start_server
 from bge_triton.server.cpu_variant import CpuVariant
 from bge_triton.server.repository import Batching, load_config, write_config
 
 pytestmark = pytest.mark.integration
 NAME, HELD = "minilm", "minilmheld"
-FLOOD = int(os.environ.get("KIT_RELIABILITY_FLOOD", "1500"))  # loadtest.chaos sends 10k
+FLOOD = int(os.environ.get("KIT_RELIABILITY_FLOOD", "1500"))  # `bge-triton chaos` sends 10k
 RSS_BOUND_MB = 64.0
 
 
@@ -41,7 +42,7 @@ def _repo_with_held_endpoint(src: Path, out: Path) -> Path:
 def server(minilm_repo: Path, tmp_path_factory: pytest.TempPathFactory):
     repo = _repo_with_held_endpoint(minilm_repo, tmp_path_factory.mktemp("rel_repo"))
     variant = CpuVariant(batching={HELD: Batching(preferred_batch_sizes=(6,), max_queue_delay_us=5_000_000)})
-    srv = start_server(repo, tmp_path_factory.mktemp("rel_state"), variant)
+    srv = start_server(repo, tmp_path_factory.mktemp("rel_state"), variant, port_range=PORT_RANGE)
     yield srv
     srv.stop()
 

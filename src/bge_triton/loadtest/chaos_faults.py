@@ -1,13 +1,15 @@
-"""Fault scenarios on servers this module starts itself (never any other process):
+"""Fault scenarios on servers this module starts itself (never any other process), and the process-tree views they
+stand on (RSS, stubs, sockets, /dev/shm):
 
-- kill -9 of tritonserver under load: how fast callers get ServerUnavailable, and whether the SAME
-  client objects succeed after a restart on the same ports;
-- kill -9 of one python backend stub (a child of that server): what Triton answers and how long
-  until the model serves again;
+- kill -9 of tritonserver under load: how fast callers get ServerUnavailable, and whether the SAME client objects
+  succeed after a restart on the same ports;
+- kill -9 of one python backend stub (a child of that server): what Triton answers and how long until it serves;
 - broken model files at start: what `server up` says.
 """
 from __future__ import annotations
 
+import asyncio
+import math
 import os
 import shutil
 import signal
@@ -17,28 +19,124 @@ import threading
 import time
 import urllib.request
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 
 import psutil
 
 from bge_triton.client import EmbeddingClient, KitError, RetryPolicy, ServerUnavailable
-from bge_triton.errors import ServerNotReady
-from bge_triton.loadtest.chaos_common import (
-    PORT_RANGE,
-    listening_addresses,
-    process_tree,
-    server_settings,
-    stub_pids,
-    wait_until,
-)
+from bge_triton.errors import kind_of
+from bge_triton.loadtest import harness
 from bge_triton.server.cpu_variant import CpuVariant
-from bge_triton.server.launcher import LocalServer, free_ports
+from bge_triton.server.launcher import LocalServer, free_ports, stop_pid
 
+PORT_RANGE = range(18200, 18300)  # the chaos scenarios' own ports (bench: 18100-18199)
 COST = CpuVariant(executor="costmodel", cost_a_us=5000.0, cost_b_us=10.0)  # light on the 2 CPUs
+Record = Callable[[float, float, str, "BaseException | None"], None]  # (send time or user, done, kind, error)
 
 
-def _shm_regions() -> set[str]:
+# -- local until loadgen has them (/tmp/team/H3_REQUESTS.md): the one driver over any async caller ----------------
+async def open_loop(call: Callable[[float], Awaitable[object]], times: AsyncIterator[float],
+                    now: Callable[[], float], record: Record, deadline_s: float = math.inf) -> int:
+    """Start call(t) at each send time t of `times` (loadgen.poisson); record(t, now(), kind, error) when it ends:
+    "ok", errors.kind_of(exc), or "lost" (no answer within deadline_s). Returns the count sent, all ended."""
+    async def one(t: float) -> None:
+        task = asyncio.ensure_future(call(t))
+        done, _ = await asyncio.wait({task}, timeout=deadline_s if math.isfinite(deadline_s) else None)
+        if not done:  # neither a result nor an error within the deadline
+            task.cancel()
+        error = task.exception() if done else None  # every request gets an outcome: ok, the error's kind, lost
+        record(t, now(), "lost" if not done else kind_of(error), error)
+
+    tasks = [asyncio.ensure_future(one(t)) async for t in times]
+    await asyncio.gather(*tasks)
+    return len(tasks)
+
+
+async def closed_loop(call: Callable[[int], Awaitable[object]], users: int, until: Callable[[], bool],
+                      record: Record | None = None, pause_s: float = 0.0) -> int:
+    """`users` users, user k awaiting call(k) back to back until until(); pause_s after an error; returns the
+    successes (record(k, time.monotonic(), kind, error) per request when given)."""
+    ok = 0
+
+    async def user(k: int) -> None:
+        nonlocal ok
+        while not until():
+            try:
+                await call(k)
+                ok += 1
+                kind, error = "ok", None
+            except Exception as exc:
+                kind, error = kind_of(exc), exc
+            if record is not None:
+                record(k, time.monotonic(), kind, error)
+            if error is not None:
+                await asyncio.sleep(pause_s)
+
+    await asyncio.gather(*(user(k) for k in range(users)))
+    return ok
+
+
+async def capacity(call: Callable[[int], Awaitable[object]], seconds: float, users: int, pause_s: float) -> float:
+    """Texts per second sustained closed-loop by `users` users (with queue headroom)."""
+    t = time.monotonic()
+    ok = await closed_loop(call, users, lambda: time.monotonic() - t >= seconds, pause_s=pause_s)
+    return ok / (time.monotonic() - t)
+
+
+def md_table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> list[str]:
+    """A markdown table from a header and rows of cells (local until report.py has one: /tmp/team/H3_REQUESTS.md)."""
+    return [f"| {' | '.join(header)} |", "|---" * len(header) + "|",
+            *(f"| {' | '.join(str(c) for c in r)} |" for r in rows)]
+
+
+# -- the server's process tree ----------------------------------------------------------------------------------
+def process_tree(pid: int) -> list[psutil.Process]:
+    """The server process and its children (the python backend stubs)."""
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def tree_rss_mb(pid: int) -> float:
+    """Resident memory of tritonserver + its stub children, in MiB."""
+    total = 0
+    for proc in process_tree(pid):
+        try:
+            total += proc.memory_info().rss
+        except psutil.NoSuchProcess:
+            continue
+    return total / 2**20
+
+
+def stub_pids(pid: int) -> dict[int, str]:
+    """pid -> command line of the python backend stubs under a tritonserver pid."""
+    out = {}
+    for proc in process_tree(pid)[1:]:
+        try:
+            cmd = " ".join(proc.cmdline())
+        except psutil.NoSuchProcess:
+            continue
+        if "triton_python_backend_stub" in cmd:
+            out[proc.pid] = cmd
+    return out
+
+
+def listening_addresses(pid: int) -> list[tuple[str, int]]:
+    """(ip, port) of every listening TCP socket held by the server process tree."""
+    found = []
+    for proc in process_tree(pid):
+        try:
+            conns = proc.net_connections(kind="inet")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        found += [(c.laddr.ip, c.laddr.port) for c in conns if c.status == psutil.CONN_LISTEN]
+    return sorted(set(found))
+
+
+def shm_regions() -> set[str]:
     """Python-backend shared-memory regions in /dev/shm (a SIGKILLed server cannot unlink its own)."""
     try:
         return {p.name for p in Path("/dev/shm").iterdir() if "triton_python_backend_shm" in p.name}
@@ -46,126 +144,36 @@ def _shm_regions() -> set[str]:
         return set()
 
 
-@dataclass
-class Load:
-    """Worker threads that embed in a loop through their own (long-lived) clients and log outcomes."""
+def stub_regions(stubs: dict[int, str]) -> set[str]:
+    """The /dev/shm regions named on these stubs' command lines (their server's own)."""
+    return {cmd.split()[2].lstrip("/") for cmd in stubs.values() if len(cmd.split()) > 2}
 
-    url: str
-    model: str
-    threads: int = 3
-    protocol: str = "grpc"
 
-    def __post_init__(self) -> None:
-        self.stop = threading.Event()
-        self.log: list[tuple[float, int, str]] = []  # (time, worker, outcome)
-        self.odd: list[str] = []  # messages of errors that are not ServerUnavailable
-        self.ready = threading.Barrier(self.threads + 1)
-        self.workers = [threading.Thread(target=self._work, args=(i,), daemon=True) for i in range(self.threads)]
-
-    def _work(self, i: int) -> None:
-        # one long-lived client per thread, created in it (an HTTP client belongs to one thread)
-        client = EmbeddingClient(self.url, model=self.model, protocol=self.protocol, timeout_s=5.0,
-                                 retry=RetryPolicy(max_attempts=3, initial_backoff_s=0.05, max_backoff_s=0.2,
-                                                   total_s=2.0)).connect()
-        self.ready.wait(timeout=60)
+def kill_orphan_stubs(stubs: dict[int, str]) -> list[str]:
+    """SIGKILL the stubs of a killed server (pid -> command line, seen while it ran) that outlived it; a pid that
+    exited or now names another process is never touched. Returns the instance names killed."""
+    killed = []
+    for pid, cmd in stubs.items():
         try:
-            self._loop(i, client)
-        finally:
-            client.close()
-
-    def _loop(self, i: int, client: EmbeddingClient) -> None:
-        while not self.stop.is_set():
-            try:
-                client.embed_documents(["今天天气很好 hello"])
-                outcome = "ok"
-            except ServerUnavailable as exc:
-                outcome = type(exc).__name__
-            except KitError as exc:
-                outcome = f"{type(exc).__name__}"
-                if len(self.odd) < 5:
-                    self.odd.append(str(exc)[:300])
-            self.log.append((time.monotonic(), i, outcome))
-            if outcome != "ok":
-                time.sleep(0.05)
-
-    def start(self) -> Load:
-        for w in self.workers:
-            w.start()
-        self.ready.wait(timeout=60)
-        return self
-
-    def finish(self) -> None:
-        self.stop.set()
-        for w in self.workers:
-            w.join(timeout=30)
-
-
-def kill9_under_load(repository: Path, state_dir: Path, model: str = "minilm", threads: int = 3,
-                     protocol: str = "grpc") -> dict:
-    """SIGKILL our tritonserver while callers are busy; restart it on the same ports; reuse the clients."""
-    http, grpc, metrics = free_ports(3, PORT_RANGE)
-    settings = server_settings(repository, state_dir, COST, ports=(http, grpc, metrics))
-    srv = LocalServer(settings).start()
-    shm_before = _shm_regions()
-    url = srv.grpc_url if protocol == "grpc" else srv.http_url
-    load = Load(url, model, threads, protocol).start()
-    out: dict = {"protocol": protocol, "threads": threads}
-    try:
-        time.sleep(1.5)
-        pid = srv.pid
-        stubs = stub_pids(pid)
-        ok_before = sum(1 for _, _, o in load.log if o == "ok")
-        killed_at = time.monotonic()
-        os.kill(pid, signal.SIGKILL)  # the server this function started, by its pid
-        srv.running.wait(timeout=10)
-        srv.proc = None
-        # each worker's first error after the kill, and its kind
-        first_err = wait_until(lambda: all(any(t > killed_at and o != "ok" and w == i for t, w, o in load.log)
-                                           for i in range(threads)), 30)
-        errs = {}
-        for t, w, o in load.log:
-            if t > killed_at and o != "ok" and w not in errs:
-                errs[w] = (t - killed_at, o)
-        out["error_kinds_after_kill"] = dict(Counter(o for _, o in errs.values()))
-        out["max_time_to_error_s"] = max((d for d, _ in errs.values()), default=None)
-        out["all_workers_errored"] = first_err is not None
-        out["ok_before_kill"] = ok_before
-        orphans = wait_until(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
-                                             for p in stubs), 15)
-        out["stubs_exited_after_kill_s"] = orphans
-        out["stubs_outliving_server"] = []
-        for p, cmd in stubs.items():  # stubs are our server's children: stop any that outlived it
-            try:
-                proc = psutil.Process(p)
-                if proc.status() == "zombie" or " ".join(proc.cmdline()) != cmd:
-                    continue  # exited (or the pid now names another process: never touch it)
-            except psutil.NoSuchProcess:
+            proc = psutil.Process(pid)
+            if proc.status() == psutil.STATUS_ZOMBIE or " ".join(proc.cmdline()) != cmd:
                 continue
-            words = cmd.split()  # stub MODEL_PY SHM_REGION SIZE GROWTH PARENT_PID LIB IPC_KEY INSTANCE ...
-            out["stubs_outliving_server"].append(words[8] if len(words) > 8 else words[1])
-            os.kill(p, signal.SIGKILL)
-        leaked = _shm_regions() - shm_before
-        out["shm_regions_left"] = len(leaked)
-        restart_t = time.monotonic()
-        srv = LocalServer(settings).start()  # same ports, same state dir
-        ready_at = time.monotonic()
-        out["restart_s"] = ready_at - restart_t
-        back = wait_until(lambda: all(any(t > ready_at and o == "ok" and w == i for t, w, o in load.log)
-                                      for i in range(threads)), 30)
-        out["same_clients_ok_after_restart_s"] = back  # from ready to every old client succeeding
-        # recovery once a restart is issued (start to every old client succeeding); the time spent above
-        # waiting for stubs to exit is reported apart (stubs_exited_after_kill_s)
-        out["max_recovery_s"] = None if back is None else out["restart_s"] + back
-        for name in leaked:  # regions of the killed server only (new since it started, not of the new one)
-            if name not in _shm_regions() - leaked:
-                (Path("/dev/shm") / name).unlink(missing_ok=True)
-    finally:
-        load.finish()
-        out["outcomes"] = dict(Counter(o for _, _, o in load.log))
-        out["requests"] = len(load.log)
-        out["other_error_messages"] = load.odd
-        srv.stop()
-    return out
+        except psutil.NoSuchProcess:
+            continue
+        words = cmd.split()  # stub MODEL_PY SHM_REGION SIZE GROWTH PARENT_PID LIB IPC_KEY INSTANCE ...
+        killed.append(words[8] if len(words) > 8 else words[1])
+        os.kill(pid, signal.SIGKILL)
+    return killed
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float, step_s: float = 0.1) -> float | None:
+    """Seconds until predicate() is true, or None after timeout_s."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        if predicate():
+            return time.monotonic() - start
+        time.sleep(step_s)
+    return None
 
 
 def _model_ready(http_port: int, model: str) -> bool:
@@ -176,29 +184,98 @@ def _model_ready(http_port: int, model: str) -> bool:
         return False
 
 
+# -- kill -9 of the server under load -------------------------------------------------------------------------------
+def _every_worker(log: list[tuple[float, int, str]], since: float, ok: bool, threads: int) -> Callable[[], bool]:
+    return lambda: {w for t, w, o in list(log) if t > since and (o == "ok") == ok} >= set(range(threads))
+
+
+def kill9_under_load(repository: Path, state_dir: Path, model: str = "minilm", threads: int = 3,
+                     protocol: str = "grpc") -> dict:
+    """SIGKILL our tritonserver while callers are busy; restart it on the same ports; reuse the clients."""
+    settings = harness.server_settings(repository, state_dir, COST, port_range=PORT_RANGE)
+    srv = LocalServer(settings).start()
+    url = srv.grpc_url if protocol == "grpc" else srv.http_url
+    retry = RetryPolicy(max_attempts=3, initial_backoff_s=0.05, max_backoff_s=0.2, total_s=2.0)
+    clients = [EmbeddingClient(url, model=model, protocol=protocol, timeout_s=5.0, retry=retry).connect()
+               for _ in range(threads)]  # long-lived: the same objects before the kill and after the restart
+    log: list[tuple[float, int, str]] = []  # (time, worker, outcome)
+    odd: list[str] = []  # messages of errors that are not ServerUnavailable
+    stop = threading.Event()
+
+    def record(k: float, done: float, kind: str, error: BaseException | None) -> None:
+        log.append((done, int(k), kind))
+        if error is not None and not isinstance(error, ServerUnavailable) and len(odd) < 5:
+            odd.append(str(error)[:300])
+
+    def call(k: int) -> Awaitable[object]:
+        return asyncio.to_thread(clients[k].embed_documents, ["今天天气很好 hello"])
+
+    loop = threading.Thread(target=lambda: asyncio.run(closed_loop(call, threads, stop.is_set, record, 0.05)))
+    loop.start()
+    out: dict = {"protocol": protocol, "threads": threads}
+    try:
+        wait_until(_every_worker(log, 0.0, True, threads), 60)
+        time.sleep(1.0)
+        stubs = stub_pids(srv.pid)
+        out["ok_before_kill"] = sum(1 for _, _, o in log if o == "ok")
+        killed_at = time.monotonic()
+        os.kill(srv.pid, signal.SIGKILL)  # the server this function started, by its pid
+        srv.running.wait(timeout=10)
+        srv.proc = None
+        out["all_workers_errored"] = wait_until(_every_worker(log, killed_at, False, threads), 30) is not None
+        errs: dict[int, tuple[float, str]] = {}
+        for t, w, o in list(log):  # each worker's first error after the kill, and its kind
+            if t > killed_at and o != "ok" and w not in errs:
+                errs[w] = (t - killed_at, o)
+        out["error_kinds_after_kill"] = dict(Counter(o for _, o in errs.values()))
+        out["max_time_to_error_s"] = max((d for d, _ in errs.values()), default=None)
+        out["stubs_exited_after_kill_s"] = wait_until(lambda: not any(
+            psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in stubs), 15)
+        out["stubs_outliving_server"] = kill_orphan_stubs(stubs)  # our server's children only
+        leaked = shm_regions() & stub_regions(stubs)
+        out["shm_regions_left"] = len(leaked)
+        restart_t = time.monotonic()
+        srv = LocalServer(settings).start()  # same ports, same state dir
+        ready_at = time.monotonic()
+        out["restart_s"] = ready_at - restart_t
+        back = wait_until(_every_worker(log, ready_at, True, threads), 30)
+        out["same_clients_ok_after_restart_s"] = back  # from ready to every old client succeeding
+        # recovery once a restart is issued; the wait for stubs to exit is reported apart (stubs_exited_after_kill_s)
+        out["max_recovery_s"] = None if back is None else out["restart_s"] + back
+        for name in leaked:  # named on the killed server's stubs: never another process's
+            (Path("/dev/shm") / name).unlink(missing_ok=True)
+    finally:
+        stop.set()
+        loop.join(timeout=60)
+        for c in clients:
+            c.close()
+        out["outcomes"] = dict(Counter(o for _, _, o in log))
+        out["requests"] = len(log)
+        out["other_error_messages"] = odd
+        srv.stop()
+    return out
+
+
+# -- kill -9 of a python stub ---------------------------------------------------------------------------------------
 def kill_stub(repository: Path, state_dir: Path, model: str = "minilm", watch_s: float = 20.0) -> dict:
     """SIGKILL the python stub of the encoder (a child of our server) and watch what Triton does."""
-    srv = LocalServer(server_settings(repository, state_dir, COST)).start()
+    srv = harness.start_server(repository, state_dir, COST, port_range=PORT_RANGE)
     out: dict = {}
     try:
         client = EmbeddingClient(srv.grpc_url, model=model, timeout_s=10.0, retry=RetryPolicy.off()).connect()
         client.embed_documents(["warm"])
         out["listening"] = listening_addresses(srv.pid)
-        stubs = stub_pids(srv.pid)
-        target = next(p for p, cmd in stubs.items() if f"{model}_onnx" in cmd)
+        target = next(p for p, cmd in stub_pids(srv.pid).items() if f"{model}_onnx" in cmd)
         killed_at = time.monotonic()
         os.kill(target, signal.SIGKILL)  # a child of the server we started
-        outcomes = []
+        outcomes: list[tuple[str, float, str]] = []
         first_ok = None
-        while time.monotonic() - killed_at < watch_s:
+        while time.monotonic() - killed_at < watch_s and sum(o == "ok" for o, _, _ in outcomes) < 3:
             t = time.monotonic()
             try:
                 client.embed_documents(["after the stub died"])
                 outcomes.append(("ok", time.monotonic() - t, ""))
-                if first_ok is None:
-                    first_ok = time.monotonic() - killed_at
-                if sum(o == "ok" for o, _, _ in outcomes) >= 3:
-                    break
+                first_ok = first_ok or time.monotonic() - killed_at
             except KitError as exc:
                 outcomes.append((type(exc).__name__, time.monotonic() - t, str(exc)[:300]))
                 time.sleep(0.2)
@@ -208,24 +285,20 @@ def kill_stub(repository: Path, state_dir: Path, model: str = "minilm", watch_s:
         out["errors"] = [(o, round(d, 3), m) for o, d, m in outcomes if o != "ok"]
         out["first_ok_after_kill_s"] = first_ok
         out["new_stub"] = any(p != target for p, c in stub_pids(srv.pid).items() if f"{model}_onnx" in c)
-        log = srv.log_path.read_text(errors="replace")
-        out["log_lines"] = [ln for ln in log.splitlines() if "stub" in ln.lower() or "unhealthy" in ln.lower()
-                            or "not healthy" in ln.lower()][-6:]
+        log = srv.log_path.read_text(errors="replace").splitlines()
+        out["log_lines"] = [ln for ln in log if any(w in ln.lower() for w in ("stub", "unhealthy", "not healthy"))][-6:]
         client.close()
     finally:
         srv.stop()
     return out
 
 
-# -- broken model files at start ------------------------------------------------------------
-def _copy_repo(src: Path, dst: Path) -> Path:
-    if dst.exists():
-        shutil.rmtree(dst)
-    shutil.copytree(src, dst, symlinks=False)
-    return dst
+# -- broken model files at start ------------------------------------------------------------------------------------
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 3])
 
 
-BREAKAGES = {
+BREAKAGES: dict[str, Callable[[Path, str], object]] = {
     "onnx_missing": lambda r, m: (r / f"{m}_onnx" / "1" / "model.onnx").unlink(),
     "onnx_corrupt": lambda r, m: (r / f"{m}_onnx" / "1" / "model.onnx").write_bytes(b"\x00garbage" * 64),
     "onnx_truncated": lambda r, m: _truncate(r / f"{m}_onnx" / "1" / "model.onnx"),
@@ -235,43 +308,26 @@ BREAKAGES = {
 }
 
 
-def _truncate(path: Path) -> None:
-    data = path.read_bytes()
-    path.write_bytes(data[: len(data) // 3])
-
-
 def broken_start(repository: Path, work_dir: Path, case: str, model: str = "minilm",
                  ready_timeout_s: float = 90.0) -> dict:
     """`python -m bge_triton.server up` on a copy of the repository with one breakage; returns rc, time, message."""
-    repo = _copy_repo(repository, work_dir / f"repo_{case}")
+    repo = work_dir / f"repo_{case}"
+    shutil.rmtree(repo, ignore_errors=True)
+    shutil.copytree(repository, repo, symlinks=False)
     BREAKAGES[case](repo, model)
-    http, grpc, metrics = free_ports(3, PORT_RANGE)
     state = work_dir / f"state_{case}"
-    cmd = [sys.executable, "-m", "bge_triton.server", "up", "--repository", str(repo), "--http-port", str(http),
-           "--grpc-port", str(grpc), "--metrics-port", str(metrics), "--state-dir", str(state),
-           "--ready-timeout", str(ready_timeout_s)]
+    ports: Iterable[str] = map(str, free_ports(3, PORT_RANGE))
+    cmd = [sys.executable, "-m", "bge_triton.server", "up", "--repository", str(repo), "--state-dir", str(state),
+           "--ready-timeout", str(ready_timeout_s),
+           *(a for flag, port in zip(("--http-port", "--grpc-port", "--metrics-port"), ports, strict=True)
+             for a in (flag, port))]
     t = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=ready_timeout_s + 60)
     out = {"case": case, "rc": proc.returncode, "seconds": time.monotonic() - t,
            "stderr": proc.stderr.strip(), "stdout": proc.stdout.strip()}
     pid_file = state / "server.pid"
     if proc.returncode == 0 and pid_file.exists():  # it came up anyway: stop the pid it wrote
-        from bge_triton.server.launcher import stop_pid
-
         stop_pid(int(pid_file.read_text()))
         pid_file.unlink(missing_ok=True)
     shutil.rmtree(repo, ignore_errors=True)
     return out
-
-
-def start_error(repository: Path, state_dir: Path) -> str:
-    """The ServerNotReady message of LocalServer.start() on a repository that cannot load."""
-    try:
-        srv = LocalServer(server_settings(repository, state_dir, CpuVariant(), ready_timeout_s=90.0)).start()
-    except KitError as exc:
-        return f"{type(exc).__name__}: {exc}"
-    srv.stop()
-    return ""
-
-
-__all__ = ["kill9_under_load", "kill_stub", "broken_start", "BREAKAGES", "process_tree", "ServerNotReady"]

@@ -1,46 +1,53 @@
-"""`bge-triton bench soak --duration 20m`: a long run
-at 70% of the capacity measured in the same run, with a kill -9 of the server, a dead python stub and an
-overload spike along the way, recovered from the way a user runs the kit: the server under
-`python -m bge_triton.server up --watch` (its canary restarts it), clients through the SDK with its RetryPolicy.
+"""`bge-triton bench soak --duration 20m`: a long run at 70% of the capacity measured in the same run, with a kill -9
+of the server, a dead python stub and an overload spike along the way, recovered from the way a user runs the kit:
+the server under `python -m bge_triton.server up --watch` (its canary restarts it), clients through the SDK with its
+RetryPolicy. The encoder is EMULATED (costmodel executor) over the committed BGE-Large-zh configs.
 
-Writes reports/soak/soak.md + soak.csv + soak_p99.png: requests sent / ok / failed / lost (lost must be 0),
-server and client RSS drift, recovery times, p99 per minute. The encoder is EMULATED (costmodel executor).
+Writes reports/soak/soak.md + soak.csv + soak_events.csv + soak_p99.png (soak_report.py): requests sent / ok /
+failed / lost (lost must be 0), server and client RSS drift, recovery times, p99 per minute. Only processes this
+module started are signalled: the watcher, its tritonserver, and that server's stubs.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import math
 import os
 import random
+import shutil
+import signal
+import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
 
-from bge_triton.client import AsyncEmbeddingClient, KitError, Overloaded, RetryPolicy, ServerUnavailable
-from bge_triton.errors import InputError, Timeout
+from bge_triton.client import AsyncEmbeddingClient, KitError, RetryPolicy
+from bge_triton.errors import InputError, ServerNotReady
 from bge_triton.loadtest import corpus, loadgen
-from bge_triton.loadtest.soak_analysis import (
-    PlannedEvent,
-    Shot,
-    ShotLog,
-    baseline_p99,
-    bin_shots,
-    first_ok_after,
-    normal_threshold,
-    p99_back_after,
-    parse_duration,
-    plan_events,
-    window_p99,
-    window_width,
+from bge_triton.loadtest import soak_analysis as sa
+from bge_triton.loadtest.chaos_faults import (
+    PORT_RANGE,
+    capacity,
+    kill_orphan_stubs,
+    open_loop,
+    shm_regions,
+    stub_pids,
+    stub_regions,
+    tree_rss_mb,
 )
-from bge_triton.loadtest.soak_watch import MODEL, Watcher, shipped_repository
+from bge_triton.paths import CANONICAL_REPOSITORY
+from bge_triton.server.launcher import free_ports, log_tail, stop_pid
 
 COMMAND = "bge-triton bench soak"
+MODEL = "bge_large_zh"
+ENCODER = f"{MODEL}_onnx"
 
 
 @dataclass(frozen=True)
@@ -75,16 +82,120 @@ class SoakSettings:
         return " ".join([COMMAND, *self.argv])
 
 
-def _kind(exc: BaseException) -> str:
-    if isinstance(exc, Overloaded):
-        return "Overloaded"
-    if isinstance(exc, Timeout):
-        return "Timeout"
-    if isinstance(exc, ServerUnavailable):
-        return "ServerUnavailable"
-    if isinstance(exc, KitError):
-        return type(exc).__name__
-    return f"raw:{type(exc).__name__}"  # not a KitError: an SDK defect, counted as an error and named
+def shipped_repository(out: Path) -> Path:
+    """The committed configs and model.py files of bge_large_zh (+ _onnx), plus a tokenizer.json over the
+    generated 21128-entry BGE-shaped vocab (each CJK character one token); no weights (costmodel encoder)."""
+    from tokenizers.implementations import BertWordPieceTokenizer
+
+    from bge_triton.export.synthetic import build_vocab
+
+    shutil.rmtree(out, ignore_errors=True)
+    for model in (MODEL, ENCODER):
+        shutil.copytree(CANONICAL_REPOSITORY / model, out / model,
+                        ignore=shutil.ignore_patterns("tokenizer", "*.onnx*", "export_report.json", "__pycache__"))
+    tok_dir = out / MODEL / "1" / "tokenizer"
+    tok_dir.mkdir(parents=True)
+    vocab = {token: i for i, token in enumerate(build_vocab())}
+    BertWordPieceTokenizer(vocab, lowercase=True, handle_chinese_chars=True).save(str(tok_dir / "tokenizer.json"))
+    return out
+
+
+class Watcher:
+    """`python -m bge_triton.server up --executor costmodel --watch S` as a child process; its stdout lines are
+    kept with their monotonic arrival time (restarts: 'watch: restarting ...', 'watch: ready again ...')."""
+
+    def __init__(self, repository: Path, state_dir: Path, watch_s: float = 1.0, ready_timeout_s: float = 300.0):
+        http, self.grpc, metrics = free_ports(3, PORT_RANGE)
+        self.state = Path(state_dir)
+        self.cmd = [sys.executable, "-m", "bge_triton.server", "up", "--repository", str(repository),
+                    "--http-port", str(http), "--grpc-port", str(self.grpc), "--metrics-port", str(metrics),
+                    "--executor", "costmodel", "--state-dir", str(self.state), "--watch", str(watch_s),
+                    "--ready-timeout", str(ready_timeout_s)]
+        self.command = f"python -m bge_triton.server up --executor costmodel --watch {watch_s:g}"
+        self.ready_timeout_s = ready_timeout_s
+        self.lines: list[tuple[float, str]] = []
+        self.proc: subprocess.Popen | None = None
+        self.stubs_seen: dict[int, str] = {}  # every stub pid of our servers -> its command line
+        self.old_logs: list[str] = []  # the tail of each replaced server's log
+
+    def start(self) -> Watcher:
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        threading.Thread(target=self._read, daemon=True).start()
+        deadline = time.monotonic() + self.ready_timeout_s + 30
+        while not any("tritonserver ready" in ln for _, ln in self.lines):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise ServerNotReady("`" + " ".join(self.cmd) + "` did not come up:\n"
+                                     + "".join(ln for _, ln in self.lines[-30:]))
+            time.sleep(0.2)
+        return self
+
+    def _read(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append((time.monotonic(), line))
+            if "watch: restarting" in line:  # the old server's log, before the restart reopens the file
+                self.old_logs.append(log_tail(self.state / "tritonserver.log", 30))
+
+    def server_pid(self) -> int | None:
+        """The tritonserver pid the watcher runs now, checked to be its child (None while it restarts)."""
+        try:
+            pid = int((self.state / "server.pid").read_text())
+            proc = psutil.Process(pid)
+            if self.proc is None or proc.ppid() != self.proc.pid or proc.status() == psutil.STATUS_ZOMBIE:
+                return None
+        except (OSError, ValueError, psutil.NoSuchProcess):
+            return None
+        self.stubs_seen.update(stub_pids(pid))
+        return pid
+
+    def rss_mb(self) -> tuple[int, float]:
+        """(server pid, RSS of tritonserver + its stubs in MiB); (0, nan) while no server runs."""
+        pid = self.server_pid()
+        return (pid, tree_rss_mb(pid)) if pid else (0, math.nan)
+
+    def kill(self, what: str, every_instance: bool = False) -> int:
+        """SIGKILL the watcher's tritonserver (what="server"), or the python stub of one encoder instance (or of
+        each: "stub"), our grandchildren; returns the first pid killed."""
+        pid = self.server_pid()
+        stubs = sorted(p for p, cmd in stub_pids(pid).items() if f"/{ENCODER}/" in cmd) if pid else []
+        pids = ([pid] if pid else []) if what == "server" else stubs
+        if not pids:
+            raise ServerNotReady(f"no {what} to kill under tritonserver pid {pid}: the watcher is restarting it")
+        for p in pids if every_instance else pids[:1]:
+            os.kill(p, signal.SIGKILL)
+        return pids[0]
+
+    def restarts(self) -> list[tuple[float, str]]:
+        """(time, reason) of each restart the watcher announced."""
+        return [(t, ln.split("(", 1)[-1].rsplit(")", 1)[0]) for t, ln in self.lines if "watch: restarting" in ln]
+
+    def ready_again(self) -> list[float]:
+        return [t for t, ln in self.lines if "watch: ready again" in ln]
+
+    def stop(self) -> dict:
+        """SIGTERM the watcher (it stops its server); stop stubs of killed servers that outlived them and the
+        shared-memory regions those servers left. Returns what had to be cleaned up."""
+        out: dict[str, int | None] = {"watcher_rc": None, "orphan_stubs_killed": 0, "shm_regions_removed": 0}
+        if self.proc is None:
+            return out
+        pid = self.server_pid()
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            out["watcher_rc"] = self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out["watcher_rc"] = self.proc.wait(timeout=10)
+            if pid:
+                stop_pid(pid)
+        out["orphan_stubs_killed"] = len(kill_orphan_stubs(self.stubs_seen))  # docs/reliability.md
+        time.sleep(0.5)
+        left = shm_regions() & stub_regions(self.stubs_seen)  # named by our stubs, left by a killed server
+        for name in left:
+            (Path("/dev/shm") / name).unlink(missing_ok=True)
+        out["shm_regions_removed"] = len(left)
+        self.proc = None
+        return out
 
 
 class Soak:
@@ -93,14 +204,15 @@ class Soak:
     def __init__(self, s: SoakSettings, watcher: Watcher):
         self.s, self.w = s, watcher
         self.texts = corpus.sample("reviews", 2000, seed=s.seed, max_chars=s.max_chars)
-        self.shots = ShotLog()
+        self.shots = sa.ShotLog()
         self.samples: list[dict] = []
         self.events: list[dict] = []
         self.mult = 1.0
         self.events_done = False
-        self.pending: dict[int, float] = {}  # id -> scheduled time of the requests in flight
+        self.pending: set[float] = set()  # scheduled times of the requests in flight
+        self.next_text = itertools.count()
         self.messages: dict[str, list[str]] = {}  # error kind -> its first messages
-        self.width = window_width(s.duration_s)
+        self.width = sa.window_width(s.duration_s)
         self.threshold = math.inf  # p99 'back to normal' (set from the calm stretch at the first fault)
         self.t0 = 0.0
         self.me = psutil.Process()
@@ -108,67 +220,32 @@ class Soak:
     def now(self) -> float:
         return time.monotonic() - self.t0
 
-    async def _one(self, client: AsyncEmbeddingClient, sched: float, text: str, key: int) -> None:
-        self.pending[key] = sched
-        task = asyncio.ensure_future(client.embed_documents([text]))
-        done, _ = await asyncio.wait({task}, timeout=self.s.deadline_s)
-        self.pending.pop(key, None)
-        if not done:  # neither a result nor an error within the deadline
-            task.cancel()
-            outcome = "lost"
-        elif (error := task.exception()) is not None:
-            outcome = _kind(error)
-            seen = self.messages.setdefault(outcome, [])
-            if len(seen) < 3 and str(task.exception())[:300] not in seen:
-                seen.append(str(task.exception())[:300])
-        else:
-            vec = task.result()
-            outcome = "ok" if vec.shape == (1, 1024) else f"wrong_shape:{vec.shape}"
-        self.shots.append(sched, self.now(), outcome)
-
-    async def probe(self, client: AsyncEmbeddingClient) -> float:
-        """Texts per second sustained closed-loop by probe_users users (same client, texts and server)."""
-        done, stop = 0, time.monotonic() + self.s.probe_s
-        rng = random.Random(self.s.seed + 1)
-
-        async def user() -> None:
-            nonlocal done
-            while time.monotonic() < stop:
-                try:
-                    await client.embed_documents([rng.choice(self.texts)])
-                    done += 1
-                except KitError:
-                    await asyncio.sleep(0.05)
-
-        t = time.monotonic()
-        await asyncio.gather(*(user() for _ in range(self.s.probe_users)))
-        return done / (time.monotonic() - t)
+    def _record(self, sched: float, done: float, kind: str, error: BaseException | None) -> None:
+        if error is not None and len(seen := self.messages.setdefault(kind, [])) < 3 and str(error)[:300] not in seen:
+            seen.append(str(error)[:300])
+        self.shots.append(sched, done, kind)
 
     async def _sampler(self) -> None:
         while True:
             pid, rss = await asyncio.to_thread(self.w.rss_mb)
             self.samples.append({"t": self.now(), "server_pid": pid, "server_rss_mb": rss,
-                                 "client_rss_mb": self.me.memory_info().rss / 2**20,
-                                 "loadavg1": os.getloadavg()[0]})
+                                 "client_rss_mb": self.me.memory_info().rss / 2**20, "loadavg1": os.getloadavg()[0]})
             await asyncio.sleep(self.s.sample_s)
-
-    def _p99_back(self, fault_t: float, index: int) -> float | None:
-        """p99_back_after on what is known now: requests still in flight count as failures, and only windows
-        that ended at least one threshold ago are judged (an answer still missing by then is too slow anyway)."""
-        view = self.shots.view(index, fault_t)
-        view += [Shot(t, math.inf, "pending") for t in list(self.pending.values()) if t >= fault_t]
-        return p99_back_after(view, fault_t, self.threshold, self.width, self.now() - min(self.threshold, 30.0))
 
     def _progress(self, fault_t: float, index: int, restart: bool) -> tuple[int, float]:
         """How far the recovery from the fault at fault_t has come: the stages reached (restarted when the fault
-        needs it, a success since, p99 back to normal) and the lowest p99 of a window ended since the fault."""
+        needs it, a success since, p99 back to normal) and the lowest p99 of a window ended since the fault.
+        Requests still in flight count as failures, and only windows that ended at least one threshold ago are
+        judged (an answer still missing by then is too slow anyway)."""
         restarted = not restart or any(t - self.t0 > fault_t for t in self.w.ready_again())
         view = self.shots.view(index, fault_t)
-        first_ok = first_ok_after(view, fault_t) is not None
-        back = restarted and first_ok and self._p99_back(fault_t, index) is not None
-        bins = bin_shots(view, fault_t, self.width)
+        first_ok = sa.first_ok_after(view, fault_t) is not None
+        view += [sa.Shot(t, math.inf, "pending") for t in list(self.pending) if t >= fault_t]
+        back = restarted and first_ok and sa.p99_back_after(
+            view, fault_t, self.threshold, self.width, self.now() - min(self.threshold, 30.0)) is not None
+        bins = sa.bin_shots(view, fault_t, self.width)
         ended = int((self.now() - fault_t) / self.width)
-        best = min((window_p99(bins.get(k, []), fault_t + k * self.width, self.width)[0] for k in range(ended)),
+        best = min((sa.window_p99(bins.get(k, []), fault_t + k * self.width, self.width)[0] for k in range(ended)),
                    default=math.inf)
         return int(restarted) + int(first_ok) + int(back), best
 
@@ -186,19 +263,19 @@ class Soak:
                 moved_at = self.now()
             stages, best = max(stages, now_stages), min(best, now_best)
 
-    async def _events(self, plan: list[PlannedEvent], settle_s: float) -> None:
+    async def _events(self) -> None:
+        """Each planned fault at its time, but never before the previous one recovered and a window settled."""
         ready_at = 0.0
-        for ev in plan:
+        for ev in sa.plan_events(self.s.duration_s, self.s.spike_s):
             await asyncio.sleep(max(0.0, max(ev.at, ready_at) - self.now()))
             t, index = self.now(), len(self.shots)
             if math.isinf(self.threshold):
-                self.threshold = normal_threshold(baseline_p99(self.shots.view(), 0.0, t))
+                self.threshold = sa.normal_threshold(sa.baseline_p99(self.shots.view(), 0.0, t))
             row = {"kind": ev.kind, "planned_s": ev.at, "at_s": t, "length_s": ev.length, "pid": 0}
             try:
-                if ev.kind == "kill9_server":
-                    row["pid"] = await asyncio.to_thread(self.w.kill_server)
-                elif ev.kind == "kill9_stub":
-                    row["pid"] = await asyncio.to_thread(self.w.kill_stub, every_instance=self.s.stub_kill == "all")
+                if ev.kind != "overload_spike":
+                    row["pid"] = await asyncio.to_thread(self.w.kill, ev.kind.removeprefix("kill9_"),
+                                                         self.s.stub_kill == "all")
             except KitError as exc:  # no server to kill (still restarting): the report says so, the soak goes on
                 row["error"] = str(exc)
                 print(f"[{t:7.1f} s] {ev.kind} not injected: {exc}", flush=True)
@@ -210,7 +287,7 @@ class Soak:
             print(f"[{t:7.1f} s] {ev.kind} (pid {row['pid']})", flush=True)
             if "error" not in row:
                 await self._wait_recovered(t, index, restart=ev.kind != "overload_spike")
-            ready_at = self.now() + settle_s
+            ready_at = self.now() + self.width
         await asyncio.sleep(4 * self.width)  # a tail after the last recovery, for the report's windows
         self.events_done = True
 
@@ -220,64 +297,62 @@ class Soak:
         await client.connect()
         for text in self.texts[:20]:  # warm: first calls start the stubs' lazy paths
             await client.embed_documents([text])
-        capacity = await self.probe(client)
-        rate = s.load_fraction * capacity
-        print(f"capacity {capacity:.1f} texts/s closed-loop ({s.probe_users} users, {s.probe_s:.0f} s); "
+        rng = random.Random(s.seed + 1)
+        cap = await capacity(lambda _k: client.embed_documents([rng.choice(self.texts)]), s.probe_s,
+                             s.probe_users, 0.05)
+        rate = s.load_fraction * cap
+        print(f"capacity {cap:.1f} texts/s closed-loop ({s.probe_users} users, {s.probe_s:.0f} s); "
               f"soak at {rate:.1f}/s for {s.duration_s:.0f} s", flush=True)
-        plan = plan_events(s.duration_s, s.spike_s)
-        settle = self.width
         self.t0 = time.monotonic()
-        tasks: set[asyncio.Task] = set()
         sampler = asyncio.ensure_future(self._sampler())
-        events = asyncio.ensure_future(self._events(plan, settle))
-        t, i, sent = 0.0, 0, 0
-        # the load runs until the events are done (each recovery wait is bounded by progress) and the soak's length
-        async for t in loadgen.poisson(random.Random(s.seed), lambda: rate * self.mult, self.now, 0.0):
-            if self.events_done and t >= s.duration_s or events.done() and events.exception():
-                break
-            task = asyncio.ensure_future(self._one(client, t, self.texts[i % len(self.texts)], i))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-            i, sent = i + 1, sent + 1
-        end = t
-        if tasks:
-            await asyncio.wait(tasks, timeout=s.deadline_s + 5)
+        events = asyncio.ensure_future(self._events())
+        end = 0.0
+
+        async def times() -> AsyncIterator[float]:  # until the events are done (each bounded by progress) and after
+            nonlocal end
+            async for end in loadgen.poisson(random.Random(s.seed), lambda: rate * self.mult, self.now, 0.0):
+                if self.events_done and end >= s.duration_s or events.done() and events.exception():
+                    return
+                yield end
+
+        async def call(t: float) -> None:
+            self.pending.add(t)
+            try:
+                vec = await client.embed_documents([self.texts[next(self.next_text) % len(self.texts)]])
+                if vec.shape != (1, 1024):
+                    raise KitError(f"wrong shape {vec.shape}, expected (1, 1024)")
+            finally:
+                self.pending.discard(t)
+
+        sent = await open_loop(call, times(), self.now, self._record, s.deadline_s)
         events.cancel()
-        await asyncio.sleep(s.sample_s if s.sample_s < 2 else 1.0)
+        await asyncio.sleep(min(s.sample_s, 1.0))
         sampler.cancel()
         await client.close()
-        return {"capacity_rps": capacity, "rate_rps": rate, "end_s": end, "created": sent,
+        return {"capacity_rps": cap, "rate_rps": rate, "end_s": end, "created": sent,
                 "unfinished": sent - len(self.shots), "events": self.events, "messages": self.messages,
                 "records_mb": self.shots.nbytes() / 2**20}
 
 
-def _parser() -> argparse.ArgumentParser:
+def parse_args(argv: list[str]) -> SoakSettings:
     p = argparse.ArgumentParser(prog=COMMAND, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--duration", required=True, metavar="DURATION", help="how long: 20m, 3m, 40s, 1h30m")
     p.add_argument("--out", type=Path, default=Path("reports/soak"), help="report directory (default reports/soak)")
     p.add_argument("--load", type=float, default=0.7, help="fraction of the measured capacity (default 0.7)")
     p.add_argument("--spike-factor", type=float, default=3.0, help="overload spike, x the capacity (default 3)")
     p.add_argument("--spike-s", type=float, default=30.0, help="spike length; a short soak shortens it to 8%% of it")
-    p.add_argument("--probe-s", type=float, default=None, help="closed-loop capacity probe (default 20 s; 3 s "
-                   "for a soak under 2 min)")
-    p.add_argument("--bucket-s", type=float, default=60.0, help="report row width (default a minute)")
     p.add_argument("--stub-kill", choices=["one", "all"], default="one",
                    help="the dead stub: one of the encoder's two instances (default; the canary finds it only when "
                         "Triton routes the canary there) or every instance (found at the next canary)")
     p.add_argument("--seed", type=int, default=0)
-    return p
-
-
-def parse_args(argv: list[str]) -> SoakSettings:
-    a = _parser().parse_args(argv)
-    duration = parse_duration(a.duration)
+    a = p.parse_args(argv)
+    duration = sa.parse_duration(a.duration)
     if not 0 < a.load <= 1.5 or a.spike_factor <= 1:
         raise InputError(f"--load {a.load} / --spike-factor {a.spike_factor}: need 0 < load <= 1.5, factor > 1")
-    short = duration < 120
+    short = duration < 120  # a short soak: a 3 s capacity probe and a sample a second
     return SoakSettings(duration_s=duration, out=a.out, load_fraction=a.load, spike_factor=a.spike_factor,
-                        spike_s=a.spike_s, probe_s=a.probe_s or (3.0 if short else 20.0),
-                        sample_s=1.0 if short else 5.0, bucket_s=a.bucket_s, seed=a.seed, stub_kill=a.stub_kill,
-                        argv=tuple(argv))
+                        spike_s=a.spike_s, probe_s=3.0 if short else 20.0, sample_s=1.0 if short else 5.0,
+                        seed=a.seed, stub_kill=a.stub_kill, argv=tuple(argv))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -292,19 +367,17 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="kit-soak-") as tmp:
-        repo = shipped_repository(Path(tmp) / "repo")
-        watcher = Watcher(repo, Path(tmp) / "state", watch_s=s.watch_s)
+        watcher = Watcher(shipped_repository(Path(tmp) / "repo"), Path(tmp) / "state", watch_s=s.watch_s)
         load_start = os.getloadavg()
-        watcher.start()
-        soak = Soak(s, watcher)
+        soak = Soak(s, watcher.start())
         try:
             res = asyncio.run(soak.run())
         finally:
             cleanup = watcher.stop()
     res.update(cleanup=cleanup, restarts=[(t - soak.t0, why) for t, why in watcher.restarts()],
                ready_again=[t - soak.t0 for t in watcher.ready_again()], watch_command=watcher.command,
-               old_logs=watcher.old_logs,
-               machine=machine_line(load_start), loadavg_end=os.getloadavg(), wall_s=time.time() - started)
+               old_logs=watcher.old_logs, machine=machine_line(load_start), loadavg_end=os.getloadavg(),
+               wall_s=time.time() - started)
     shots = soak.shots.view()
     summary = summarize(res, shots, soak.samples, s)
     path = write_report(res, summary, shots, soak.samples, s)

@@ -243,6 +243,27 @@ def test_a_cancelled_request_sends_none_of_its_texts_still_to_go(tmp_path, monke
     model.finalize()
 
 
+def test_a_request_cancelled_before_its_first_sub_batch_sends_nothing_once_it_waited(tmp_path, monkeypatch,
+                                                                                      stub) -> None:
+    """A request whose first sub-batch comes late in the batch is asked once it waited cancel_check_s (a fake clock
+    that each encoder call moves on by 1 s); one whose sub-batch starts at once is not asked."""
+    now = [0.0]
+
+    def encoder(ids):
+        now[0] += 1.0
+        return by_tokens(ids)
+
+    model, _ = triton_model(tmp_path, monkeypatch, encoder, sub_batch_max=1, max_in_flight=1, query_levels=0,
+                            cancel_check_s=0.5, pad_to_multiple=1)
+    model.batcher.clock = lambda: now[0]
+    first, late = Req(["rag", "fast"]), Req(["world hello fast"])  # sub-batches: rag, fast, then the longer text
+    late.cancel.set()  # cancelled by its client while it waited
+    responses = stub.execute(model, [first, late])
+    assert code(responses[0]) is None and code(responses[1]) == TritonError.CANCELLED
+    assert late.checks == 1 and first.checks == 1  # "rag" went unasked; "fast" after "rag" had been sent
+    model.finalize()
+
+
 def test_no_cancellation_check_when_cancel_check_s_is_0(tmp_path, monkeypatch, stub) -> None:
     model, _ = triton_model(tmp_path, monkeypatch, by_tokens, sub_batch_max=1, max_in_flight=1, cancel_check_s=0)
     request = Req(["hello", "world", "rag"])

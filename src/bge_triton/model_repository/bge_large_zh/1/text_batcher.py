@@ -8,8 +8,8 @@ its queue policy, request timeouts and cancellation); each execute() gets one Tr
    runs a coroutine returned by execute to completion in default mode, src/pb_stub.cc, and BLS async_exec runs each
    call in the event loop's thread pool);
 3. returns one result per request, in order: embeddings, or that request's own TextError. A request that failed or
-   whose client cancelled it (asked before each of its later sub-batches, if cancel_check_s > 0) sends none of its
-   texts still to go; the rest of the batch is untouched.
+   whose client cancelled it (asked before its sub-batches once it sent texts or waited cancel_check_s, if > 0)
+   sends none of its texts still to go; the rest of the batch is untouched.
 Query mode (a request at a level <= query_levels in the batch, or seen within query_window_s by any instance: the
 QueryMarker of text_scheduler): bulk sub-batches still to start are cut to query_token_budget tokens and run one at
 a time across the instances (the marker's bulk slot), so a query at the encoder waits behind one short bulk
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 from text_core import Cancelled, EncoderFailed, TextError, TextSettings
-from text_scheduler import Counters, QueryMarker
+from text_scheduler import CANCEL_SHARE, Counters, QueryMarker
 from text_stages import Batch, plan_sub_batches
 
 __all__ = ["Result", "SubBatch", "plan", "chunk", "pad", "accept", "is_query", "Batcher", "SLOT_POLL_S"]
@@ -191,6 +191,7 @@ class Batcher:
         self.counters = Counters()
         self.last_query = float("-inf")
         self.cancel_checks = 0  # is_cancelled() calls (each a round trip to the server)
+        self.ask_s = 0.0  # their seconds in the batch being run
 
     def new_result(self, rows: int, priority: int) -> Result:
         return Result(rows, priority, np.zeros((rows, self.dim), np.float32), np.zeros(rows, np.int32))
@@ -238,6 +239,7 @@ class Batcher:
         """Embed every row of the planned sub-batches, at most max_in_flight at the encoder at once. Never raises
         for one request's fault: each ends with embeddings or its own error."""
         live = [res for res in full if res is not _ANSWERED]
+        self.ask_s = 0.0
         in_flight = asyncio.Semaphore(max(1, self.s.max_in_flight))
         bulk = asyncio.Lock()  # query mode: one bulk sub-batch at a time from this instance
         tasks: list[asyncio.Future[None]] = []
@@ -287,23 +289,33 @@ class Batcher:
         in_flight.release()
 
     def _drop_cancelled(self, sub: SubBatch, results: Sequence[Result]) -> None:
-        """Before a sub-batch starts: each request in it that already sent texts is asked whether its client
-        cancelled it (a request's first sub-batch goes without asking: Triton dropped it from its queue if it was
-        cancelled there). Cancelled: failed CANCELLED, none of its texts still to go is sent."""
+        """Before a sub-batch starts, ask whether its requests' clients cancelled them (r24.10: each ask a round trip
+        to the server). A request that sent texts already is always asked; one that has not is asked once it has
+        waited cancel_check_s in this execute (Triton dropped it from its queue if it was cancelled there), while the
+        asks took at most CANCEL_SHARE of that wait. Cancelled: failed CANCELLED, none of its texts still to go is
+        sent."""
         if not self.s.cancel_check_s:
             return
+        now = self.clock()
         seen: set[int] = set()
         for r, _, _ in sub.rows:
             res = results[r]
-            if r in seen or res.done or not res.launched or res.cancelled is None:
+            if r in seen or res.done or res.cancelled is None:
                 continue
             seen.add(r)
+            if not res.launched:
+                waited = now - (res.queued_at if res.queued_at is not None else now)
+                if waited < self.s.cancel_check_s or self.ask_s > CANCEL_SHARE * waited:
+                    continue
             self.cancel_checks += 1
+            started = time.perf_counter()
             try:
                 gone = res.cancelled()
             except Exception as exc:
                 self.log(f"text endpoint: is_cancelled raised {type(exc).__name__}: {exc}")
                 continue
+            finally:
+                self.ask_s += time.perf_counter() - started
             if gone:
                 res.fail(Cancelled("the request was cancelled by its client: its texts still to go were not sent"))
 

@@ -73,6 +73,19 @@ def test_metrics_come_from_the_rows_with_the_peak_as_saturation() -> None:
         ab.metrics_of(rows("pool"), "triton", 1241.0, 2000.0)["peak_vs_ideal"]  # no rows: nan, not a number
 
 
+def test_the_peak_reads_only_points_served_without_errors() -> None:
+    """A closed loop whose refusals come back at once measures speed at refusing: such a point is not the peak."""
+    refused = rows("triton", (500.0, 600.0, 700.0))
+    refused[2].update(throughput=2000.0, n=5000, errors=4865)  # C=1024 past the queue limit
+    refused[1].update(n=1000, errors=10)  # 1%: still clean
+    m = ab.metrics_of(refused, "triton", 1000.0, 2000.0)
+    assert m["peak_vs_ideal"] == pytest.approx(0.6)
+    assert ab.clean({"n": 1000, "errors": 10}) and not ab.clean({"n": 1000, "errors": 11})
+    assert ab.clean({"n": 0, "errors": 0}) and not ab.clean({"n": 0, "errors": 1})
+    all_refused = [dict(r, errors=1000, n=10) if r["phase"] == "peak" else r for r in refused]
+    assert math.isnan(ab.metrics_of(all_refused, "triton", 1000.0, 2000.0)["peak_vs_ideal"])
+
+
 def test_a_mode_without_a_fix_has_no_throughput_comparison() -> None:
     only_fixed = [r for r in rows("triton") if r["phase"] != "fair_unfixed"]
     m = ab.metrics_of(only_fixed, "triton", 1241.0, 2000.0)
@@ -100,13 +113,15 @@ def test_better_knows_which_way_each_target_points() -> None:
     assert ab.better("fair_p99_p50", {"pool": 1.2, "triton": math.nan}) == "-"
 
 
-def test_drain_end_is_the_first_sample_with_every_request_answered() -> None:
-    def snap(ok: float, failed: float) -> dict[str, float]:
-        return {"success_count": ok, "fail_count": failed}
-
-    samples = [(10.0, snap(5, 1)), (10.5, snap(100, 3)), (11.0, snap(250, 7)), (11.5, snap(250, 7))]
-    assert ab.drain_end(samples, 250) == 11.0  # 244 + 6 more than at the first sample
-    assert math.isnan(ab.drain_end(samples, 256)) and math.isnan(ab.drain_end([], 1))
+def test_the_drain_row_counts_texts_served_until_the_last_ok_answer_and_sheds_by_cause() -> None:
+    outcomes = [(0.5, ""), (2.0, ""), (4.0, ""), (0.01, "ServerUnavailable: Exceeds maximum queue size: 2030 texts"),
+                (5.0, "ServerUnavailable: Request timeout expired"), (5.1, "InternalError: boom")]
+    row = ab.drain_row(outcomes, 64)
+    assert row["texts_served"] == 192 and row["drain_s"] == 4.0 and row["texts_per_s"] == pytest.approx(48.0)
+    assert row["failed"] == 3 and row["shed"] == "1 queue full, 1 timed out, 1 other"
+    assert row["last_answer_s"] == 5.1 and row["first_error"].startswith("ServerUnavailable: Exceeds")
+    nothing = ab.drain_row([(0.1, "ServerUnavailable: Exceeds maximum queue size")], 64)
+    assert nothing["texts_served"] == 0 and math.isnan(nothing["texts_per_s"])
 
 
 def test_select_by_tokens_keeps_the_length_window_or_names_the_shortfall() -> None:

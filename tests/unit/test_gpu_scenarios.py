@@ -10,7 +10,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from bge_triton.loadtest.gpu import report, scenarios
+from bge_triton.loadtest.gpu import bench_gpu, scenarios
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -90,16 +90,15 @@ def test_length_aware_pads_fewer_tokens_than_longest() -> None:
     assert padded("length_aware") < 0.75 * padded("longest")
 
 
-def _row(key: str, qps: float, low_avg: float, frac: float) -> report.Row:
-    return report.Row(key, key, "synthetic:bge-large-zh", 32, "32", "0", "fixed", "longest", 128,
-                      qps, 1.0, 1.0, 1.0, 1.0, 0.1, 1.0, None, 1.0, frac, 0, 10.0, 10.0,
-                      low_avg, low_avg, low_avg, 1.0, None, 0)
+def _row(key: str, qps: float, low_avg: float, frac: float) -> dict:
+    return {"scenario": key, "peak_qps": qps, "low_avg_ms": low_avg, "peak_compute_frac": frac,
+            "peak_model_tflops": 1.0}
 
 
 def test_goals_against_batch1_of_the_same_run() -> None:
     rows = [_row("s1_batch1", 100.0, 5.0, 0.05), _row("s3_dynamic", 1000.0, 10.0, 0.5),
             _row("s4_delay0", 990.0, 5.9, 0.49)]
-    verdict = {g: ok for g, _, ok in report.evaluate_goals(rows)}
+    verdict = {g: ok for g, _, ok in bench_gpu.evaluate_goals(rows)}
     assert verdict["s3_dynamic: peak throughput / batch-1 >= 10.0x"]
     assert not verdict["s3_dynamic: low-load avg latency - batch-1's <= 1.0 ms"]
     assert verdict["s3_dynamic: model compute at peak >= 50% of measured matmul rate"]
@@ -112,10 +111,10 @@ def test_goals_against_batch1_of_the_same_run() -> None:
 def test_text_endpoint_goals_compare_model_flops_not_requests() -> None:
     base = _row("s1_batch1", 100.0, 5.0, 0.05)
     text = _row("text_endpoint", 50.0, 20.0, 0.55)  # fewer requests/s than s1, ten times its model FLOP/s
-    text.peak_model_tflops, base.peak_model_tflops = 11.0, 1.0
-    verdict = {g: (m, ok) for g, m, ok in report.evaluate_goals([base, text])}
+    text["peak_model_tflops"], base["peak_model_tflops"] = 11.0, 1.0
+    verdict = {g: (m, ok) for g, m, ok in bench_gpu.evaluate_goals([base, text])}
     assert verdict["text_endpoint: peak model FLOP/s / batch-1's >= 10.0x"] == ("11.00x", True)
     assert verdict["text_endpoint: model compute at peak >= 50% of measured matmul rate"] == ("55.0%", True)
-    text.peak_model_tflops = 9.9
-    assert not dict((g, ok) for g, _, ok in report.evaluate_goals([base, text]))[
+    text["peak_model_tflops"] = 9.9
+    assert not dict((g, ok) for g, _, ok in bench_gpu.evaluate_goals([base, text]))[
         "text_endpoint: peak model FLOP/s / batch-1's >= 10.0x"]

@@ -157,8 +157,7 @@ def _row(cand: str, path: str, phase: str, c: int | None, rate: float, errors: i
 
 
 def test_report_shows_every_c_and_judges_the_saturation_point(tmp_path):
-    from bge_triton.loadtest import shipped_report
-    from bge_triton.loadtest.shipped import ideal
+    from bge_triton.loadtest.shipped import ideal, write_report
 
     s = bench.BenchSettings(out=tmp_path, duration_s=3.0, low_duration_s=6.0, warmup_s=0.5)
     run = ShippedRun("bge-triton bench shipped --quick", (Candidate(),), (128, 512, 1024),
@@ -174,7 +173,7 @@ def test_report_shows_every_c_and_judges_the_saturation_point(tmp_path):
     peaks = lambda p: [r for r in run.rows if r["path"] == p and r["phase"] == "peak"]  # noqa: E731
     run.verdicts["committed"] = targets.verdicts(run.rows[1], peaks("text"), run.rows[0], peaks("tensor_buckets"),
                                                  6.7, ideal(s, run))
-    md = shipped_report.write(run, s)[0].read_text(encoding="utf-8")
+    md = write_report(run, s)[0].read_text(encoding="utf-8")
     assert "take turns in one window, 8 turns of 2 s each (ABBA" in md
     sweep_rows = [line for line in md.splitlines() if re.match(r"\| committed \| (128|512|1024) \| ", line)]
     assert len(sweep_rows) == 3

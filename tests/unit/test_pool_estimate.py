@@ -1,4 +1,4 @@
-"""loadtest.pool_estimate: the closed loop that prices the shipped scheduler policy."""
+"""loadtest.targets.closed_loop_rate: the closed loop that prices the shipped scheduler policy."""
 from __future__ import annotations
 
 import sys
@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from bge_triton.loadtest.costmodel import CostModel
-from bge_triton.loadtest.pool_estimate import closed_loop_rate
+from bge_triton.loadtest.targets import closed_loop_rate
 from bge_triton.server.repository import DEFAULT_CANONICAL
 
 sys.path.insert(0, str(DEFAULT_CANONICAL / "bge_large_zh" / "1"))

@@ -13,14 +13,14 @@ import math
 import multiprocessing as mp
 import random
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from bge_triton.client.core import InferCall, tensor_call, text_call
 from bge_triton.client.wire import http_request
-from bge_triton.errors import InputError
+from bge_triton.errors import InputError, kind_of
 
 
 def request_body(call: InferCall) -> bytes:
@@ -167,6 +167,53 @@ async def poisson(rng: random.Random, rate: Callable[[], float], now: Callable[[
         if delay > 0 or yield_when_late:
             await asyncio.sleep(max(0.0, delay))
         yield t
+
+
+Record = Callable[[float, float, str, "BaseException | None"], None]  # (send time or user, done, kind, error)
+
+
+async def open_loop(call: Callable[[float], Awaitable[object]], times: AsyncIterator[float],
+                    now: Callable[[], float], record: Record, deadline_s: float = math.inf) -> int:
+    """The open loop over any async caller (SDK gRPC/HTTP, the gateway): start call(t) at each send time t of `times`
+    (poisson(...)); record(t, now(), kind, error) when it ends: "ok", errors.kind_of(exc), or "lost" (no answer
+    within deadline_s). Returns the count sent, after every request has ended."""
+    async def one(t: float) -> None:
+        try:
+            await asyncio.wait_for(call(t), deadline_s if math.isfinite(deadline_s) else None)
+            record(t, now(), "ok", None)
+        except asyncio.TimeoutError:
+            record(t, now(), "lost", None)
+        except Exception as exc:  # every request gets an outcome: the error's kind
+            record(t, now(), kind_of(exc), exc)
+
+    tasks = [asyncio.ensure_future(one(t)) async for t in times]
+    await asyncio.gather(*tasks)
+    return len(tasks)
+
+
+async def closed_loop(call: Callable[[int], Awaitable[object]], users: int, until: Callable[[], bool],
+                      record: Record | None = None, pause_s: float = 0.0,
+                      now: Callable[[], float] = time.monotonic) -> int:
+    """The closed loop over any async caller: `users` users, user k awaiting call(k) back to back until until();
+    pause_s after an error; record(k, now(), kind, error) per request when given. Returns the successes."""
+    ok = 0
+
+    async def user(k: int) -> None:
+        nonlocal ok
+        while not until():
+            try:
+                await call(k)
+                ok += 1
+                kind, error = "ok", None
+            except Exception as exc:  # every request gets an outcome: the error's kind
+                kind, error = kind_of(exc), exc
+            if record is not None:
+                record(k, now(), kind, error)
+            if error is not None:
+                await asyncio.sleep(pause_s)
+
+    await asyncio.gather(*(user(k) for k in range(users)))
+    return ok
 
 
 async def _run_async(spec: LoadSpec) -> LoadResult:

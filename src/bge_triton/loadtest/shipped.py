@@ -9,6 +9,8 @@ batching and the text endpoint's settings; "committed" loads both configs unchan
 from __future__ import annotations
 
 import argparse
+import functools
+import math
 import statistics
 import sys
 import time
@@ -223,6 +225,270 @@ def write_pick(cand: Candidate, canonical: Path = DEFAULT_CANONICAL) -> list[Pat
     return paths
 
 
+# -- the report: shipped.md, .csv, .png ------------------------------------------------------------------------------
+POOLS = (16, 32, 64, 128, 256, 512, 1024)
+fmt = report.fmt
+
+
+def _peaks(run: ShippedRun, cand: str, path: str) -> list[dict]:
+    return [r for r in run.rows if r["candidate"] == cand and r["path"] == path and r["phase"] == "peak"]
+
+
+def _row(run: ShippedRun, cand: str, path: str, phase: str) -> dict:
+    """The quiet-hour row (phase 'low') or the saturation row (phase 'peak': the highest texts/s of the sweep)."""
+    if phase == "peak":
+        return targets.saturation(_peaks(run, cand, path))
+    return next(r for r in run.rows if r["candidate"] == cand and r["path"] == path and r["phase"] == phase)
+
+
+def _endpoint():
+    """The committed text endpoint's settings and its planner / scheduler modules (imported by path, as the stub)."""
+    import importlib
+
+    from bge_triton.server.repository import TEXT_MODEL_DIR, text_settings
+
+    if str(TEXT_MODEL_DIR) not in sys.path:
+        sys.path.insert(0, str(TEXT_MODEL_DIR))
+    return (text_settings(load_config(TEXT_MODEL_DIR.parent)), importlib.import_module("text_stages"),
+            importlib.import_module("text_scheduler"))
+
+
+@functools.cache
+def _estimate(lengths: tuple[int, ...], n: int, instances: int, overhead: int, cost, closed_loop: bool) -> float:
+    """texts/s on this length mix, priced by the cost model, no server: the planner's own split of pools of n texts
+    (targets.planned_rate), or the shipped scheduler's policy in a closed loop of n users over `instances` pools
+    (targets.closed_loop_rate)."""
+    st, stages, scheduler = _endpoint()
+    if closed_loop:
+        return targets.closed_loop_rate(list(lengths), n, cost, scheduler.choose, instances=max(1, instances),
+                                budget=st.token_budget, max_batch=st.sub_batch_max, multiple=st.pad_to_multiple,
+                                overhead_tokens=overhead)
+    return targets.planned_rate(list(lengths), max(1, n), cost, stages.plan_sub_batches, st.token_budget,
+                                st.sub_batch_max, st.pad_to_multiple, overhead)
+
+
+def _planned(run: ShippedRun, s: bench.BenchSettings, n: int, overhead: int) -> float:
+    return _estimate(tuple(run.lengths["all"]), n, 1, overhead, s.cost, False)
+
+
+def _scheduled(run: ShippedRun, s: bench.BenchSettings, users: int, instances: int, overhead: int) -> float:
+    return _estimate(tuple(run.lengths["all"]), users, instances, overhead, s.cost, True)
+
+
+def _split(c: Candidate) -> int:
+    return c.split_overhead_tokens if c.split_overhead_tokens is not None else _endpoint()[0].split_overhead_tokens
+
+
+def _queue_note(r: dict) -> str:
+    """targets.queue_check on the called model's queue policy (the text endpoint's pools keep the same one)."""
+    return targets.queue_check(r["concurrency"], r["max_queue_size"], r["queue_timeout_us"], r["throughput"]) or \
+        "holds C"
+
+
+def _sweep_rows(run: ShippedRun, s: bench.BenchSettings) -> list[list]:
+    """Every C of the sweep: both paths' texts/s, the ratios, the planner's ceiling and the scheduler's estimate."""
+    gpu, out = ideal(s, run), []
+    for c in run.candidates:
+        tensor = {r["concurrency"]: r for r in _peaks(run, c.name, "tensor_buckets")}
+        best = (_row(run, c.name, "text", "peak")["concurrency"],
+                _row(run, c.name, "tensor_buckets", "peak")["concurrency"])
+        for r in _peaks(run, c.name, "text"):
+            k, tr = r["concurrency"], tensor.get(r["concurrency"], {})
+            ceil, est = _planned(run, s, k, _split(c)), _scheduled(run, s, k, r.get("text_instances") or 1, _split(c))
+            mark = lambda v, b: f"**{v:.0f}**" if b else f"{v:.0f}"  # noqa: E731 - the saturation point in bold
+            out.append([c.name, k, mark(r["throughput"], k == best[0]),
+                        mark(tr.get("throughput", math.nan), k == best[1]),
+                        fmt(r["throughput"] / tr["throughput"] if tr.get("throughput") else math.nan, 2),
+                        f"{r['throughput'] / gpu:.2f}", f"{ceil:.0f}", f"{ceil / gpu:.2f}",
+                        f"{r['throughput'] / ceil:.2f}", f"{est:.0f}", f"{r['throughput'] / est:.2f}",
+                        f"{fmt(r['p50_ms'])} / {fmt(r['p99_ms'])}", r["front_batch"], r["avg_batch"],
+                        f"{r['errors']} / {tr.get('errors', '-')}"])
+    return out
+
+
+def _generator_rows(run: ShippedRun) -> list[list]:
+    return [[r["candidate"], r["path"], r["concurrency"], f"{r['throughput']:.0f}", fmt(r["server_rate"], 0),
+             fmt(r["server_in_flight"], 0), f"{fmt(r.get('loop_lag_ms'), 2)} / {fmt(r.get('loop_lag_max_ms'), 1)}",
+             fmt(r["concurrency"] - r["throughput"] * r.get("loop_lag_ms", math.nan) / 1000.0, 0),
+             fmt(r["gen_cores"], 2), f"{r['max_queue_size']} / {r['queue_timeout_us'] / 1e6:g}", _queue_note(r),
+             r["errors"], r.get("unanswered", "-"), r["first_error"][:80] or "-"]
+            for r in run.rows if r["phase"] == "peak"]
+
+
+def _policy_lines(run: ShippedRun) -> list[str]:
+    out = []
+    for key in dict.fromkeys((r["candidate"], r["path"]) for r in run.rows if r["phase"] == "peak"):
+        rows = [r for r in run.rows if (r["candidate"], r["path"]) == key and r["phase"] == "peak"]
+        bad = [r["concurrency"] for r in rows if _queue_note(r) != "holds C"]
+        failed = [r["concurrency"] for r in rows if r["errors"]]
+        out.append(f"- {key[0]}, {key[1]}: the queue policy " + (f"rejects at C={', '.join(map(str, bad))}" if bad
+                   else "holds every C of the sweep") + (f"; errors at C={', '.join(map(str, failed))}" if failed
+                                                         else "; no errors") + ".")
+    return out
+
+
+def _sizing_rows(run: ShippedRun, s: bench.BenchSettings) -> list[list]:
+    """CPU per text of the text endpoint at peak, per candidate, and the instance count it implies for 16 cores."""
+    out = []
+    for c in run.candidates:
+        pk = _row(run, c.name, "text", "peak")
+        stub = targets.cpu_s_per_1000(pk["text_cores"], pk["throughput"])
+        per_inst = 1000.0 / stub if stub == stub and stub > 0 else math.nan
+        n = targets.instances_for_host(ideal(s, run), per_inst) if per_inst == per_inst else "-"
+        out.append([c.name, c.text_instances or "config's", f"{pk['throughput']:.0f}", pk["front_batch"],
+                    fmt(targets.cpu_s_per_1000(pk["server_cores"], pk["throughput"]), 2), fmt(stub, 2),
+                    fmt(per_inst, 0), n])
+    return out
+
+
+def _ceiling_rows(run: ShippedRun, s: bench.BenchSettings) -> tuple[list[list], list[list]]:
+    """What the length mix allows at fixed text-batch sizes, and each candidate against its own batch size."""
+    gpu = ideal(s, run)
+    pools = [[n, so, f"{_planned(run, s, n, so):.0f}", f"{_planned(run, s, n, so) / gpu:.2f}"]
+             for n in POOLS for so in (64, 628)]
+    cands = []
+    for c in run.candidates:
+        pk = _row(run, c.name, "text", "peak")
+        est = _scheduled(run, s, pk["concurrency"], pk.get("text_instances") or 1, _split(c))
+        cands.append([c.name, pk["load"], pk.get("text_instances", "-"), f"{pk['throughput']:.0f}", f"{est:.0f}",
+                      f"{pk['throughput'] / est:.2f}", f"{pk['throughput'] / gpu:.2f} / {est / gpu:.2f}"])
+    return pools, cands
+
+
+TABLES = {  # name -> header; the rows come from the functions above
+    "targets": "target | limit | measured | peak taken at (highest over the sweep) | verdict",
+    "rows": "candidate | path | phase | load | texts/s | p50 ms | p99 ms | encoder batch | queue ms | compute ms | "
+            "errors",
+    "sweep": "candidate | C | text texts/s | tensor texts/s | text / tensor | text / ideal | planner ceiling, pool of "
+             "C texts | ceiling x ideal | text / ceiling | scheduler estimate, C users over the instances' pools | "
+             "text / estimate | text p50 / p99 ms | texts per text batch | encoder batch | errors text / tensor",
+    "generator": "candidate | path | C | client texts/s | server texts/s | in flight at the server (Triton's count) | "
+                 "generator loop lag ms, mean / max | held in flight (C - texts/s x mean lag) | generator cores | "
+                 "max_queue_size / timeout s | queue policy at C | errors | unanswered | first error",
+    "pools": "texts per text-endpoint batch (planning pool) | split_overhead_tokens | planner estimate texts/s | "
+             "x ideal at max batch",
+    "ceiling": "candidate | peak at | text instances | peak texts/s | scheduler estimate at that C | "
+               "measured / estimate | x ideal: measured / estimate",
+    "sizing": "candidate | text instances | peak texts/s | texts per text-endpoint batch | server CPU-s / 1000 texts | "
+              "text-endpoint stubs CPU-s / 1000 texts | texts/s one instance sustains (1 core / stub CPU per text) | "
+              "instances for 16 cores",
+}
+
+
+def write_report(run: ShippedRun, s: bench.BenchSettings) -> list[Path]:
+    """shipped.md, shipped.csv, shipped.png in s.out."""
+    out, m, lens = Path(s.out), run.machine, run.lengths
+    ref = next((r for r in run.rows if r["path"] == "direct_delay0" and r["phase"] == "low"), None)
+    turns = f"{ref['turns']} turns of {ref['turn_s']:g} s each" if ref else "no turns"
+    lines = [f"Encoder: EMULATED GPU, cost model t(B, L) = {s.cost.a_us:.0f} us + {s.cost.b_us:.2f} us x B x L "
+             f"({s.cost.source}); both configs from model_repository/, the CPU variant only swaps the encoder for the "
+             "cost model.  ",
+             f"Traffic: {len(set(r['path'] for r in run.rows))} paths, the same 512 reviews (loadtest/corpus.py, "
+             f"clipped to {s.max_chars} chars); tokens per text ([CLS]/[SEP] included, unpadded): median "
+             f"{lens['median']:.0f}, mean {lens['mean']:.1f}, max {lens['max']}.  ",
+             f"t(1, median L) = {t1_ms(s, run):.2f} ms; ideal throughput at max batch (64 x mean L, no padding) = "
+             f"{ideal(s, run):.0f} texts/s.  ",
+             f"Quiet hours: open loop at {s.low_fraction:.0%} of batch-1 capacity, {s.low_duration_s:g} s per path. "
+             "The text endpoint and the reference (a second copy of the encoder at delay 0 on its own emulated GPU, "
+             f"called directly with the endpoint's own tokens) take turns in one window, {turns} (ABBA; each turn "
+             "after a 0.25 s warm-up not counted; `bench.measure_side_by_side`), so the machine's drift falls on "
+             f"both; the tensor path's window after {s.warmup_s:g} s warm-up, alone. Peak = saturation: closed loops "
+             f"of C = {', '.join(map(str, run.concurrencies))} users, each path judged by its highest texts/s over the "
+             f"sweep (`loadtest.targets.saturation`); base window {s.duration_s:g} s, each point's warm-up >= 1.5 "
+             "rounds of its C requests and window >= 3 rounds (at the previous point's rate), at most 3x the base "
+             "(`loadtest.sweep.windows`; per row in the CSV).  ",
+             f"Machine: {m['cores']}-core CPU shared with other sessions, {m['server']}; load average "
+             f"{m['loadavg_at_start']} at start, {run.loadavg_end} at end (noisy).", "",
+             f"Pick: **{run.picked}**.", "", "## Targets", ""]
+    for cand, vs in run.verdicts.items():
+        lines += [f"### {cand}", "", *report.table(TABLES["targets"], (
+            [v["target"], f"{v['sense']} {v['limit']:g}", fmt(v["measured"], 2), v.get("at") or "-",
+             "PASS" if v["pass"] else "FAIL"] for v in vs)), ""]
+    lines += ["## Rows", "", *report.table(TABLES["rows"], (
+        [r["candidate"], r["path"], r["phase"], r["load"], f"{r['throughput']:.0f}", r["p50_ms"], r["p99_ms"],
+         r["avg_batch"], r["queue_ms"], r["compute_ms"], r["errors"]] for r in run.rows))]
+    lines += ["", "## Peak sweep: every C", "",
+              "Each path's saturation point in bold. The planner ceiling for a pool of C texts is the bound any "
+              "scheduler faces with only C texts in the system: the text endpoint's own planner "
+              "(text_stages.plan_sub_batches) splitting C texts drawn from this traffic, priced by the cost model "
+              "(`loadtest.targets.planned_rate`, no server). The scheduler estimate runs the shipped scheduler's own "
+              "policy (text_scheduler.choose) in a closed loop of C one-text users spread over the text endpoint's "
+              "instances, one pool each (`loadtest.targets.closed_loop_rate`, no server).", "",
+              *report.table(TABLES["sweep"], _sweep_rows(run, s))]
+    lines += ["", "## Load generator and queue limits at peak", "",
+              f"Load-generator self-check: {run.selfcheck_rps:.0f} req/s against a no-op python model at "
+              f"C={max(run.concurrencies)} (same generator, one process; {run.selfcheck_unanswered} requests "
+              "unanswered). Unanswered = requests the server never answered (counted grace_s after the window; "
+              "docs/loadtest.md, \"The peak sweep\"). Per peak row: the client's texts/s against the server's "
+              "(Triton's success count of the called model over the same window), and the requests inside Triton on "
+              "average (Little: Triton's summed request time / window seconds). That count ends when a model's "
+              "execute returns, so it misses texts waiting in the text endpoint's scheduler (answered later through "
+              "response senders); the client side bounds what it holds back: an answer waits unread while the "
+              "generator's event loop is busy (the lateness of a 10 ms timer), so about texts/s x that lag requests "
+              "are out of the server, and C minus them are in it. Queue policy of the called model as loaded (the "
+              "text endpoint's scheduler holds each instance's pool to the same max_queue_size and timeout), and what "
+              "it implies for C users (`loadtest.targets.queue_check`).", "",
+              *report.table(TABLES["generator"], _generator_rows(run)), "", *_policy_lines(run)]
+    pools, cands = _ceiling_rows(run, s)
+    lines += ["", "## What the length mix allows at peak", "",
+              "The ideal at max batch assumes 64 texts of the mean length, unpadded. The text endpoint pads each "
+              "sub-batch to its longest text (rounded to 8) and pays the cost model's fixed cost a per call; its "
+              "planner (text_stages.plan_sub_batches) picks the cheapest split of the texts it holds. Priced by the "
+              "same cost model, on the same lengths (`loadtest.targets.planned_rate`, 50 seeded pools each; no "
+              "server). The sweep table's scheduler estimate (`loadtest.targets.closed_loop_rate`) runs the shipped "
+              "scheduler's policy (text_scheduler.choose) in a closed loop of C users over the instances' pools "
+              "instead; the last table sets it beside each candidate's saturation point.", "",
+              *report.table(TABLES["pools"], pools), "", *report.table(TABLES["ceiling"], cands)]
+    lines += ["", "## CPU cost of the text endpoint at peak", "", *report.table(TABLES["sizing"], _sizing_rows(run, s)),
+              "", f"Instances = ceil(ideal GPU rate {ideal(s, run):.0f} texts/s / texts/s per instance), at least 2 "
+              "(one instance tokenizes and answers while the other's sub-batches run on the encoder), at most 16 - 4 "
+              "cores (4 left to Triton's front ends, batchers and the encoder's host work): "
+              "`loadtest.targets.instances_for_host`. The stub rate is CPU-bound (one stub = one core); the measured "
+              "texts/s of a 1-instance candidate is bound by the emulated GPU instead. A faster card: scale the GPU "
+              "rate by its cost profile (--cost-a-us / --cost-b-us).",
+              "", "![quiet-hour p50 and peak texts/s per candidate](shipped.png)"]
+    return [report.write_md(out / "shipped.md", run.command,
+                            "The committed config pair, measured as shipped (EMULATED GPU)", lines),
+            report.write_csv(run.rows, FIELDS, out / "shipped.csv", run.command), _plot(run, s, out / "shipped.png")]
+
+
+def _plot(run: ShippedRun, s: bench.BenchSettings, path: Path) -> Path:
+    cands, x = list(run.verdicts), range(len(run.verdicts))
+    fig, (a1, a2, a3) = report.subplots(3, 17 / 3)
+    for ax, key, path_, phase, dx, label in (
+            (a1, "p50_ms", "text", "low", -0.2, "text endpoint p50"), (a1, "p99_ms", "text", "low", 0.2,
+                                                                       "text endpoint p99"),
+            (a2, "throughput", "text", "peak", -0.2, "text endpoint"),
+            (a2, "throughput", "tensor_buckets", "peak", 0.2, "tensor mode, client buckets")):
+        ax.bar([i + dx for i in x], [_row(run, c, path_, phase)[key] for c in cands], 0.4, label=label)
+    for key, dx, mew in (("p50_ms", -0.2, 2), ("p99_ms", 0.2, 1)):  # each candidate's side-by-side reference
+        a1.plot([i + dx for i in x], [_row(run, c, "direct_delay0", "low")[key] for c in cands], "k_", ms=28, mew=mew,
+                label=f"direct encoder, delay 0, same window: {key[:3]}")
+    a1.axhline(t1_ms(s, run), color="r", ls="-.", label="cost model t(1, median L)")
+    a1.set_ylabel("quiet-hour latency (ms)")
+    a2.set_ylabel("peak texts/s (highest over the C sweep)")
+    so = _endpoint()[0].split_overhead_tokens
+    for k, c in enumerate(run.candidates):
+        for kind, ls in (("text", "o-"), ("tensor_buckets", "s--")):
+            pts = sorted((r["concurrency"], r["throughput"]) for r in _peaks(run, c.name, kind))
+            a3.plot([p[0] for p in pts], [p[1] for p in pts], ls, color=f"C{k}", label=f"{c.name}: {kind}")
+    pools = sorted({*POOLS, *run.concurrencies})
+    a3.plot(pools, [_planned(run, s, n, so) for n in pools], "k:",
+            label=f"planner ceiling, pool of C texts (split {so})")
+    a3.set(xlabel="closed-loop users C (texts in the system)", ylabel="texts/s")
+    a3.set_xscale("log", base=2)
+    for ax in (a2, a3):
+        ax.axhline(ideal(s, run), color="r", ls="-.", label="ideal at max batch")
+    a3.grid(True, which="both", alpha=0.3)
+    a3.legend(fontsize=6)
+    for ax in (a1, a2):
+        ax.set_xticks(list(x), [c.replace(",", "\n") for c in cands], fontsize=7)
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle("EMULATED GPU (cost model): the committed pair and candidates", fontsize=10)
+    return report.save_figure(fig, path, run.command)
+
+
 def parse_args(argv: list[str] | None = None) -> tuple[bench.BenchSettings, tuple[Candidate, ...], Path | None,
                                                      tuple[int, ...]]:
     p = argparse.ArgumentParser(prog="bge-triton bench shipped", description=__doc__.split("\n\n")[0])
@@ -253,12 +519,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[bench.BenchSettings, tupl
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bge_triton.loadtest import shipped_report
-
     s, cands, target, concurrencies = parse_args(argv)
     t0 = time.monotonic()
     run = run_shipped(s, cands, concurrencies)
-    paths = shipped_report.write(run, s)
+    paths = write_report(run, s)
     if target is not None and run.picked:
         cand = next(c for c in cands if c.name == run.picked)
         paths += write_pick(cand, target)

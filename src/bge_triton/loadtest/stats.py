@@ -127,6 +127,45 @@ def fetch_stats(http_url: str, model: str, timeout_s: float = 5.0) -> dict[str, 
         raise ServerUnavailable(f"cannot read {url}: {exc}; is the server up and the model loaded?") from exc
 
 
+def process_tree(pid: int) -> list[Any]:
+    """The server process and its children (the python backend stubs), as psutil processes; [] once it is gone."""
+    import psutil  # the loadtest extra; the bare GPU host imports this module without it
+
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def tree_rss_mb(pid: int) -> float:
+    """Resident memory of tritonserver + its stub children, in MiB."""
+    import psutil
+
+    total = 0
+    for proc in process_tree(pid):
+        try:
+            total += proc.memory_info().rss
+        except psutil.NoSuchProcess:
+            continue
+    return total / 2**20
+
+
+def stub_pids(pid: int) -> dict[int, str]:
+    """pid -> command line of the python backend stubs under a tritonserver pid."""
+    import psutil
+
+    out = {}
+    for proc in process_tree(pid)[1:]:
+        try:
+            cmd = " ".join(proc.cmdline())
+        except psutil.NoSuchProcess:
+            continue
+        if "triton_python_backend_stub" in cmd:
+            out[proc.pid] = cmd
+    return out
+
+
 class CpuMeter:
     """CPU use over a window: the whole machine (%), the server process tree and this generator (cores busy).
 

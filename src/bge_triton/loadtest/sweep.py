@@ -112,14 +112,14 @@ def probe_main(argv: list[str] | None = None) -> int:
 
     from bge_triton.loadtest import harness, loadgen
     from bge_triton.loadtest.costmodel import DEFAULT
+    from bge_triton.paths import STATE_DIR
 
     p = argparse.ArgumentParser(prog="bge-triton bench probe", description=probe_main.__doc__)
     p.add_argument("--concurrency", type=parse_concurrency, default=DEFAULT_SWEEP, help="users per probe")
     p.add_argument("--ramp-s", type=float,
                    help=f"seconds over which the users connect (default C / {CONNECTS_PER_S:g}; 0 = all at once)")
     p.add_argument("--duration", type=float, default=2.0, help="seconds per probe window")
-    p.add_argument("--state-dir", type=Path, default=Path(__file__).resolve().parent.parent / ".kit" / "loadtest" /
-                   "sweep_probe")
+    p.add_argument("--state-dir", type=Path, default=STATE_DIR / "loadtest" / "sweep_probe")
     a = p.parse_args(sys.argv[1:] if argv is None else argv)
     repo = harness.build_repository(a.state_dir / "repo", None, None, "bge-triton bench probe")
     for c in a.concurrency:

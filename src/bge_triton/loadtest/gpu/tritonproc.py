@@ -18,7 +18,6 @@ import subprocess
 import sys
 import sysconfig
 import time
-import urllib.error
 import urllib.request
 import zipfile
 from dataclasses import dataclass
@@ -97,8 +96,7 @@ class TritonProcess:
     log_path: Path
 
     def log_tail(self, n: int = 40) -> str:
-        lines = self.log_path.read_text(errors="replace").splitlines()
-        return "\n".join(lines[-n:])
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
 
     def stop(self, timeout: float = 30.0) -> None:
         if self.proc.poll() is None:
@@ -113,27 +111,24 @@ class TritonProcess:
 def start_server(triton_root: Path, backends: Path, repository: Path, log_path: Path,
                  host: str, http_port: int, metrics_port: int, ready_timeout: float) -> TritonProcess:
     """Start tritonserver (HTTP + metrics, no gRPC) and wait for /v2/health/ready."""
-    binary = triton_root / "pytriton" / "tritonserver" / "bin" / "tritonserver"
-    cmd = [str(binary), f"--model-repository={repository}", f"--backend-directory={backends}",
-           "--model-control-mode=none", "--strict-readiness=true", "--allow-grpc=false",
-           f"--http-address={host}", f"--http-port={http_port}", "--allow-metrics=true",
-           f"--metrics-address={host}", f"--metrics-port={metrics_port}",
+    cmd = [str(triton_root / "pytriton" / "tritonserver" / "bin" / "tritonserver"),
+           f"--model-repository={repository}", f"--backend-directory={backends}", "--model-control-mode=none",
+           "--strict-readiness=true", "--allow-grpc=false", f"--http-address={host}", f"--http-port={http_port}",
+           "--allow-metrics=true", f"--metrics-address={host}", f"--metrics-port={metrics_port}",
            "--exit-on-error=true", "--log-info=true",
            "--disable-auto-complete-config"]  # else the python backend imports model.py twice
-    log = open(log_path, "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=server_env(triton_root))
-    log.close()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=server_env(triton_root))
     server = TritonProcess(proc, f"http://{host}:{http_port}", log_path)
     deadline = time.monotonic() + ready_timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise BenchError(f"tritonserver exited with code {proc.returncode}; log {log_path}:\n"
-                             f"{server.log_tail()}")
+            raise BenchError(f"tritonserver exited with code {proc.returncode}; log {log_path}:\n{server.log_tail()}")
         try:
             with urllib.request.urlopen(f"{server.http_url}/v2/health/ready", timeout=2) as r:
                 if r.status == 200:
                     return server
-        except (urllib.error.URLError, OSError):
+        except OSError:  # URLError is one: not up yet
             pass
         time.sleep(0.5)
     server.stop()

@@ -178,13 +178,12 @@ async def open_loop(call: Callable[[float], Awaitable[object]], times: AsyncIter
     (poisson(...)); record(t, now(), kind, error) when it ends: "ok", errors.kind_of(exc), or "lost" (no answer
     within deadline_s). Returns the count sent, after every request has ended."""
     async def one(t: float) -> None:
-        try:
-            await asyncio.wait_for(call(t), deadline_s if math.isfinite(deadline_s) else None)
-            record(t, now(), "ok", None)
-        except asyncio.TimeoutError:
-            record(t, now(), "lost", None)
-        except Exception as exc:  # every request gets an outcome: the error's kind
-            record(t, now(), kind_of(exc), exc)
+        task = asyncio.ensure_future(call(t))
+        done, _ = await asyncio.wait({task}, timeout=deadline_s if math.isfinite(deadline_s) else None)
+        if not done:  # neither a result nor an error within the deadline (a TimeoutError the call raises is its own)
+            task.cancel()
+        error = task.exception() if done else None  # every request gets an outcome: ok, the error's kind, lost
+        record(t, now(), "lost" if not done else kind_of(error), error)
 
     tasks = [asyncio.ensure_future(one(t)) async for t in times]
     await asyncio.gather(*tasks)

@@ -84,11 +84,16 @@ def write_csv(rows: Sequence[Mapping[str, Any]], fields: Sequence[str], path: Pa
     return path
 
 
-def table(header: str, rows: Iterable[Sequence[Any]]) -> list[str]:
-    """A markdown table: header 'a | b | c', one sequence of cells per row (floats to 1 decimal, None as "-")."""
+def table(header: str | Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
+    """A markdown table: header 'a | b | c' (or its names), one sequence of cells per row (floats to 1 decimal, None
+    as "-")."""
     cell = lambda v: fmt(v) if isinstance(v, float) or v is None else str(v)  # noqa: E731
+    header = header if isinstance(header, str) else " | ".join(header)
     return [f"| {header} |", "|" + "---|" * len(header.split(" | ")),
             *("| " + " | ".join(cell(v) for v in row) + " |" for row in rows)]
+
+
+md_table = table  # the name H3's chaos and soak reports use
 
 
 def write_md(path: Path, command: str, title: str, lines: Sequence[str]) -> Path:

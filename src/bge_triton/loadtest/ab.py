@@ -49,7 +49,8 @@ QRY = TXT + QUERY_SUFFIX  # the triton mode's query-only model (server.repositor
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 FIELDS = ("variant", "phase", "load", "concurrency", "throughput", "texts_per_s", "avg_ms", "p50_ms", "p99_ms", "n",
           "errors", "unanswered", "avg_batch", "front_batch", "queue_ms", "compute_ms", "server_cores", "gen_cores",
-          "requests", "failed", "texts_served", "drain_s", "encoder_texts", "window_s", "params", "first_error")
+          "requests", "failed", "shed", "texts_served", "drain_s", "last_answer_s", "encoder_texts", "window_s",
+          "params", "first_error")
 
 
 # --- pure: variants, targets, verdicts, the table --------------------------------------------------------------
@@ -275,6 +276,7 @@ class AbSettings:
     # the fairness runs' queue timeout (both variants): 32 callers on 2 CPU cores wait ~4-5 s for ~170-token texts,
     # at the shipped 5 s the timeout, not the scheduler, would cut the tail
     fair_timeout_s: float = 60.0
+    fair_instances: int | None = None  # text-endpoint instances on the CPU (None: the CPU variant's, 2)
     minilm_repo: Path = STATE_DIR / "loadtest" / "ab" / "minilm_repo"
     skip_fairness: bool = False
     skip_emulated: bool = False
@@ -297,6 +299,19 @@ def _load_text(h: harness.Harness, v: Variant, instances: int | None, command: s
     h.load(TXT, params=v.text_params(), variant=CpuVariant(executor="costmodel", text_instances=instances))
     if v.query_model:
         h.load(QRY, params=v.text_params(), variant=CpuVariant(executor="costmodel"))
+
+
+def _unload(h: harness.Harness, name: str, timeout_s: float = 120.0) -> None:
+    """Unload and wait until the server has let the model go (its stubs gone: a CPU-lock holder still tearing down
+    would stall the next load's runs), at most timeout_s."""
+    h.unload(name)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        states = {m.get("name"): m.get("state", "") for m in h.client.get_model_repository_index()}
+        if states.get(name) not in ("READY", "UNLOADING", "LOADING"):
+            return
+        time.sleep(0.5)
+    print(f"warning: {name} still {states.get(name)} {timeout_s:g} s after its unload", flush=True)
 
 
 def _add_query_model(repo: Path, command: str) -> None:
@@ -420,9 +435,9 @@ def run_emulated(a: AbSettings, rows: list[dict], lengths: dict) -> None:
             quiet, loaded = _flood(h, a, t, QRY if v.query_model else TXT)
             rows += _label([quiet], v.name, "query_quiet", desc) + _label([loaded], v.name, "query_flood", desc)
             rows += _label([_drain(h, t)], v.name, "drain", desc)
-            h.unload(TXT)
+            _unload(h, TXT)
             if v.query_model:
-                h.unload(QRY)
+                _unload(h, QRY)
     finally:
         h.stop()
 
@@ -443,22 +458,22 @@ def run_fairness(a: AbSettings, rows: list[dict], lengths: dict) -> None:
     lengths.update(fair_mean=statistics.fmean(fair_lens), fair_min=min(fair_lens), fair_max=max(fair_lens))
     bodies = tuple(loadgen.text_request(x) for x in texts)
     enc, txt = s.real_name + ENCODER_SUFFIX, s.real_name
-    h = harness.Harness(repo_dir, s.state_dir, s.cost).start()
-    try:
-        h.load(enc, SCENARIOS["delay_0"], executor="onnxruntime")
-        window = replace(s, warmup_s=a.fair_warmup_s, duration_s=a.fair_s)
-        export_cfg = load_config(repo_dir / txt)
-        for v in a.variants:
-            (repo_dir / txt / "config.pbtxt").unlink()  # a link to the export's: replaced by the variant's own
-            write_config(v.render(export_cfg), repo_dir / txt / "config.pbtxt", s.command)
-            for fix in ((True, False) if v.fix else (True,)):
+    export_cfg = load_config(repo_dir / txt)
+    window = replace(s, warmup_s=a.fair_warmup_s, duration_s=a.fair_s)
+    for v in a.variants:
+        (repo_dir / txt / "config.pbtxt").unlink()  # a link to the export's: replaced by the variant's own
+        write_config(v.render(export_cfg), repo_dir / txt / "config.pbtxt", s.command)
+        for fix in ((True, False) if v.fix else (True,)):
+            # a fresh server per run: a reloaded text endpoint on the CPU variant answered nothing (twice)
+            h = harness.Harness(repo_dir, s.state_dir, s.cost).start()
+            try:
+                h.load(enc, SCENARIOS["delay_0"], executor="onnxruntime")
                 h.load(txt, Batching(queue_timeout_us=int(a.fair_timeout_s * 1e6)), params=v.text_params(fix),
-                       variant=h.variant_for("onnxruntime"))
+                       variant=h.variant_for("onnxruntime", text_instances=a.fair_instances))
                 row = bench.measure(h, window, txt, [txt], bodies, "closed", users=a.fair_users)
                 rows += _label([row], v.name, "fair" if fix else "fair_unfixed", v.describe(fix))
-                h.unload(txt)
-    finally:
-        h.stop()
+            finally:
+                h.stop()
 
 
 # --- report and command ---------------------------------------------------------------------------------------------
@@ -530,7 +545,8 @@ def write_report(a: AbSettings, rows: list[dict], lengths: dict, load: tuple[flo
              "requests answered OK, per second until the last of them was answered; "
              "shedding (queue full or queue timeout) is allowed and counted; sent by the kit's SDK (gRPC, no retries), "
              "each request once (loadgen's loops keep sending)",
-             f"- fairness: CPU variant, real weights ({MINILM}, ONNX Runtime in-process, 2 instances), closed loop of "
+             f"- fairness: CPU variant, real weights ({MINILM}, ONNX Runtime in-process, {a.fair_instances or 2} "
+             "instance(s)), closed loop of "
              f"{a.fair_users} callers, one review per request, 600 reviews of {lengths.get('fair_min', 0):.0f}-"
              f"{lengths.get('fair_max', 0):.0f} tokens (mean {lengths.get('fair_mean', math.nan):.0f}), "
              f"{a.fair_s:g} s after {a.fair_warmup_s:g} s warm-up, queue timeout raised to {a.fair_timeout_s:g} s "
@@ -575,6 +591,8 @@ def parse_args(argv: list[str]) -> AbSettings:
     p.add_argument("--no-fairness", action="store_true", help="skip the CPU fairness runs")
     p.add_argument("--no-emulated", action="store_true", help="skip the emulated-GPU runs (fairness only)")
     p.add_argument("--fair-seconds", type=float, help="fairness window per run (default 60, quick 8)")
+    p.add_argument("--fair-instances", type=int, help="text-endpoint instances in the fairness runs (default: the CPU "
+                   "variant's 2, taking turns on the cores through its lock)")
     p.add_argument("--state-dir", type=Path, default=STATE_DIR / "loadtest" / "ab" / "state")
     p.add_argument("--real-repo", type=Path, default=STATE_DIR / "loadtest" / "ab" / "real_repo",
                    help="export lending the emulated text endpoint its tokenizer (exported if missing)")
@@ -591,7 +609,7 @@ def parse_args(argv: list[str]) -> AbSettings:
     return AbSettings(s, chosen, a.instances, a.peak_concurrency or ((512,) if a.quick else (128, 512, 1024)),
                       query_s=3.0 if a.quick else 8.0, fair_s=a.fair_seconds or (8.0 if a.quick else 60.0),
                       fair_warmup_s=3.0 if a.quick else 10.0, minilm_repo=a.minilm_repo, skip_fairness=a.no_fairness,
-                      skip_emulated=a.no_emulated)
+                      skip_emulated=a.no_emulated, fair_instances=a.fair_instances)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -104,7 +104,7 @@ class Variant:
 
 # The committed config (pool) and its fix, the age bound (text_scheduler, age_bound_s); Triton's batcher as proposed
 # for issue 24 (text_batcher.py, rendered by server.repository.TritonMode's defaults).
-POOL = Variant("pool", fix=(("age_bound_s", "0.3"),))
+POOL = Variant("pool", fix=(("age_bound_s", "1.0"),))
 TRITON = Variant("triton", triton=TritonMode(), query_model=True)
 
 # (key, what, sense, limit): issue 24's targets; sense None = reported, no target

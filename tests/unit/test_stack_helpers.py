@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bge_triton.loadtest import stack_client, stack_raw
+from bge_triton.loadtest import stack_bench, stack_raw
 
 
 def test_pad_rows_pads_to_multiple_with_mask() -> None:
@@ -26,8 +26,9 @@ def test_fifo_padding_ratio() -> None:
     assert stack_raw.fifo_padding_ratio([1, 3], float("nan")) == 1.0  # no batch size seen: singles
 
 
-def test_scrape_parses_only_this_models_kit_counters(monkeypatch) -> None:
-    body = (b'# HELP kit_real_tokens_total x\nkit_real_tokens_total{model="m"} 120\n'
+def test_kit_counters_reads_only_this_models_kit_counters(monkeypatch) -> None:
+    body = (b'# HELP kit_real_tokens_total x\n# TYPE kit_real_tokens_total counter\n'
+            b'kit_real_tokens_total{model="m"} 120\n'
             b'kit_real_tokens_total{model="other"} 7\nkit_padded_tokens_total{model="m"} 1.32e+02\n'
             b'nv_inference_count{model="m",version="1"} 3\n')
 
@@ -41,20 +42,13 @@ def test_scrape_parses_only_this_models_kit_counters(monkeypatch) -> None:
         def read(self):
             return body
 
-    monkeypatch.setattr(stack_client.urllib.request, "urlopen", lambda url, timeout: Resp())
-    got = stack_client.scrape_kit_metrics("http://127.0.0.1:18402/metrics", "m")
+    monkeypatch.setattr(stack_bench.urllib.request, "urlopen", lambda url, timeout: Resp())
+    got = stack_bench.kit_counters("http://127.0.0.1:18402/metrics", "m")
     assert got == {"kit_real_tokens_total": 120.0, "kit_padded_tokens_total": 132.0}
 
 
-def test_steady_rate_counts_whole_burst_cycles() -> None:
-    # bursts of 50 texts every 1.0 s: 50 texts/s whatever the window edges cut
-    finished = [(t + k * 0.001, 5) for t in (0.2, 1.2, 2.2, 3.2) for k in range(10)]
-    assert abs(stack_client.steady_rate(finished, 4.0) - 50.0) < 1.0
-    assert stack_client.steady_rate([(0.5, 4)], 2.0) == 2.0  # too few bursts: count / window
-
-
 def test_split_of_c_by_tritons_statistics() -> None:
-    from bge_triton.loadtest.stack_report import StackResults, split_table
+    from bge_triton.loadtest.stack_bench import StackResults, split_rows
     from bge_triton.loadtest.stats import flatten_stats, phase_means_ms
 
     def snap(n: int, ns: dict[str, int]) -> dict[str, float]:
@@ -68,6 +62,5 @@ def test_split_of_c_by_tritons_statistics() -> None:
     assert split["success"] == 4.0 and split["queue"] == 0.2 and split["compute_infer"] == 3.0
     assert split["compute_input"] == 0.0 and "fail" not in split
     res = StackResults(header={}, sweep=[], rounds=[], latency={"stack": [5.0, 7.0]}, split=split)
-    (row,) = [line for line in split_table(res) if line.startswith("| stack ")]
-    assert row == "| stack | 6.00 | 4.00 | 0.20 | 0.00 | 3.00 | 0.00 | 2.00 |"  # outside = 6 - 4
-    assert split_table(StackResults(header={}, sweep=[], rounds=[])) == []
+    assert split_rows(res) == [["stack", "6.00", "4.00", "0.20", "0.00", "3.00", "0.00", "2.00"]]  # outside = 6 - 4
+    assert split_rows(StackResults(header={}, sweep=[], rounds=[])) == []

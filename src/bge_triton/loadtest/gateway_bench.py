@@ -1,204 +1,305 @@
-"""`bge-triton bench gateway --repository DIR --model NAME --out reports/gateway`: the
-gateway against the SDK straight to Triton, side by side in one run (markdown + CSV).
+"""`bge-triton bench gateway [sdk|priority|stall] --repository DIR --model NAME`: the OpenAI gateway, three scenarios
+on one local tritonserver (the shipped text endpoint; encoder `costmodel` = zero cost, the hops alone,
+`gpu-costmodel` = the emulated A10G, `onnxruntime` = the real model on these CPUs) with the gateway in front.
 
-One local tritonserver (the shipped text endpoint; encoder: `costmodel` = a zero-cost one, so the
-hop's overhead is not lost in encoder time; `gpu-costmodel` = the emulated A10G of the other benches,
-6.26 ms per batch + 10 us per token; `onnxruntime` = the real model on these CPUs) and one gateway
-process in front of it. Two loads, each run for both paths in alternating blocks: one text in flight
-(p50 / p99 latency) and saturation (--concurrency single-text callers: throughput). The gateway's
-CPU per request is its process's CPU time over the requests it answered.
+sdk (issue 15): the gateway against the SDK straight to Triton, one text in flight (p50 / p99, blocks taking turns)
+  and at saturation (--concurrency callers; also the SDK's own MicroBatcher); the gateway's CPU per request.
+priority: queries one at a time, quiet and under a bulk flood (--flood callers x --flood-batch passages, no pause),
+  through a gateway as shipped (queries level 1) and one with everything on one level (emulated GPU by default).
+stall (issue 25): probes (GET /health, a one-text query, a one-text passage) back to back while the worst bodies the
+  limits allow go again and again; the gateway's own event-loop lag histogram. --gateway-src DIR runs another
+  checkout's gateway (e.g. a `git worktree` of an older commit) for a before / after by the same instrument.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import datetime
+import os
+import sys
+import tempfile
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import psutil
-
-from bge_triton.client import AsyncEmbeddingClient
-from bge_triton.loadtest.gateway_harness import bench_main, gateway_process, local_server, texts
-from bge_triton.loadtest.report import machine_line, write_csv
-from bge_triton.loadtest.stats import percentile
-
-__all__ = ["build_parser", "main"]
-
-Call = Callable[[str], Awaitable[Any]]
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="bge-triton bench gateway", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--repository", type=Path, required=True, help="an exported model repository")
-    p.add_argument("--model", default="bge_large_zh", help="text endpoint NAME in it")
-    p.add_argument("--encoder", choices=list(ENCODERS), default="costmodel",
-                   help="the encoder behind the text endpoint (costmodel: zero cost, isolates the hops; "
-                   "gpu-costmodel: the emulated A10G; onnxruntime: the real model on the CPUs)")
-    p.add_argument("--out", type=Path, default=Path("reports/gateway"))
-    p.add_argument("--serial", type=int, default=400, help="requests per path, one in flight")
-    p.add_argument("--saturated", type=int, default=1200, help="requests per path at saturation")
-    p.add_argument("--concurrency", type=int, default=32, help="callers at saturation")
-    p.add_argument("--block", type=int, default=50, help="requests per alternating block (one in flight)")
-    p.add_argument("--rounds", type=int, default=4, help="alternating rounds at saturation (ABBA order)")
-    p.add_argument("--gateway-arg", action="append", default=[], metavar="FLAG",
-                   help="extra gateway flag, e.g. --gateway-arg=--no-micro-batch (repeatable)")
-    p.add_argument("--name", default=None, help="report file stem (default gateway_bench_<encoder>)")
-    return p
-
+from bge_triton.loadtest import harness, loadgen, report
+from bge_triton.loadtest.stand import OpenAI, gateway, saturate, texts, turns
+from bge_triton.loadtest.stats import percentile, summarize
 
 ENCODERS: dict[str, dict[str, Any]] = {  # --encoder -> the CpuVariant keywords the local server renders
     "costmodel": {"executor": "costmodel", "cost_a_us": 0.0, "cost_b_us": 0.0},
     "gpu-costmodel": {"executor": "costmodel"},  # the variant's defaults: the A10G fit (loadtest.costmodel)
     "onnxruntime": {},
 }
+SDK, BATCHED, GATEWAY = "sdk -> triton", "sdk + micro-batcher -> triton", "gateway -> triton"
+PRIORITY_GATEWAYS = (("queries level 1, passages level 2 (shipped)", ()),
+                     ("one level for all (--query-priority 2)", ("--query-priority=2",)))
+PROBES: dict[str, dict[str, Any] | None] = {  # the event loop alone, then a one-text query and passage
+    "/health": None,
+    "small query": {"input": "小文本", "input_type": "query", "encoding_format": "base64"},
+    "small passage": {"input": "小文本", "encoding_format": "base64"},
+}
+TARGET_P99_MS = 50.0
+LAG_METRIC = "gateway_event_loop_lag_seconds"
 
 
-def abba(calls: dict[str, Call], k: int) -> list[tuple[str, Call]]:
-    """The paths in turn k: A B, then B A, ... so that a drifting machine favours neither (ABBA order)."""
-    order = list(calls.items())
-    return order[::-1] if k % 2 else order
+def cpu_s(pid: int) -> float:
+    import psutil
 
-
-async def serial(calls: dict[str, Call], items: list[str], block: int, meter: Callable[[], float] | None = None,
-                 cpu: dict[str, float] | None = None) -> dict[str, list[float]]:
-    """One request in flight; the paths alternate every `block` requests (ABBA) so drift hits both alike.
-    With a meter (the gateway's CPU seconds), cpu[path] sums what it read across that path's own blocks."""
-    lat: dict[str, list[float]] = {name: [] for name in calls}
-    for k, start in enumerate(range(0, len(items), block)):
-        for name, call in abba(calls, k):
-            c0 = meter() if meter else 0.0
-            for text in items[start:start + block]:
-                t0 = time.perf_counter()
-                await call(text)
-                lat[name].append((time.perf_counter() - t0) * 1e3)
-            if meter and cpu is not None:
-                cpu[name] = cpu.get(name, 0.0) + meter() - c0
-    return lat
-
-
-async def saturate(call: Call, items: list[str], concurrency: int) -> tuple[float, list[float]]:
-    """`concurrency` callers draining `items`; (requests/s, latencies ms)."""
-    queue, lat = list(reversed(items)), []
-
-    async def worker() -> None:
-        while queue:
-            text = queue.pop()
-            t0 = time.perf_counter()
-            await call(text)
-            lat.append((time.perf_counter() - t0) * 1e3)
-
-    t0 = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return len(items) / (time.perf_counter() - t0), lat
-
-
-def cpu_s(proc: psutil.Process) -> float:
-    t = proc.cpu_times()
+    t = psutil.Process(pid).cpu_times()
     return t.user + t.system
 
 
-SDK, BATCHED, GATEWAY = "sdk -> triton", "sdk + micro-batcher -> triton", "gateway -> triton"
+def _row(load: str, path: str, lat: list[float], rps: float, cpu_ms: float | None, errors: int = 0) -> dict[str, Any]:
+    return {"load": load, "path": path, "requests": len(lat), "p50_ms": percentile(lat, 50),
+            "p99_ms": percentile(lat, 99), "throughput_rps": rps, "gateway_cpu_ms_per_req": cpu_ms, "errors": errors}
 
 
-async def measure(args: argparse.Namespace, grpc_url: str, gateway_url: str, gateway: psutil.Process
-                  ) -> list[dict[str, Any]]:
-    """Both loads; at saturation also the SDK with its own MicroBatcher (the gateway's settings), so the
-    gateway's micro-batching is compared with what an SDK user gets from it too, not only with single calls."""
-    import aiohttp  # comes with tritonclient[http]; far less client CPU per request than httpx
+async def sdk_scenario(a: argparse.Namespace, grpc_url: str, url: str, pid: int) -> list[dict[str, Any]]:
+    """One in flight, then saturation in ABBA rounds; the gateway's CPU over its own turns only."""
+    from bge_triton.client import AsyncEmbeddingClient
 
-    url = gateway_url + "/v1/embeddings"
-    async with AsyncEmbeddingClient(grpc_url, model=args.model) as sdk, \
-            sdk.micro_batcher(max_batch=32, max_wait_s=0.002, max_in_flight=4) as batcher, \
-            aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=args.concurrency * 2)) as http:
-        async def via_gateway(text: str) -> Any:
-            async with http.post(url, json={"model": args.model, "input": text, "encoding_format": "base64"}) as r:
-                r.raise_for_status()
-                return await r.read()
-
-        calls: dict[str, Call] = {SDK: lambda t: sdk.embed_documents([t]), GATEWAY: via_gateway}
-        for call in (*calls.values(), batcher.embed):
-            await saturate(call, texts(50), 8)
-        rows = await _serial_rows(args, calls, gateway)
-        return rows + await _saturation_rows(args, {SDK: calls[SDK], BATCHED: batcher.embed, GATEWAY: via_gateway},
-                                             gateway)
-
-
-async def _serial_rows(args: argparse.Namespace, calls: dict[str, Call], gateway: psutil.Process
-                       ) -> list[dict[str, Any]]:
-    cpu: dict[str, float] = {}  # the gateway's CPU during its own blocks, not while the SDK's run
-    lat = await serial(calls, texts(args.serial), args.block, lambda: cpu_s(gateway), cpu)
-    serial_cpu = cpu[GATEWAY] / args.serial
-    return [{"load": "one in flight", "path": name, "requests": len(values), "p50_ms": percentile(values, 50),
-             "p99_ms": percentile(values, 99), "throughput_rps": 1e3 * len(values) / sum(values),
-             "gateway_cpu_ms_per_req": serial_cpu * 1e3 if name == GATEWAY else None} for name, values in lat.items()]
+    async with AsyncEmbeddingClient(grpc_url, model=a.model) as sdk, OpenAI(url, a.model, a.concurrency * 2) as gw, \
+            sdk.micro_batcher(max_batch=32, max_wait_s=0.002, max_in_flight=4) as batcher:
+        calls = {SDK: lambda t: sdk.embed_documents([t]), BATCHED: batcher.embed,
+                 GATEWAY: lambda t: gw.post({"input": t, "encoding_format": "base64"})}
+        for call in calls.values():
+            await saturate(call, texts(50, 64), 8)  # warm-up
+        lat, cpu = await turns({SDK: calls[SDK], GATEWAY: calls[GATEWAY]}, texts(a.serial, 64), a.block,
+                               lambda: cpu_s(pid))
+        rows = [_row("one in flight", n, v, 1e3 * len(v) / sum(v), cpu[n] / len(v) * 1e3 if n == GATEWAY else None)
+                for n, v in lat.items()]
+        runs: dict[str, list[tuple[float, list[float], float, int]]] = {name: [] for name in calls}
+        for k in range(a.rounds):
+            for name in list(calls)[::-1] if k % 2 else calls:
+                c0 = cpu_s(pid)
+                rps, values, errors = await saturate(calls[name], texts(a.saturated, 64), a.concurrency)
+                runs[name].append((rps, values, (cpu_s(pid) - c0) / a.saturated * 1e3, errors))
+    return rows + [_row(f"saturation ({a.concurrency} callers)", name, [v for r in rs for v in r[1]],
+                        sum(r[0] for r in rs) / len(rs),
+                        sum(r[2] for r in rs) / len(rs) if name == GATEWAY else None, sum(r[3] for r in rs))
+                   for name, rs in runs.items()]
 
 
-async def _saturation_rows(args: argparse.Namespace, calls: dict[str, Call], gateway: psutil.Process
-                           ) -> list[dict[str, Any]]:
-    sat: dict[str, list[tuple[float, list[float], float]]] = {name: [] for name in calls}
-    for k in range(args.rounds):
-        for name, call in abba(calls, k):
-            c0 = cpu_s(gateway)
-            rps, values = await saturate(call, texts(args.saturated), args.concurrency)
-            sat[name].append((rps, values, (cpu_s(gateway) - c0) / args.saturated))
+async def priority_scenario(a: argparse.Namespace, url: str) -> dict[str, Any]:
+    """Quiet query latency, then query latency under the bulk flood; passages/s of the flood."""
+    async with OpenAI(url, a.model, a.flood * 2 + 4) as gw:
+        triton_ms: list[float] = []
+
+        async def query(text: str) -> None:
+            triton_ms.append(float((await gw.post({"input": text, "input_type": "query"}))["x-inference-time"]))
+
+        await turns({"q": query}, texts(20, 64), 20)  # warm-up
+        quiet = (await turns({"q": query}, texts(a.queries, 64), a.queries))[0]["q"]
+        stop, done, passages = asyncio.Event(), [0], texts(a.flood_batch * 8, 64) * 2
+
+        async def bulk(k: int) -> None:
+            start = (k * a.flood_batch) % (len(passages) // 2)
+            await gw.post({"input": passages[start:start + a.flood_batch]})
+            done[0] += a.flood_batch
+
+        flood = asyncio.ensure_future(loadgen.closed_loop(bulk, a.flood, stop.is_set))
+        await asyncio.sleep(2.0)  # let the queue fill
+        t0, before = time.perf_counter(), done[0]
+        del triton_ms[:]
+        loaded = (await turns({"q": query}, texts(a.queries, 64), a.queries))[0]["q"]
+        rate = (done[0] - before) / (time.perf_counter() - t0)
+        stop.set()
+        await flood
+    return {"quiet_p50_ms": percentile(quiet, 50), "quiet_p99_ms": percentile(quiet, 99),
+            "flood_p50_ms": percentile(loaded, 50), "flood_p99_ms": percentile(loaded, 99),
+            "p99_ratio": percentile(loaded, 99) / percentile(quiet, 99),
+            "flood_triton_p50_ms": percentile(triton_ms, 50), "flood_passages_per_s": rate}
+
+
+def stall_bodies(model: str, chars: int = 1_300_000) -> list[tuple[str, str, dict[str, Any]]]:
+    """(name, path, JSON body): the largest bodies the default limits (8 MiB, 2048 inputs) let through."""
+    one, many = "中 " * chars, ["中 " * 1000] * 2048  # 2048 x 4 KB of UTF-8: 8.2 MB of JSON, under 8 MiB
+    return [(f"one 5 MB text, truncate {t}", "/v1/embeddings", {"model": model, "input": one, "truncate": t})
+            for t in ("START", "NONE", "END")] + [
+        ("TEI /embed, one 5 MB text, truncate Left", "/embed",
+         {"inputs": one, "truncate": True, "truncation_direction": "Left"}),
+        # last: on CPU its texts outlast the text endpoint's queue timeout; the backlog would 503 the next scenario
+        ("2048 texts of 2000 chars, truncate START", "/v1/embeddings",
+         {"model": model, "input": many, "truncate": "START", "encoding_format": "base64"})]
+
+
+def lag_buckets(metrics_text: str) -> dict[float, float]:
+    """{le: cumulative count} of the gateway's event-loop lag histogram ({} for a gateway without it)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name == LAG_METRIC:
+            return {float(s.labels["le"]): s.value for s in family.samples if s.name == LAG_METRIC + "_bucket"}
+    return {}
+
+
+def summarize_lag(before: dict[float, float], after: dict[float, float]) -> dict[str, Any]:
+    """The window's loop ticks (10 ms timers): how many, how many fired > 2 ms and > 10 ms late, and the upper bound
+    of the latest one's bucket (ms); None everywhere for a gateway that does not measure it."""
+    if not after:
+        return dict.fromkeys(("loop_ticks", "late_2ms", "late_10ms", "worst_lag_ms"))
+    delta = {le: after[le] - before.get(le, 0.0) for le in after}
+    total = delta.get(float("inf"), 0.0)
+    worst = min((le for le, n in delta.items() if n >= total), default=float("inf")) if total else 0.0
+    return {"loop_ticks": int(total), "late_2ms": int(total - delta.get(0.002, 0.0)),
+            "late_10ms": int(total - delta.get(0.01, 0.0)),
+            "worst_lag_ms": f"<= {worst * 1e3:g}" if worst != float("inf") else "> 5000"}
+
+
+async def _window(a: argparse.Namespace, url: str, big: tuple[str, bytes] | None) -> list[dict[str, Any]]:
+    """Probes (each back to back, 5 ms apart) while the big body goes again and again on another connection (at
+    least --repeats times and --window-s seconds), or for --window-s with none: a row per probe."""
+    stop, lat = asyncio.Event(), {p: list[float]() for p in PROBES}
+    async with OpenAI(url, a.model) as probes, OpenAI(url, a.model) as bulk:
+        async def probe(k: int) -> None:
+            name = list(PROBES)[k]
+            t0 = time.perf_counter()
+            await (probes.get(name) if PROBES[name] is None else probes.post(PROBES[name] or {}))
+            lat[name].append((time.perf_counter() - t0) * 1e3)
+            await asyncio.sleep(0.005)
+
+        lag0 = lag_buckets(await bulk.get("/metrics"))
+        task = asyncio.ensure_future(loadgen.closed_loop(probe, len(PROBES), stop.is_set))
+        answers: list[tuple[str, float]] = []
+        start = time.perf_counter()
+        while len(answers) < (a.repeats if big else 0) or time.perf_counter() - start < a.window_s:
+            if big is None:
+                await asyncio.sleep(a.window_s)
+                continue
+            t0 = time.perf_counter()
+            try:
+                await bulk.post(big[1], big[0])
+                status = "200"
+            except Exception as exc:  # an answer all the same: its status is the row's content
+                status = str(getattr(exc, "status", type(exc).__name__))
+            answers.append((status, time.perf_counter() - t0))
+        stop.set()
+        await task
+        lag = summarize_lag(lag0, lag_buckets(await bulk.get("/metrics")))
+    big_s = sum(s for _, s in answers) / len(answers) if answers else None
     rows = []
-    for name, runs in sat.items():
-        values = [v for _, vs, _ in runs for v in vs]
-        rows.append({"load": f"saturation ({args.concurrency} callers)", "path": name, "requests": len(values),
-                     "p50_ms": percentile(values, 50), "p99_ms": percentile(values, 99),
-                     "throughput_rps": sum(r for r, _, _ in runs) / len(runs),
-                     "gateway_cpu_ms_per_req": (sum(c for _, _, c in runs) / len(runs) * 1e3
-                                                if name == GATEWAY else None)})
+    for name, values in lat.items():
+        s = summarize(values)
+        rows.append({"probe": name, "n": s.count, "p50_ms": s.p50_ms, "p99_ms": s.p99_ms, "max_ms": s.max_ms,
+                     "big_status": "/".join(sorted({st for st, _ in answers})) or "-", "big_s": big_s, **lag,
+                     "p99_ok": "yes" if s.p99_ms <= TARGET_P99_MS else "NO", "x": len(answers)})
     return rows
 
 
-def write_report(args: argparse.Namespace, rows: list[dict[str, Any]], command: str, load: str) -> Path:
-    args.out.mkdir(parents=True, exist_ok=True)
-    fields = ["load", "path", "requests", "p50_ms", "p99_ms", "throughput_rps", "gateway_cpu_ms_per_req"]
-    fmt = lambda v: "-" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))  # noqa: E731
-    stem = args.name or f"gateway_bench_{args.encoder}"
-    write_csv([{k: fmt(r[k]) for k in fields} for r in rows], fields, args.out / f"{stem}.csv", command)
-    by = {(r["load"], r["path"]): r for r in rows}
-    checks = []
-    for load_name in dict.fromkeys(r["load"] for r in rows):
-        gw = by[(load_name, GATEWAY)]
-        for sdk in (by[key] for key in ((load_name, SDK), (load_name, BATCHED)) if key in by):
-            checks.append(f"| {load_name} | {sdk['path']} | {gw['p50_ms'] - sdk['p50_ms']:+.3f} ms | "
-                          f"{gw['throughput_rps'] / sdk['throughput_rps']:.3f} | "
-                          f"{fmt(gw['gateway_cpu_ms_per_req'])} ms |")
-    lines = [f"<!-- generated by `{command}`; rerun it to regenerate -->", "# Gateway vs SDK straight to Triton", "",
-             f"- command: `{command}`", f"- machine: {machine_line()}; load average at start {load}; shared with "
-             "other jobs (noisy)", f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
-             f"- server: local tritonserver 2.51 (CPU), text endpoint `{args.model}` as shipped, encoder "
-             f"`{args.encoder}`", f"- paths: `{SDK}` = AsyncEmbeddingClient (gRPC), one call per text; `{BATCHED}` "
-             "(saturation only) = the same client's MicroBatcher with the gateway's settings (32 texts, 2 ms, 4 in "
-             f"flight); `{GATEWAY}` = aiohttp POST /v1/embeddings (base64) to the gateway process, which calls "
-             "Triton with the same SDK (and its MicroBatcher); the paths take turns in ABBA order",
-             f"- gateway flags: {' '.join(args.gateway_arg) or '(defaults: micro-batcher on)'}", "",
-             "| load | path | requests | p50 ms | p99 ms | throughput req/s | gateway CPU ms/req |",
-             "|---|---|---|---|---|---|---|"]
-    lines += [f"| {' | '.join(fmt(r[k]) for k in fields)} |" for r in rows]
-    lines += ["", "Gateway against SDK (issue 15 targets: p50 added <= 0.5 ms, throughput ratio >= 0.90):", "",
-              "| load | against | p50 added | throughput ratio | gateway CPU per request |", "|---|---|---|---|---|",
-              *checks, ""]
-    path = args.out / f"{stem}.md"
-    path.write_text("\n".join(lines), encoding="utf-8")
-    return path
+async def stall_scenario(a: argparse.Namespace, url: str) -> list[dict[str, Any]]:
+    import orjson
+
+    await _window(argparse.Namespace(**{**vars(a), "window_s": 1.0}), url, None)  # warm-up
+    rows = [{"scenario": "no big request", **r} for r in await _window(a, url, None)]
+    for name, path, body in stall_bodies(a.model):
+        raw = orjson.dumps(body)
+        rows += [{"scenario": f"{name} ({len(raw) / 1e6:.1f} MB) x{r['x']}", **r}
+                 for r in await _window(a, url, (path, raw))]
+    return rows
+
+
+SCENARIOS: dict[str, tuple[str, list[str], str]] = {  # scenario -> report title, fields, what ran
+    "sdk": ("Gateway vs SDK straight to Triton",
+            ["load", "path", "requests", "p50_ms", "p99_ms", "throughput_rps", "gateway_cpu_ms_per_req", "errors"],
+            f"`{SDK}` = AsyncEmbeddingClient (gRPC), one call per text; `{BATCHED}` (saturation only) = its "
+            f"MicroBatcher with the gateway's settings (32 texts, 2 ms, 4 in flight); `{GATEWAY}` = aiohttp POST "
+            "/v1/embeddings (base64) to the gateway process (the same SDK and MicroBatcher inside); paths take turns "
+            "(ABBA); the gateway's CPU counted over its own turns"),
+    "priority": ("Online queries under a bulk indexing flood, with and without Triton priority levels",
+                 ["gateway", "quiet_p50_ms", "quiet_p99_ms", "flood_p50_ms", "flood_p99_ms", "p99_ratio",
+                  "flood_triton_p50_ms", "flood_passages_per_s"],
+                 "queries (input_type=query) one at a time, quiet, then while bulk callers send passage batches "
+                 "without pause; per gateway: as shipped, and with --query-priority 2"),
+    "stall": ("Gateway stall: probes while the worst bodies are in flight",
+              ["scenario", "probe", "n", "p50_ms", "p99_ms", "max_ms", "big_status", "big_s", "loop_ticks",
+               "late_2ms", "late_10ms", "worst_lag_ms", "p99_ok"],
+              "probes GET /health (the event loop alone), a one-text query and a one-text passage (these also wait "
+              "where Triton queues them), each back to back 5 ms apart on its own connection, while the big body goes "
+              "again and again on another (xN counts it)"),
+}
+
+
+def _cell(v: Any) -> str:
+    return "-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
+
+
+def write_report(a: argparse.Namespace, rows: list[dict[str, Any]], command: str, load: float) -> Path:
+    """<out>/<name>.md + .csv: the rows as one table (their fields), then what the scenario's targets say."""
+    title, fields, what = SCENARIOS[a.scenario]
+    stem = a.name or {"sdk": f"gateway_bench_{a.encoder}", "priority": "gateway_priority",
+                                                  "stall": "stall"}[a.scenario]
+    report.write_csv(rows, fields, a.out / f"{stem}.csv", command)
+    lines = [f"- what ran: {a.label or 'this checkout'}; gateway flags: {' '.join(a.gateway_arg) or '(defaults)'}",
+             f"- machine: {report.machine_line()}; load average at start {load:.1f} (shared with other jobs: noisy)",
+             f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
+             f"- server: local tritonserver 2.51 (CPU), text endpoint `{a.model}` as shipped, encoder `{a.encoder}`",
+             f"- load: {what}", "",
+             *report.table(" | ".join(fields), ([_cell(r.get(k)) for k in fields] for r in rows)), ""]
+    if a.scenario == "sdk":
+        by = {(r["load"], r["path"]): r for r in rows}
+        checks = [(load_, sdk, f"{by[load_, GATEWAY]['p50_ms'] - by[load_, sdk]['p50_ms']:+.3f} ms",
+                   f"{by[load_, GATEWAY]['throughput_rps'] / by[load_, sdk]['throughput_rps']:.3f}",
+                   f"{_cell(by[load_, GATEWAY]['gateway_cpu_ms_per_req'])} ms")
+                  for load_ in dict.fromkeys(r["load"] for r in rows) for sdk in (SDK, BATCHED) if (load_, sdk) in by]
+        lines += ["Gateway against SDK (issue 15 targets: p50 added <= 0.5 ms, throughput ratio >= 0.90):", "",
+                  *report.table("load | against | p50 added | throughput ratio | gateway CPU per request", checks)]
+    else:
+        lines.append("Issue 15's target: query p99 under the flood within 2x its quiet p99 (p99_ratio <= 2)."
+                     if a.scenario == "priority" else f"Issue 25's target: probe p99 <= {TARGET_P99_MS:g} ms (p99_ok). "
+                     "Loop columns: the gateway's 10 ms timer (/metrics gateway_event_loop_lag_seconds) in the window: "
+                     "ticks, ticks > 2 ms / 10 ms late, the latest tick's bucket; '-' for a gateway without it.")
+    return report.write_md(a.out / f"{stem}.md", command, title, lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="bge-triton bench gateway", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("scenario", nargs="?", choices=list(SCENARIOS), default="sdk", help="what to measure (default sdk)")
+    p.add_argument("--repository", type=Path, required=True, help="an exported model repository")
+    p.add_argument("--model", default="bge_large_zh", help="text endpoint NAME in it")
+    p.add_argument("--encoder", choices=list(ENCODERS), help="the encoder behind the text endpoint (default "
+                   "costmodel; priority: gpu-costmodel)")
+    p.add_argument("--out", type=Path, default=Path("reports/gateway"))
+    p.add_argument("--name", help="report file stem (default gateway_bench_<encoder>, gateway_priority, stall)")
+    p.add_argument("--label", default="", help="what ran, for the report (e.g. 'before: commit 1ea3cab')")
+    p.add_argument("--gateway-arg", action="append", default=[], metavar="FLAG",
+                   help="extra gateway flag, e.g. --gateway-arg=--no-micro-batch (repeatable)")
+    p.add_argument("--gateway-src", type=Path, help="run the gateway from this src/ folder (PYTHONPATH)")
+    for flag, default, what in (("serial", 400, "sdk: requests per path, one in flight"),
+                                ("saturated", 1200, "sdk: requests per path and round at saturation"),
+                                ("concurrency", 32, "sdk: callers at saturation"),
+                                ("block", 50, "sdk: requests per turn (one in flight)"),
+                                ("rounds", 4, "sdk: rounds at saturation (ABBA order)"),
+                                ("queries", 200, "priority: queries per measurement, one at a time"),
+                                ("flood", 16, "priority: bulk callers sending passages without pause"),
+                                ("flood-batch", 16, "priority: passages per bulk request"),
+                                ("repeats", 2, "stall: at least this many big requests per scenario")):
+        p.add_argument(f"--{flag}", type=int, default=default, help=f"{what} (default {default})")
+    p.add_argument("--window-s", type=float, default=5.0, help="stall: seconds of probes per scenario (default 5)")
+    return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return bench_main("bge_triton.loadtest.gateway_bench", build_parser(), argv, _run, write_report)
-
-
-def _run(args: argparse.Namespace, tmp: Path) -> list[dict[str, Any]]:
-    """Start the server and the gateway, measure, stop both (by pid)."""
     from bge_triton.server.cpu_variant import CpuVariant
+    from bge_triton.server.launcher import LocalServer
 
-    with local_server(args.repository, CpuVariant(**ENCODERS[args.encoder]), tmp / "server") as srv, \
-            gateway_process(srv.grpc_url, tmp / "gateway.log", model=args.model, repository=args.repository,
-                            flags=args.gateway_arg) as (gateway, url):
-        return asyncio.run(measure(args, srv.grpc_url, url, psutil.Process(gateway.pid)))
+    args = list(sys.argv[1:] if argv is None else argv)
+    a = build_parser().parse_args(args)
+    a.encoder = a.encoder or ("gpu-costmodel" if a.scenario == "priority" else "costmodel")
+    command, load = " ".join(["bge-triton bench gateway", *args]), os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="gateway-bench-") as tmp, LocalServer(harness.server_settings(
+            a.repository.resolve(), Path(tmp) / "server", CpuVariant(**ENCODERS[a.encoder]), port_range=None)) as srv:
+        rows: list[dict[str, Any]] = []
+        for label, flags in PRIORITY_GATEWAYS if a.scenario == "priority" else (("", ()),):
+            with gateway(srv.grpc_url, Path(tmp) / f"gateway{len(rows)}.log", a.model, [*flags, *a.gateway_arg],
+                         a.gateway_src) as (url, pid):
+                print(f"[bench gateway {a.scenario}] {label} ...", flush=True)
+                if a.scenario == "priority":
+                    rows.append({"gateway": label, **asyncio.run(priority_scenario(a, url))})
+                else:
+                    rows = asyncio.run(sdk_scenario(a, srv.grpc_url, url, pid) if a.scenario == "sdk"
+                                       else stall_scenario(a, url))
+    print(write_report(a, rows, command, load).read_text(encoding="utf-8"))
+    return 0

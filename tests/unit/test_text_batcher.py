@@ -125,7 +125,7 @@ def triton_model(tmp_path, monkeypatch, answer, **params):
     return model, pb
 
 
-MARKERS: list[str] = []  # the query markers' files: finalize leaves them (shared by the encoder's text models)
+MARKERS: list[str] = []  # the query markers' files: removed by finalize, and here after a test that failed first
 
 
 @pytest.fixture(autouse=True)
@@ -133,8 +133,9 @@ def _remove_markers():
     yield
     while MARKERS:
         path = MARKERS.pop()
-        if os.path.exists(path):
-            os.unlink(path)
+        for leftover in (path, path + ".users"):
+            if os.path.exists(leftover):
+                os.unlink(leftover)
 
 
 @pytest.fixture
@@ -416,3 +417,25 @@ def test_the_triton_mode_and_its_query_model_are_rendered_from_the_committed_con
     assert query.name == "bge_large_zh_query" and query.dynamic_batching.default_priority_level == 1
     assert text_settings(query).onnx_model == "bge_large_zh_onnx"  # the same encoder (and so the same QueryMarker)
     assert committed.max_batch_size == 128 and text_settings(committed).scheduler == "pool"  # copies, not edits
+
+
+def test_the_encoders_marker_is_shared_and_removed_by_the_last_model_to_close(tmp_path) -> None:
+    """A bulk model and its query model share the encoder's marker: one unloading leaves the file (the other still
+    marks and reads it, and a model loaded later opens the same one); the last removes it."""
+    import text_batcher
+
+    name = f"enc_{tmp_path.name}"
+    bulk, query = text_batcher.SharedMarker(name), text_batcher.SharedMarker(name)
+    query.mark(123.0)
+    assert bulk.path == query.path and bulk.last() == 123.0
+    query.close()
+    assert os.path.exists(bulk.path)
+    later = text_batcher.SharedMarker(name)
+    later.mark(456.0)
+    assert bulk.last() == 456.0
+    assert bulk.try_bulk() and not later.try_bulk()  # the bulk slot: one holder at a time, models apart
+    bulk.release_bulk()
+    later.close()
+    assert os.path.exists(bulk.path)
+    bulk.close()
+    assert not os.path.exists(bulk.path) and not os.path.exists(bulk.users_path)

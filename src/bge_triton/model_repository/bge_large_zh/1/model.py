@@ -111,11 +111,11 @@ def _backend(settings: TextSettings, cfg: dict, args: dict) -> EncoderBackend:
     return module.make_backend(settings, cfg, args)
 
 
-def _batcher(settings: TextSettings, backend: EncoderBackend, pad_id: int, dim: int, marker):
+def _batcher(settings: TextSettings, backend: EncoderBackend, pad_id: int, dim: int):
     """Scheduler "triton": text_batcher.Batcher over the backend's coroutine (BLS async_exec), or its blocking run()
     in the event loop's thread pool (the CPU variant's in-process encoder)."""
     try:
-        from text_batcher import Batcher
+        from text_batcher import Batcher, SharedMarker
     except ImportError as exc:
         raise pb_utils.TritonModelException(
             f"parameter scheduler='triton' needs text_batcher.py beside model.py ({exc}): copy the model "
@@ -128,7 +128,7 @@ def _batcher(settings: TextSettings, backend: EncoderBackend, pad_id: int, dim: 
     if run is None:
         async def run(ids, mask):
             return await asyncio.get_running_loop().run_in_executor(None, blocking, ids, mask)
-    return Batcher(settings, pad_id, dim, run, marker, log=_log, run_blocking=blocking)
+    return Batcher(settings, pad_id, dim, run, SharedMarker(settings.onnx_model), log=_log, run_blocking=blocking)
 
 
 class TritonPythonModel:
@@ -155,8 +155,7 @@ class TritonPythonModel:
         if self.settings.scheduler == "triton":
             # query mode is shared by every text model in front of the same encoder (e.g. a query-only model beside
             # the bulk one: server.repository.query_model_config), so the marker is the encoder's
-            self.batcher = _batcher(self.settings, self.backend, tok.pad_id, int(cfg["output"][0]["dims"][-1]),
-                                    QueryMarker(self.settings.onnx_model))
+            self.batcher = _batcher(self.settings, self.backend, tok.pad_id, int(cfg["output"][0]["dims"][-1]))
         else:
             self._pool(cfg, tok)
         self.flusher = threading.Thread(target=self._flush_loop, name="kit-metrics", daemon=True)
@@ -213,9 +212,7 @@ class TritonPythonModel:
         if self.scheduler is not None:
             self.scheduler.close()
         elif self.batcher is not None and self.batcher.marker is not None:
-            # closed, not removed: the file is the encoder's, shared with the other text models in front of it that
-            # may stay loaded (a model loaded later must find the same file); 8 bytes under /dev/shm per server
-            os.close(self.batcher.marker.fd)
+            self.batcher.marker.close()  # removed by the last text model in front of the encoder
         self.stopping.set()
         self.flusher.join(5)
         self._flush_metrics()

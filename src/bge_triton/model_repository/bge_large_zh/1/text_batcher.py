@@ -19,6 +19,9 @@ part, given the encoder call as a coroutine function.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
+import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -30,7 +33,8 @@ from text_core import Cancelled, EncoderFailed, TextError, TextSettings
 from text_scheduler import CANCEL_SHARE, Counters, QueryMarker
 from text_stages import Batch, plan_sub_batches
 
-__all__ = ["Result", "SubBatch", "plan", "chunk", "pad", "accept", "is_query", "Batcher", "SLOT_POLL_S"]
+__all__ = ["Result", "SubBatch", "plan", "chunk", "pad", "accept", "is_query", "SharedMarker", "Batcher",
+           "SLOT_POLL_S"]
 
 SLOT_POLL_S = 0.001  # how often a bulk sub-batch in query mode asks for the instances' shared bulk slot
 
@@ -174,6 +178,32 @@ def accept(sub: SubBatch, results: Sequence[Result], arr: npt.NDArray[np.float32
             continue
         res.out[row] = arr[k]
         res.remaining -= 1
+
+
+class SharedMarker(QueryMarker):
+    """text_scheduler's QueryMarker, named by the ENCODER and shared by every text model in front of it (a bulk
+    model and its query-only model). Each opener holds a shared lock on a companion file (`.users`: a lock on the
+    marker itself would take its bulk slot); the last to close (its exclusive lock granted) removes both, so a model
+    unloaded while another stays leaves the marker to it and to models loaded later."""
+
+    def __init__(self, encoder: str, server_pid: int | None = None) -> None:
+        super().__init__(encoder, server_pid)
+        self.users_path = self.path + ".users"
+        self.users = os.open(self.users_path, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(self.users, fcntl.LOCK_SH)
+
+    def close(self) -> None:
+        try:
+            fcntl.flock(self.users, fcntl.LOCK_EX | fcntl.LOCK_NB)  # granted: no other model holds the marker
+            last = True
+        except BlockingIOError:
+            last = False
+        if last:
+            for path in (self.path, self.users_path):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+        os.close(self.users)
+        os.close(self.fd)
 
 
 class Batcher:

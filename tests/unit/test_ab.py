@@ -82,6 +82,7 @@ def test_the_peak_reads_only_points_served_without_errors() -> None:
     assert m["peak_vs_ideal"] == pytest.approx(0.6)
     assert ab.clean({"n": 1000, "errors": 10}) and not ab.clean({"n": 1000, "errors": 11})
     assert ab.clean({"n": 0, "errors": 0}) and not ab.clean({"n": 0, "errors": 1})
+    assert ab.clean({"n": 1000, "errors": 216, "unanswered": 216})  # still running at the grace's end: slow, not failed
     all_refused = [dict(r, errors=1000, n=10) if r["phase"] == "peak" else r for r in refused]
     assert math.isnan(ab.metrics_of(all_refused, "triton", 1000.0, 2000.0)["peak_vs_ideal"])
 
@@ -114,12 +115,13 @@ def test_better_knows_which_way_each_target_points() -> None:
 
 
 def test_the_drain_row_counts_texts_served_until_the_last_ok_answer_and_sheds_by_cause() -> None:
-    outcomes = [(0.5, ""), (2.0, ""), (4.0, ""), (0.01, "ServerUnavailable: Exceeds maximum queue size: 2030 texts"),
+    outcomes = [(0.5, ""), (2.0, ""), (4.0, ""),
+                (0.01, "Overloaded: (Exceeds maximum queue size: 2030); raise max_queue_size or queue timeout"),
                 (5.0, "ServerUnavailable: Request timeout expired"), (5.1, "InternalError: boom")]
     row = ab.drain_row(outcomes, 64)
     assert row["texts_served"] == 192 and row["drain_s"] == 4.0 and row["texts_per_s"] == pytest.approx(48.0)
     assert row["failed"] == 3 and row["shed"] == "1 queue full, 1 timed out, 1 other"
-    assert row["last_answer_s"] == 5.1 and row["first_error"].startswith("ServerUnavailable: Exceeds")
+    assert row["last_answer_s"] == 5.1 and row["first_error"].startswith("Overloaded: (Exceeds")
     nothing = ab.drain_row([(0.1, "ServerUnavailable: Exceeds maximum queue size")], 64)
     assert nothing["texts_served"] == 0 and math.isnan(nothing["texts_per_s"])
 

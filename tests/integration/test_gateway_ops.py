@@ -16,7 +16,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_dead_python_stub_turns_ready_to_503_within_5s(server_factory, minilm_repo, tmp_path) -> None:
-    from bge_triton.loadtest.chaos_faults import stub_pids
+    from bge_triton.loadtest.stats import stub_pids
 
     srv = server_factory(minilm_repo)
     proc = start(tmp_path, srv.grpc_url, minilm_repo, "--canary-interval", "0.5", "--ready-max-age", "2")

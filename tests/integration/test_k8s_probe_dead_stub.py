@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from bge_triton.loadtest.chaos_faults import stub_pids
+from bge_triton.loadtest.stats import stub_pids
 from bge_triton.server.repository import get_param, load_repository
 
 pytestmark = [pytest.mark.integration,

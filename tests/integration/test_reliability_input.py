@@ -49,8 +49,8 @@ def server(minilm_repo: Path, tmp_path_factory: pytest.TempPathFactory):
 
 def _healthy(srv) -> bool:
     client = raw_client("http", srv.http_url)
-    out = raw_infer(client, "http", NAME, [("text", "BYTES", text_array(["still alive"]))])
-    return client.is_server_ready() and client.is_model_ready(f"{NAME}_onnx") and out.ok
+    out = raw_infer(client, NAME, [("text", "BYTES", text_array(["still alive"]))])
+    return client.ready(None, 5.0) and client.ready(f"{NAME}_onnx", 5.0) and out.ok
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
@@ -140,7 +140,7 @@ def test_bad_requests_fail_alone_in_one_triton_batch(server) -> None:
     before = batches()
 
     def send(texts):
-        return raw_infer(raw_client("grpc", server.grpc_url), "grpc", HELD, [("text", "BYTES", text_array(texts))])
+        return raw_infer(raw_client("grpc", server.grpc_url), HELD, [("text", "BYTES", text_array(texts))])
 
     with cf.ThreadPoolExecutor(len(payloads)) as pool:
         outs = list(pool.map(send, payloads))

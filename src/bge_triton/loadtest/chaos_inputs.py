@@ -3,8 +3,8 @@ sends thousands of them while watching the server's memory.
 
 Each case says what the server must answer: "ok" (rows come back; over-long text is truncated, the
 documented default) or an error status plus a substring of the message that names the problem.
-Raw tritonclient requests are used (below the kit client, which would refuse to build most of them), so the server's
-own checks are what is tested; outcomes are labelled by errors.kind_of of their status.
+Requests go through the SDK's transport below the kit client (which would refuse to build most of them), so the
+server's own checks are what is tested; outcomes are labelled by errors.kind_of of their status.
 """
 from __future__ import annotations
 
@@ -13,12 +13,15 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
+from tritonclient.utils import InferenceServerException
 
+from bge_triton.client.core import InferCall
+from bge_triton.client.transport import GrpcSync, HttpSync
 from bge_triton.errors import kind_of
-from bge_triton.loadtest.chaos_faults import closed_loop, tree_rss_mb
+from bge_triton.loadtest.loadgen import closed_loop
+from bge_triton.loadtest.stats import tree_rss_mb
 
 
 @dataclass
@@ -32,32 +35,18 @@ class RawOutcome:
     seconds: float = 0.0
 
 
-def raw_client(protocol: str, url: str) -> Any:
-    """A plain tritonclient client (gRPC or HTTP)."""
-    import tritonclient.grpc
-    import tritonclient.http
-
-    return (tritonclient.grpc if protocol == "grpc" else tritonclient.http).InferenceServerClient(url)
+def raw_client(protocol: str, url: str) -> GrpcSync | HttpSync:
+    """The SDK's own transport (client.transport: the kit's request bytes), without the client's input checks."""
+    return GrpcSync(url) if protocol == "grpc" else HttpSync(url)
 
 
-def raw_infer(client: Any, protocol: str, model: str, inputs: Sequence[tuple[str, str, np.ndarray]],
+def raw_infer(client: GrpcSync | HttpSync, model: str, inputs: Sequence[tuple[str, str, np.ndarray]],
               parameters: dict | None = None, timeout_s: float = 30.0) -> RawOutcome:
     """Send named (name, datatype, array) inputs; never raises for a server answer."""
-    import tritonclient.grpc
-    import tritonclient.http
-    from tritonclient.utils import InferenceServerException
-
-    mod: Any = tritonclient.grpc if protocol == "grpc" else tritonclient.http
-    tensors = []
-    for name, dtype, arr in inputs:
-        tensors.append(t := mod.InferInput(name, list(arr.shape), dtype))
-        t.set_data_from_numpy(arr, **({"binary_data": True} if protocol == "http" else {}))
-    kwargs: dict[str, Any] = {"parameters": parameters} if parameters else {}
-    if protocol == "grpc":
-        kwargs["client_timeout"] = timeout_s
+    call = InferCall(model, tuple(inputs), dict(parameters or {}), rows=len(inputs[0][2]) if inputs else 0)
     start = time.monotonic()
     try:
-        emb = client.infer(model, tensors, **kwargs).as_numpy("embedding")
+        emb = client.infer(call, timeout_s).as_numpy("embedding")
         return RawOutcome(True, rows=0 if emb is None else int(emb.shape[0]), seconds=time.monotonic() - start)
     except InferenceServerException as exc:
         return RawOutcome(False, str(exc.status() or ""), exc.message() or str(exc), seconds=time.monotonic() - start)
@@ -148,7 +137,7 @@ def run_catalogue(urls: dict[str, str], model: str, cases: Sequence[Case] = ALL_
     for protocol, url in urls.items():
         client = raw_client(protocol, url)
         for case in cases:
-            out = raw_infer(client, protocol, target_model(case, model), case.build(), case.parameters)
+            out = raw_infer(client, target_model(case, model), case.build(), case.parameters)
             rows.append({"case": case.name, "target": case.target, "protocol": protocol, "ok": out.ok,
                          "status": out.status, "message": out.message[:160], "seconds": round(out.seconds, 4),
                          "problem": check(case, out)})
@@ -162,7 +151,7 @@ def flood(grpc_url: str, model: str, pid: int, requests: int, workers: int = 4) 
     cases = [c for c in ALL_CASES if c.expect != "ok" and c.name != "text_100k_truncate_false"]
     clients = [raw_client("grpc", grpc_url) for _ in range(workers)]
     for case in cases * 3:  # first touches allocate caches: not a leak
-        raw_infer(clients[0], "grpc", target_model(case, model), case.build(), case.parameters)
+        raw_infer(clients[0], target_model(case, model), case.build(), case.parameters)
     time.sleep(0.5)
     rss_before = tree_rss_mb(pid)
     kinds: Counter = Counter()
@@ -172,8 +161,7 @@ def flood(grpc_url: str, model: str, pid: int, requests: int, workers: int = 4) 
     async def send(k: int) -> None:
         case = cases[sent[0] % len(cases)]
         sent[0] += 1
-        out = await asyncio.to_thread(raw_infer, clients[k], "grpc", target_model(case, model), case.build(),
-                                      case.parameters)
+        out = await asyncio.to_thread(raw_infer, clients[k], target_model(case, model), case.build(), case.parameters)
         kinds[kind_of(out.status)] += 1
         if (bad := check(case, out)) and len(problems) < 5:
             problems.append(bad)

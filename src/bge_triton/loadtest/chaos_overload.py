@@ -19,8 +19,8 @@ from pathlib import Path
 
 from bge_triton.client import AsyncEmbeddingClient, Overloaded, RetryPolicy
 from bge_triton.loadtest import harness, loadgen
-from bge_triton.loadtest.chaos_faults import PORT_RANGE, capacity, open_loop, tree_rss_mb
-from bge_triton.loadtest.stats import percentile
+from bge_triton.loadtest.chaos_faults import PORT_RANGE, capacity
+from bge_triton.loadtest.stats import percentile, tree_rss_mb
 from bge_triton.server.cpu_variant import CpuVariant
 from bge_triton.server.launcher import http_ready
 from bge_triton.server.repository import Batching
@@ -112,7 +112,7 @@ async def _storm(client: AsyncEmbeddingClient, phases: list[tuple[str, float, fl
         phase = phases[next(k for k, end in enumerate(ends) if t < end)][0]
         shots.append(Shot(phase, t, done - t, kind, attempts.pop(t, [1])[0]))
 
-    await open_loop(call, times(), now, record, deadline_s + 2.0)
+    await loadgen.open_loop(call, times(), now, record, deadline_s + 2.0)
     return shots
 
 

@@ -32,16 +32,8 @@ from bge_triton.client import AsyncEmbeddingClient, KitError, RetryPolicy
 from bge_triton.errors import InputError, ServerNotReady
 from bge_triton.loadtest import corpus, loadgen
 from bge_triton.loadtest import soak_analysis as sa
-from bge_triton.loadtest.chaos_faults import (
-    PORT_RANGE,
-    capacity,
-    kill_orphan_stubs,
-    open_loop,
-    shm_regions,
-    stub_pids,
-    stub_regions,
-    tree_rss_mb,
-)
+from bge_triton.loadtest.chaos_faults import PORT_RANGE, capacity, kill_orphan_stubs, remove_orphan_shm
+from bge_triton.loadtest.stats import stub_pids, tree_rss_mb
 from bge_triton.paths import CANONICAL_REPOSITORY
 from bge_triton.server.launcher import free_ports, log_tail, stop_pid
 
@@ -190,10 +182,7 @@ class Watcher:
                 stop_pid(pid)
         out["orphan_stubs_killed"] = len(kill_orphan_stubs(self.stubs_seen))  # docs/reliability.md
         time.sleep(0.5)
-        left = shm_regions() & stub_regions(self.stubs_seen)  # named by our stubs, left by a killed server
-        for name in left:
-            (Path("/dev/shm") / name).unlink(missing_ok=True)
-        out["shm_regions_removed"] = len(left)
+        out["shm_regions_removed"] = remove_orphan_shm(self.stubs_seen)
         self.proc = None
         return out
 
@@ -324,7 +313,7 @@ class Soak:
             finally:
                 self.pending.discard(t)
 
-        sent = await open_loop(call, times(), self.now, self._record, s.deadline_s)
+        sent = await loadgen.open_loop(call, times(), self.now, self._record, s.deadline_s)
         events.cancel()
         await asyncio.sleep(min(s.sample_s, 1.0))
         sampler.cancel()

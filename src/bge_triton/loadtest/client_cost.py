@@ -1,17 +1,13 @@
-"""`bge-triton bench client`: the sync HTTP transport's one-in-flight cost, urllib3 (now) against the
-hand-written HTTP/1.1 client it replaced, side by side in one run against a real local tritonserver.
-
-Both are client.transport.HttpSync with the same request bytes (client.wire) and the same response decoder;
-only the connection underneath differs. The old one is read from git history (`--old-rev`, the last commit
-that shipped it), so this needs a git checkout. The server runs a no-op python model (answers zeros at once),
-so the difference between the rows is client time. One call in flight, blocks of calls taking turns
-(ABBA) so drift on this shared machine lands on both. Writes client_http.md and client_http.csv.
-"""
+"""`bge-triton bench client`: the sync HTTP transport's one-in-flight cost, urllib3 (now) against the hand-written
+HTTP/1.1 client it replaced (read from git history: `--old-rev`), both as client.transport.HttpSync (same request
+bytes, same decoder), side by side against a no-op python model on a local tritonserver: the difference is client
+time. Blocks of calls take turns (ABBA). Writes client_http.md and client_http.csv."""
 from __future__ import annotations
 
 import argparse
 import asyncio
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -90,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=REPORTS_DIR / "client", help="report folder (default reports/client)")
     p.add_argument("--state-dir", type=Path, default=STATE_DIR / "client_cost", help="server state and repository")
     a = p.parse_args(argv)
-    command = "bge-triton bench client " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = shlex.join(["bge-triton", "bench", "client", *(sys.argv[1:] if argv is None else argv)])
     repo = harness.build_repository(a.state_dir / "bench_repository", None, None, command)
     h = harness.Harness(repo, a.state_dir / "server", DEFAULT_COST).start()
     try:

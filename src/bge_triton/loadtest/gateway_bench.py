@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import datetime
 import os
+import shlex
 import sys
 import tempfile
 import time
@@ -288,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(args)
     a.encoder = a.encoder or ("gpu-costmodel" if a.scenario == "priority" else "costmodel")
-    command, load = " ".join(["bge-triton bench gateway", *args]), os.getloadavg()[0]
+    command, load = shlex.join(["bge-triton", "bench", "gateway", *args]), os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="gateway-bench-") as tmp, LocalServer(harness.server_settings(
             a.repository.resolve(), Path(tmp) / "server", CpuVariant(**ENCODERS[a.encoder]), port_range=None)) as srv:
         rows: list[dict[str, Any]] = []

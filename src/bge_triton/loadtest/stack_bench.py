@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shlex
 import statistics
 import sys
 import urllib.request
@@ -351,7 +352,7 @@ def parse_args(argv: list[str] | None = None) -> StackSettings:
                    help="text endpoint config parameter (e.g. encoder=bls); sub_batch_max=auto: the sweep's best batch")
     a = p.parse_args(argv)
     s = StackSettings(out=a.out, repository=a.repository, spin=a.spin,
-                      command=" ".join(["bge-triton bench stack", *(sys.argv[1:] if argv is None else argv)]))
+                      command=shlex.join(["bge-triton", "bench", "stack", *(sys.argv[1:] if argv is None else argv)]))
     if a.quick:
         s.rounds, s.window_s, s.warm_s, s.texts, s.latency_texts, s.sweep_texts = 2, 3.0, 1.0, 256, 40, 96
         s.latency_repeats, s.sweep_window_s, s.sweep_batches = 2, 0.5, (1, 4, 16)

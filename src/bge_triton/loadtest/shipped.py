@@ -418,26 +418,20 @@ def write_report(run: ShippedRun, s: bench.BenchSettings) -> list[Path]:
     lines += ["", "## Load generator and queue limits at peak", "",
               f"Load-generator self-check: {run.selfcheck_rps:.0f} req/s against a no-op python model at "
               f"C={max(run.concurrencies)} (same generator, one process; {run.selfcheck_unanswered} requests "
-              "unanswered). Unanswered = requests the server never answered (counted grace_s after the window; "
-              "docs/loadtest.md, \"The peak sweep\"). Per peak row: the client's texts/s against the server's "
-              "(Triton's success count of the called model over the same window), and the requests inside Triton on "
-              "average (Little: Triton's summed request time / window seconds). That count ends when a model's "
-              "execute returns, so it misses texts waiting in the text endpoint's scheduler (answered later through "
-              "response senders); the client side bounds what it holds back: an answer waits unread while the "
-              "generator's event loop is busy (the lateness of a 10 ms timer), so about texts/s x that lag requests "
-              "are out of the server, and C minus them are in it. Queue policy of the called model as loaded (the "
-              "text endpoint's scheduler holds each instance's pool to the same max_queue_size and timeout), and what "
-              "it implies for C users (`loadtest.targets.queue_check`).", "",
+              "unanswered, counted grace_s after the window). Per peak row: the client's texts/s against Triton's "
+              "success count of the called model over the same window; the requests inside Triton (Little: summed "
+              "request time / window; it misses texts waiting in the text endpoint's scheduler); the generator's "
+              "event-loop lag (an answer waits unread that long, so about texts/s x lag requests are out of the "
+              "server); the called model's queue policy and what it implies for C users "
+              "(`loadtest.targets.queue_check`). docs/loadtest.md, \"The peak sweep\", has the reasoning.", "",
               *report.table(TABLES["generator"], _generator_rows(run)), "", *_policy_lines(run)]
     pools, cands = _ceiling_rows(run, s)
     lines += ["", "## What the length mix allows at peak", "",
-              "The ideal at max batch assumes 64 texts of the mean length, unpadded. The text endpoint pads each "
-              "sub-batch to its longest text (rounded to 8) and pays the cost model's fixed cost a per call; its "
-              "planner (text_stages.plan_sub_batches) picks the cheapest split of the texts it holds. Priced by the "
-              "same cost model, on the same lengths (`loadtest.targets.planned_rate`, 50 seeded pools each; no "
-              "server). The sweep table's scheduler estimate (`loadtest.targets.closed_loop_rate`) runs the shipped "
-              "scheduler's policy (text_scheduler.choose) in a closed loop of C users over the instances' pools "
-              "instead; the last table sets it beside each candidate's saturation point.", "",
+              "The ideal at max batch assumes 64 texts of the mean length, unpadded; the text endpoint pads each "
+              "sub-batch to its longest text (rounded to 8) and pays the fixed cost a per call. Planner estimate: "
+              "its own split (text_stages.plan_sub_batches) of pools of n texts of these lengths, priced by the cost "
+              "model (`loadtest.targets.planned_rate`, 50 seeded pools; no server); the second table sets the "
+              "scheduler estimate (`loadtest.targets.closed_loop_rate`) beside each candidate's saturation point.", "",
               *report.table(TABLES["pools"], pools), "", *report.table(TABLES["ceiling"], cands)]
     lines += ["", "## CPU cost of the text endpoint at peak", "", *report.table(TABLES["sizing"], _sizing_rows(run, s)),
               "", f"Instances = ceil(ideal GPU rate {ideal(s, run):.0f} texts/s / texts/s per instance), at least 2 "

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import math
 import os
 import shlex
@@ -22,8 +21,7 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,83 +38,63 @@ from bge_triton.loadtest.stats import fetch_stats, stats_delta, summarize
 HERE = Path(__file__).resolve().parent
 
 
+def _flag(default: Any, what: str = "") -> Any:
+    return field(default=default, metadata={"help": what})
+
+
 @dataclass(frozen=True)
 class Settings:
-    """Everything the bench needs, built once from the flags."""
+    """Everything the bench needs, built once from the flags (one flag per field; None: the device's default)."""
 
-    device: str
-    dtype: str
-    size: str
-    seq_len: int
-    mixed_max_len: int
-    max_batch: int
-    token_budget: int
-    static_delay_us: int
-    dynamic_delay_us: int
-    instances: int
-    concurrency: int
-    procs: int
-    warmup_s: float
-    peak_s: float
-    low_s: float
-    low_fraction: float
-    matmul_size: int
-    only: tuple[str, ...]
-    host: str
-    http_port: int
-    metrics_port: int
-    ready_timeout: float
-    out: Path
-    work_dir: Path
-    wheel_dir: Path
-    seed: int
+    device: str = _flag("cuda", "cuda, cuda:N or cpu (cpu: tiny defaults)")
+    dtype: str = _flag(None, "fp16, bf16 or fp32 (default fp16 on cuda, fp32 on cpu)")
+    size: str = _flag(None, f"one of {sorted(scenarios.MODEL_SIZES)} (default large on cuda, tiny on cpu)")
+    seq_len: int = _flag(64, "tokens per text, fixed-length scenarios")
+    mixed_max_len: int = _flag(256, "cap of the mixed-length workload")
+    max_batch: int = _flag(None, "max_batch_size (default 32 on cuda, 8 on cpu)")
+    token_budget: int = _flag(4096, "length-aware padded tokens per sub-batch")
+    static_delay_ms: float = _flag(1000.0, "queue delay of the static scenario")
+    dynamic_delay_ms: float = _flag(5.0, "queue delay of the dynamic scenario")
+    instances: int = _flag(1, "model instances per scenario")
+    concurrency: int = _flag(None, "closed-loop clients at peak (default 4 x max batch)")
+    procs: int = _flag(None, "load processes at peak (default cpus/4, 1..8)")
+    warmup: float = _flag(None, "seconds of load before each window (3 cuda, 1 cpu)")
+    peak_seconds: float = _flag(None, "peak window (15 cuda, 3 cpu)")
+    low_seconds: float = _flag(None, "low-load window (15 cuda, 3 cpu)")
+    low_fraction: float = _flag(0.2, "low load = this x batch-1 peak QPS")
+    matmul_size: int = _flag(None, "matmul side for the compute yardstick (8192 cuda, 512 cpu)")
+    only: str = _flag("", "comma-separated scenario keys, text_endpoint among them (s1_batch1 always runs)")
+    host: str = _flag("127.0.0.1")
+    http_port: int = _flag(18310)
+    metrics_port: int = _flag(18312)
+    ready_timeout: float = _flag(600.0, "seconds the starting server may go without progress (its log) before failing")
+    out: Path = _flag(Path("reports/gpu"))
+    work_dir: Path = _flag(HERE / ".work")
+    wheel_dir: Path = _flag(HERE / "wheels", "fetch_wheels.sh's folder: pytriton wheel, tokenizer/tokenizer.json, "
+                                             "reviews.txt")
+    seed: int = _flag(0)
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return tuple(k for k in self.only.split(",") if k)
+
+
+DEVICE_DEFAULTS = {True: {"dtype": "fp16", "size": "large", "max_batch": 32, "warmup": 3.0, "peak_seconds": 15.0,
+                          "low_seconds": 15.0, "matmul_size": 8192},
+                   False: {"dtype": "fp32", "size": "tiny", "max_batch": 8, "warmup": 1.0, "peak_seconds": 3.0,
+                           "low_seconds": 3.0, "matmul_size": 512}}
 
 
 def parse_args(argv: list[str] | None = None) -> Settings:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (cpu: tiny defaults)")
-    p.add_argument("--dtype", choices=["fp16", "bf16", "fp32"], help="default fp16 on cuda, fp32 on cpu")
-    p.add_argument("--size", choices=sorted(scenarios.MODEL_SIZES), help="default large on cuda, tiny on cpu")
-    p.add_argument("--seq-len", type=int, default=64, help="tokens per text, fixed-length scenarios")
-    p.add_argument("--mixed-max-len", type=int, default=256, help="cap of the mixed-length workload")
-    p.add_argument("--max-batch", type=int, help="max_batch_size (default 32 on cuda, 8 on cpu)")
-    p.add_argument("--token-budget", type=int, default=4096, help="length-aware padded tokens per sub-batch")
-    p.add_argument("--static-delay-ms", type=float, default=1000.0, help="queue delay of the static scenario")
-    p.add_argument("--dynamic-delay-ms", type=float, default=5.0, help="queue delay of the dynamic scenario")
-    p.add_argument("--instances", type=int, default=1, help="model instances per scenario")
-    p.add_argument("--concurrency", type=int, help="closed-loop clients at peak (default 4 x max batch)")
-    p.add_argument("--procs", type=int, help="load processes at peak (default cpus/4, 1..8)")
-    p.add_argument("--warmup", type=float, help="seconds of load before each window (3 cuda, 1 cpu)")
-    p.add_argument("--peak-seconds", type=float, help="peak window (15 cuda, 3 cpu)")
-    p.add_argument("--low-seconds", type=float, help="low-load window (15 cuda, 3 cpu)")
-    p.add_argument("--low-fraction", type=float, default=0.2, help="low load = this x batch-1 peak QPS")
-    p.add_argument("--matmul-size", type=int, help="matmul side for the compute yardstick (8192 cuda, 512 cpu)")
-    p.add_argument("--only", default="", help="comma-separated scenario keys, text_endpoint among them "
-                   "(s1_batch1 always runs)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--http-port", type=int, default=18310)
-    p.add_argument("--metrics-port", type=int, default=18312)
-    p.add_argument("--ready-timeout", type=float, default=600.0)
-    p.add_argument("--out", type=Path, default=Path("reports/gpu"))
-    p.add_argument("--work-dir", type=Path, default=HERE / ".work")
-    p.add_argument("--wheel-dir", type=Path, default=HERE / "wheels",
-                   help="fetch_wheels.sh's folder: pytriton wheel, tokenizer/tokenizer.json, reviews.txt")
-    p.add_argument("--seed", type=int, default=0)
-    a = p.parse_args(argv)
-    gpu = a.device.startswith("cuda")
-    max_batch = a.max_batch or (32 if gpu else 8)
-    return Settings(
-        device=a.device, dtype=a.dtype or ("fp16" if gpu else "fp32"), size=a.size or ("large" if gpu else "tiny"),
-        seq_len=a.seq_len, mixed_max_len=a.mixed_max_len, max_batch=max_batch, token_budget=a.token_budget,
-        static_delay_us=int(a.static_delay_ms * 1000), dynamic_delay_us=int(a.dynamic_delay_ms * 1000),
-        instances=a.instances, concurrency=a.concurrency or 4 * max_batch,
-        procs=a.procs or max(1, min(8, (os.cpu_count() or 4) // 4)),
-        warmup_s=a.warmup if a.warmup is not None else (3.0 if gpu else 1.0),
-        peak_s=a.peak_seconds or (15.0 if gpu else 3.0), low_s=a.low_seconds or (15.0 if gpu else 3.0),
-        low_fraction=a.low_fraction, matmul_size=a.matmul_size or (8192 if gpu else 512),
-        only=tuple(k for k in a.only.split(",") if k), host=a.host, http_port=a.http_port,
-        metrics_port=a.metrics_port, ready_timeout=a.ready_timeout, out=a.out, work_dir=a.work_dir,
-        wheel_dir=a.wheel_dir, seed=a.seed)
+    types = {"int": int, "float": float, "str": str, "Path": Path}
+    for f in fields(Settings):
+        p.add_argument("--" + f.name.replace("_", "-"), type=types[str(f.type)], default=f.default,
+                       help=f.metadata["help"] or None)
+    a = {k: v for k, v in vars(p.parse_args(argv)).items() if v is not None}
+    s = Settings(**{**DEVICE_DEFAULTS[a["device"].startswith("cuda")], **a})
+    return replace(s, concurrency=s.concurrency or 4 * s.max_batch,
+                   procs=s.procs or max(1, min(8, (os.cpu_count() or 4) // 4)))
 
 
 def request_bodies(s: Settings, sc: scenarios.Scenario, seed: int, n: int = 256) -> tuple[tuple[bytes, ...], float,
@@ -150,7 +128,7 @@ def run_phase(s: Settings, sc: scenarios.Scenario, load: tuple[tuple[bytes, ...]
     users = users or s.concurrency
     spec = loadgen.LoadSpec(host, int(port), sc.model_name, bodies, mode,
                             concurrency=users if mode == "closed" else 512, rate=rate,
-                            warmup_s=s.warmup_s, duration_s=seconds, grace_s=5.0,
+                            warmup_s=s.warmup, duration_s=seconds, grace_s=5.0,
                             processes=min(s.procs, users) if mode == "closed" else 1, seed=s.seed)
     before = fetch_stats(server_url, sc.encoder_name)
     res = loadgen.run(spec)
@@ -168,16 +146,8 @@ def run_phase(s: Settings, sc: scenarios.Scenario, load: tuple[tuple[bytes, ...]
 def sanity_check(server_url: str, sc: scenarios.Scenario, seq_len: int, hidden: int) -> None:
     """One JSON request per model: the embedding has the model's width and unit L2 norm."""
     ids = [101] + [7] * (seq_len - 1)
-    body = json.dumps({"inputs": [{"name": "input_ids", "shape": [1, seq_len], "datatype": "INT32",
-                                   "data": ids}]}).encode()
-    req = urllib.request.Request(f"{server_url}/v2/models/{sc.model_name}/infer", data=body,
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=120) as r:
-        out = json.loads(r.read())["outputs"][0]
-    norm = math.sqrt(sum(v * v for v in out["data"]))
-    if out["shape"] != [1, hidden] or abs(norm - 1.0) > 1e-2:
-        raise tritonproc.BenchError(f"{sc.model_name}: embedding shape {out['shape']} norm {norm:.4f}, "
-                                    f"expected [1, {hidden}] and 1.0")
+    text_endpoint.embedding(server_url, sc.model_name, hidden, [
+        {"name": "input_ids", "shape": [1, seq_len], "datatype": "INT32", "data": ids}])
 
 
 def matmul_tflops(device: str, dtype: Any, size: int, seconds: float = 2.0) -> float:
@@ -330,9 +300,10 @@ def write_report(s: Settings, rows: list[dict], machine: dict, matmul: float, no
 
 def prepare(s: Settings) -> tuple[list[scenarios.Scenario], dict, Path, Path | None]:
     """The scenarios chosen, their request bodies, the model repository written, the text endpoint's tokenizer."""
-    chosen = [sc for sc in scenarios.build_scenarios(s.max_batch, s.static_delay_us, s.dynamic_delay_us)
-              if not s.only or sc.key in s.only or sc.key == "s1_batch1"]
-    tokenizer = assets.tokenizer_path(s.wheel_dir) if not s.only or TEXT in s.only else None  # before any work
+    chosen = [sc for sc in scenarios.build_scenarios(s.max_batch, int(s.static_delay_ms * 1000),
+                                                           int(s.dynamic_delay_ms * 1000))
+              if not s.keys or sc.key in s.keys or sc.key == "s1_batch1"]
+    tokenizer = assets.tokenizer_path(s.wheel_dir) if not s.keys or TEXT in s.keys else None  # before any work
     dims = scenarios.MODEL_SIZES[s.size]
     repo = scenarios.write_repository(
         s.work_dir / "model_repository", chosen, {"fixed": s.seq_len, "mixed": s.mixed_max_len}, dims=dims,
@@ -358,15 +329,15 @@ def measure_all(s: Settings, chosen: list[scenarios.Scenario], loads: dict, url:
         elif sc.key != TEXT:
             sanity_check(url, sc, s.seq_len if sc.workload == "fixed" else s.mixed_max_len, dims.hidden)
     for n, sc in enumerate(chosen, 1):
-        print(f"[bench] {n}/{len(chosen)} {sc.key}: peak ({s.concurrency} clients, {s.peak_s:g} s)", flush=True)
-        peak = run_phase(s, sc, loads[sc.key], url, sampler, "closed", 0.0, s.peak_s)
+        print(f"[bench] {n}/{len(chosen)} {sc.key}: peak ({s.concurrency} clients, {s.peak_seconds:g} s)", flush=True)
+        peak = run_phase(s, sc, loads[sc.key], url, sampler, "closed", 0.0, s.peak_seconds)
         if sc.key in ("s1_batch1", TEXT):  # the text endpoint's texts differ from s1's rows: its own 1-user capacity
             one = peak if sc.key == "s1_batch1" else run_phase(s, sc, loads[sc.key], url, sampler, "closed", 0.0,
-                                                               s.peak_s / 2, 1)
+                                                               s.peak_seconds / 2, 1)
             low_rate = max(1.0, s.low_fraction * one["qps"])
         print(f"[bench]   peak {peak['qps']:.1f} QPS, batch {peak['avg_batch']:.2f}; low load {low_rate:.1f} QPS "
-              f"({s.low_s:g} s)", flush=True)
-        low = run_phase(s, sc, loads[sc.key], url, sampler, "open", low_rate, s.low_s)
+              f"({s.low_seconds:g} s)", flush=True)
+        low = run_phase(s, sc, loads[sc.key], url, sampler, "open", low_rate, s.low_seconds)
         for phase, res in (("peak", peak), ("low", low)):
             if res["errors"]:
                 print(f"[bench]   {phase}: {res['errors']} errors, first: {res['first_error']}", flush=True)

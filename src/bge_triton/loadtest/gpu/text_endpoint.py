@@ -97,30 +97,31 @@ def token_moments(tokenizer_json: Path, texts: list[str], max_length: int = 512)
     return float(lengths.mean()), float((lengths ** 2).mean())
 
 
-def _infer(server_url: str, model: str, inputs: list[dict]) -> np.ndarray:
+def embedding(server_url: str, model: str, hidden: int, inputs: list[dict]) -> np.ndarray:
+    """One JSON request; its embedding, checked: shape [1, hidden] and unit L2 norm (BenchError otherwise)."""
     body = {"inputs": inputs, "outputs": [{"name": "embedding"}]}  # the text endpoint also has token_count
     req = urllib.request.Request(f"{server_url}/v2/models/{model}/infer", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=120) as r:
         out = json.loads(r.read())["outputs"][0]
-    return np.asarray(out["data"], dtype=np.float64).reshape(out["shape"])
+    emb = np.asarray(out["data"], dtype=np.float64).reshape(out["shape"])
+    if emb.shape != (1, hidden) or abs(math.sqrt(float((emb ** 2).sum())) - 1.0) > 1e-2:
+        raise BenchError(f"{model}: embedding shape {list(emb.shape)}, expected [1, {hidden}] with unit norm")
+    return emb
 
 
 def check(server_url: str, sc: scenarios.Scenario, tokenizer_json: Path, hidden: int) -> float:
     """A text through the shipped model.py, and its tokens straight to the encoder: the cosine of the two."""
     from tokenizers import Tokenizer
 
-    via_text = _infer(server_url, sc.model_name, [{"name": "text", "shape": [1, 1], "datatype": "BYTES",
-                                                  "data": [PROBE_TEXT]}])
+    via_text = embedding(server_url, sc.model_name, hidden, [{"name": "text", "shape": [1, 1], "datatype": "BYTES",
+                                                              "data": [PROBE_TEXT]}])
     ids = Tokenizer.from_file(str(tokenizer_json)).encode(PROBE_TEXT).ids
     width = -(-len(ids) // 8) * 8  # the endpoint pads to pad_to_multiple 8
     row, mask = ids + [0] * (width - len(ids)), [1] * len(ids) + [0] * (width - len(ids))
-    direct = _infer(server_url, sc.encoder_name, [
+    direct = embedding(server_url, sc.encoder_name, hidden, [
         {"name": "input_ids", "shape": [1, width], "datatype": "INT64", "data": row},
         {"name": "attention_mask", "shape": [1, width], "datatype": "INT64", "data": mask}])
-    for name, emb in ((sc.model_name, via_text), (sc.encoder_name, direct)):
-        if emb.shape != (1, hidden) or abs(math.sqrt(float((emb ** 2).sum())) - 1.0) > 1e-2:
-            raise BenchError(f"{name}: embedding shape {list(emb.shape)}, expected [1, {hidden}] with unit norm")
     cosine = float((via_text * direct).sum())
     if cosine < 0.999:
         raise BenchError(f"{sc.model_name} and {sc.encoder_name} disagree on the same tokens: cosine {cosine:.4f}")

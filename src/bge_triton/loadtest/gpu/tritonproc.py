@@ -110,7 +110,8 @@ class TritonProcess:
 
 def start_server(triton_root: Path, backends: Path, repository: Path, log_path: Path,
                  host: str, http_port: int, metrics_port: int, ready_timeout: float) -> TritonProcess:
-    """Start tritonserver (HTTP + metrics, no gRPC) and wait for /v2/health/ready."""
+    """Start tritonserver (HTTP + metrics, no gRPC) and wait for /v2/health/ready while it makes progress: the wait
+    fails once its log has not grown for ready_timeout seconds (a loaded host loads python stubs slowly)."""
     cmd = [str(triton_root / "pytriton" / "tritonserver" / "bin" / "tritonserver"),
            f"--model-repository={repository}", f"--backend-directory={backends}", "--model-control-mode=none",
            "--strict-readiness=true", "--allow-grpc=false", f"--http-address={host}", f"--http-port={http_port}",
@@ -120,7 +121,7 @@ def start_server(triton_root: Path, backends: Path, repository: Path, log_path: 
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=server_env(triton_root))
     server = TritonProcess(proc, f"http://{host}:{http_port}", log_path)
-    deadline = time.monotonic() + ready_timeout
+    deadline, logged = time.monotonic() + ready_timeout, 0
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise BenchError(f"tritonserver exited with code {proc.returncode}; log {log_path}:\n{server.log_tail()}")
@@ -130,7 +131,9 @@ def start_server(triton_root: Path, backends: Path, repository: Path, log_path: 
                     return server
         except OSError:  # URLError is one: not up yet
             pass
+        if (size := log_path.stat().st_size) > logged:  # progress (a model loaded, an instance started): wait on
+            deadline, logged = time.monotonic() + ready_timeout, size
         time.sleep(0.5)
     server.stop()
-    raise BenchError(f"tritonserver not ready after {ready_timeout:.0f} s (raise --ready-timeout); "
+    raise BenchError(f"tritonserver not ready: its log did not move for {ready_timeout:.0f} s (raise --ready-timeout); "
                      f"log {log_path}:\n{server.log_tail()}")

@@ -365,18 +365,26 @@ def write_report(run: BenchRun, out: Path) -> list[Path]:
 PANEL_TITLES = {"costmodel": "EMULATED GPU (cost model)", "onnxruntime": "real model, ONNX Runtime on CPU"}
 
 
+def add_common_flags(p: argparse.ArgumentParser, d: BenchSettings) -> None:
+    """The flags every scenario of the harness shares (bench seed, bench shipped, tune), their defaults from d."""
+    p.add_argument("--out", type=Path, default=d.out, help=f"report directory (default {d.out})")
+    p.add_argument("--real-repo", type=Path, default=d.real_repo, help="exported repository (real rows, tokenizer)")
+    p.add_argument("--real-name", default=d.real_name, help="model name in --real-repo")
+    p.add_argument("--state-dir", type=Path, default=d.state_dir, help="server state directory")
+    p.add_argument("--cost-a-us", type=float, default=d.cost.a_us, help="cost model a (default: seed fit)")
+    p.add_argument("--cost-b-us", type=float, default=d.cost.b_us, help="cost model b per token")
+
+
 def parse_args(argv: list[str] | None = None) -> BenchSettings:
     d = BenchSettings()
     p = argparse.ArgumentParser(prog="bge-triton bench seed", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="short windows (about a minute or two in all)")
-    p.add_argument("--out", type=Path, default=d.out, help="report directory (default reports/bench)")
+    add_common_flags(p, d)
     p.add_argument("--executor", default=",".join(EXECUTORS), help="onnxruntime, costmodel, or both (comma list)")
     p.add_argument("--scenarios", default=",".join(SCENARIO_ORDER),
                    help=f"comma list of {SCENARIO_ORDER}, or the opt-in {tuple(TENSOR_MIX)} (the committed pair as "
                    "shipped is its own scenario: `bge-triton bench shipped`)")
-    p.add_argument("--real-repo", type=Path, default=d.real_repo, help="exported repository for real rows")
     p.add_argument("--real-model", default=d.real_model, help="model to export if --real-repo lacks it")
-    p.add_argument("--real-name", default=d.real_name, help="model name in --real-repo")
     for flag, default, what in (("seq-len", d.seq_len, "tokens per request in tensor scenarios (seed: 64)"),
                                 ("concurrency", d.concurrency, "closed-loop users at peak (emulated rows)"),
                                 ("real-seq-len", d.real_seq_len, "tokens per request in real-model tensor rows"),
@@ -386,9 +394,6 @@ def parse_args(argv: list[str] | None = None) -> BenchSettings:
         p.add_argument(f"--{flag}", type=int, default=default, help=what)
     p.add_argument("--low-fraction", type=float, default=0.2, help="low-load rate as a fraction of batch-1 capacity")
     p.add_argument("--duration", type=float, help="seconds per peak window (default 10, quick 1.5)")
-    p.add_argument("--state-dir", type=Path, default=d.state_dir, help="server state directory")
-    p.add_argument("--cost-a-us", type=float, default=DEFAULT_COST.a_us, help="cost model a (default: seed fit)")
-    p.add_argument("--cost-b-us", type=float, default=DEFAULT_COST.b_us, help="cost model b per token")
     p.add_argument("--encoder-instances", type=int, help="emulated rows: encoder instances (default: the config's)")
     p.add_argument("--text-instances", type=int, help="emulated rows: text-endpoint instances (default: the config's)")
     p.add_argument("--text-param", action="append", default=[], metavar="KEY=VALUE",

@@ -20,7 +20,6 @@ from pathlib import Path
 from bge_triton.client.core import DEFAULT_BUCKETS, tensor_call
 from bge_triton.client.tokens import BucketTokenizer
 from bge_triton.loadtest import bench, corpus, harness, loadgen, report, sweep, targets
-from bge_triton.loadtest.costmodel import DEFAULT as DEFAULT_COST
 from bge_triton.paths import REPORTS_DIR, STATE_DIR
 from bge_triton.server.cpu_variant import CpuVariant
 from bge_triton.server.repository import (
@@ -487,7 +486,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[bench.BenchSettings, tupl
                                                      tuple[int, ...]]:
     p = argparse.ArgumentParser(prog="bge-triton bench shipped", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="short windows (about 3 minutes per candidate)")
-    p.add_argument("--out", type=Path, default=REPORTS_DIR / "bench" / "shipped", help="report directory")
+    d = bench.BenchSettings(out=REPORTS_DIR / "bench" / "shipped", state_dir=STATE_DIR / "loadtest" / "shipped_state")
+    bench.add_common_flags(p, d)
     p.add_argument("--candidate", action="append", default=[], help="'committed' (default) or key=value,... "
                    f"with keys {sorted(KEYS)}; repeatable; the first listed wins ties")
     p.add_argument("--write", action="store_true", help="commit the pick into --target-repo (both configs)")
@@ -499,15 +499,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[bench.BenchSettings, tupl
                    "highest texts/s over them")
     p.add_argument("--duration", type=float, help="base seconds per peak window (default 8, quick 3; a point at a "
                    "larger C is lengthened to 3 rounds of its C requests, at most 3x)")
-    p.add_argument("--state-dir", type=Path, default=STATE_DIR / "loadtest" / "shipped_state")
-    p.add_argument("--real-repo", type=Path, default=bench.BenchSettings.real_repo, help="export lending the tokenizer")
-    p.add_argument("--real-name", default=bench.BenchSettings.real_name, help="model name in --real-repo")
     a = p.parse_args(argv)
     dur = a.duration or (3.0 if a.quick else 8.0)
     cmd = "bge-triton bench shipped " + " ".join(argv if argv is not None else sys.argv[1:])
-    s = replace(bench.BenchSettings(), concurrency=max(a.peak_concurrency), warmup_s=0.5 if a.quick else 2.0,
-                duration_s=dur, low_duration_s=2 * dur, state_dir=a.state_dir, real_repo=a.real_repo,
-                real_name=a.real_name, command=cmd.strip(), out=a.out, cost=DEFAULT_COST)
+    s = replace(d, concurrency=max(a.peak_concurrency), warmup_s=0.5 if a.quick else 2.0, duration_s=dur,
+                low_duration_s=2 * dur, state_dir=a.state_dir, real_repo=a.real_repo, real_name=a.real_name,
+                command=cmd.strip(), out=a.out, cost=bench.cost_model(a.cost_a_us, a.cost_b_us))
     cands = tuple(Candidate.parse(c) for c in (a.candidate or ["committed"]))
     return s, cands, a.target_repo if a.write else None, a.peak_concurrency
 

@@ -18,8 +18,7 @@ from pathlib import Path
 from bge_triton.errors import InputError
 from bge_triton.extras import require
 from bge_triton.loadtest import harness, loadgen, report
-from bge_triton.loadtest.bench import BenchSettings, cost_model
-from bge_triton.loadtest.costmodel import DEFAULT as DEFAULT_COST
+from bge_triton.loadtest.bench import BenchSettings, add_common_flags, cost_model
 from bge_triton.loadtest.stats import fetch_stats, stats_delta, summarize
 from bge_triton.paths import REPORTS_DIR, STATE_DIR
 from bge_triton.server.repository import DEFAULT_CANONICAL, ENCODER_SUFFIX, Batching, update_batching_in_place
@@ -184,13 +183,11 @@ def parse_args(argv: list[str] | None = None) -> TuneSettings:
                                        "together (`tune pair --help`)")
     p.add_argument("--slo-p99-ms", type=float, required=True, help="p99 latency objective (ms)")
     p.add_argument("--rate", type=float, required=True, help="offered load, requests per second (open loop)")
-    p.add_argument("--out", type=Path, default=TuneSettings.out, help="report directory (default reports/tune)")
+    add_common_flags(p, TuneSettings())
     p.add_argument("--write", action="store_true", help="write the pick into --target's config.pbtxt")
     p.add_argument("--target", type=Path, default=TuneSettings.target, help="model dir --write updates")
     p.add_argument("--executor", choices=("costmodel", "onnxruntime"), default="costmodel",
                    help="costmodel = EMULATED GPU on the canonical config; onnxruntime = --real-repo model on CPU")
-    p.add_argument("--real-repo", type=Path, default=TuneSettings.real_repo, help="exported repository (onnxruntime)")
-    p.add_argument("--real-name", default=TuneSettings.real_name, help="model name in --real-repo")
     p.add_argument("--delays-us", default="0,1000,2000,5000,10000,20000",
                    help="max_queue_delay candidates (comma list)")
     p.add_argument("--preferred", default="none;16,32;32", help="preferred-size sets, ';'-separated ('none' = none)")
@@ -198,9 +195,6 @@ def parse_args(argv: list[str] | None = None) -> TuneSettings:
     p.add_argument("--duration", type=float, default=6.0, help="seconds measured per candidate")
     p.add_argument("--repeats", type=int, default=1, help="rounds over the grid; p99 = median over rounds")
     p.add_argument("--warmup", type=float, default=1.0, help="warm-up seconds per candidate")
-    p.add_argument("--cost-a-us", type=float, default=DEFAULT_COST.a_us, help="cost model a (default: seed fit)")
-    p.add_argument("--cost-b-us", type=float, default=DEFAULT_COST.b_us, help="cost model b per token")
-    p.add_argument("--state-dir", type=Path, default=TuneSettings.state_dir, help="server state directory")
     a = p.parse_args(argv)
     if a.rate <= 0 or a.slo_p99_ms <= 0:
         raise InputError(f"--rate ({a.rate}) and --slo-p99-ms ({a.slo_p99_ms}) must be positive")

@@ -16,6 +16,7 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -354,24 +355,27 @@ def _flood(h: harness.Harness, a: AbSettings, t: Traffic, query_to: str = TXT) -
 
 
 async def _burst(url: str, requests: tuple[tuple[str, ...], ...], timeout_s: float) -> list[tuple[float, str]]:
-    """Every request at once through the kit's SDK (gRPC, no retries, level 2): (seconds from the send until its
-    answer, '' or the error's type and message) per request."""
-    import asyncio
-
+    """Every request at once, each sent once: loadgen's open loop with all send times now, the kit's SDK as the
+    caller (gRPC, no retries, level 2). (seconds from the send until its answer, '' or the error) per request."""
     from bge_triton.client.aio import AsyncEmbeddingClient
     from bge_triton.client.retry import RetryPolicy
 
+    outcomes: list[tuple[float, str]] = []
     async with AsyncEmbeddingClient(url, TXT, "grpc", timeout_s=timeout_s, retry=RetryPolicy(max_attempts=1)) as c:
         t0 = time.perf_counter()
 
-        async def one(texts: tuple[str, ...]) -> tuple[float, str]:
-            try:
-                await c.embed_documents(list(texts), priority=2)
-                return time.perf_counter() - t0, ""
-            except Exception as exc:  # a shed request (queue full or timeout): counted, the rest go on
-                return time.perf_counter() - t0, f"{type(exc).__name__}: {exc}"
+        async def at_once() -> AsyncIterator[float]:
+            for k in range(len(requests)):
+                yield float(k)  # the "send time" names the request; all are sent now
 
-        return list(await asyncio.gather(*(one(texts) for texts in requests)))
+        async def call(k: float) -> object:
+            return await c.embed_documents(list(requests[int(k)]), priority=2)
+
+        def record(k: float, done: float, kind: str, error: BaseException | None) -> None:
+            outcomes.append((done - t0, "" if kind == "ok" else f"{kind}: {type(error).__name__}: {error}"))
+
+        await loadgen.open_loop(call, at_once(), time.perf_counter, record, deadline_s=timeout_s + 30.0)
+    return outcomes
 
 
 def drain_row(outcomes: list[tuple[float, str]], texts_per_request: int) -> dict:
@@ -393,7 +397,7 @@ def drain_row(outcomes: list[tuple[float, str]], texts_per_request: int) -> dict
 
 
 def _drain(h: harness.Harness, t: Traffic) -> dict:
-    """The backlog sent at once (loadgen's closed and open loops keep sending: the SDK sends each request once);
+    """The backlog sent at once (loadgen.open_loop, each request once, through the SDK);
     the encoder's texts and batches over the drain from Triton's statistics."""
     import asyncio
 
@@ -546,8 +550,8 @@ def write_report(a: AbSettings, rows: list[dict], lengths: dict, load: tuple[flo
              "- backlog: 256 requests of 64 short texts (reviews "
              f"<= 48 chars, mean {lengths.get('short_mean', math.nan):.1f} tokens) sent at once; served = texts of "
              "requests answered OK, per second until the last of them was answered; "
-             "shedding (queue full or queue timeout) is allowed and counted; sent by the kit's SDK (gRPC, no retries), "
-             "each request once (loadgen's loops keep sending)",
+             "shedding (queue full or queue timeout) is allowed and counted; sent by loadgen.open_loop with the "
+             "kit's SDK as the caller (gRPC, no retries), each request once",
              f"- fairness: CPU variant, real weights ({MINILM}, ONNX Runtime in-process, {a.fair_instances or 2} "
              "instance(s)), closed loop of "
              f"{a.fair_users} callers, one review per request, 600 reviews of {lengths.get('fair_min', 0):.0f}-"

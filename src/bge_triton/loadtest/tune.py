@@ -55,6 +55,7 @@ class TuneRun:
     rows: list[dict] = field(default_factory=list)
     picked: dict | None = None
     selfcheck_rps: float = 0.0
+    machine: dict = field(default_factory=report.machine_info)  # taken when the run starts
 
 
 def choose(rows: list[dict], slo_p99_ms: float, max_error_rate: float = 0.01, tie: float = 0.02) -> dict | None:
@@ -128,14 +129,14 @@ def _label(r: dict) -> str:
 
 def write_tune(run: TuneRun, out: Path) -> list[Path]:
     """tune.md, tune.csv, tune.png: every candidate, the SLO, the pick."""
-    s, m, p = run.settings, report.machine_info(), run.picked
+    s, m, p = run.settings, run.machine, run.picked
     emu = (f"EMULATED GPU (cost model: a={s.cost.a_us:.0f} us, b={s.cost.b_us:.2f} us/token, {s.cost.source})"
            if s.executor == "costmodel" else f"real model {s.real_name} on ONNX Runtime (CPU)")
     pick = (f"**{_label(p)}**: goodput {p['goodput']:.0f} req/s, p99 {p['p99_ms']:.1f} ms" if p
             else "**none meets the SLO**: lower the rate, raise the SLO, or add capacity")
     lines = [f"Model: {emu}; {s.seq_len} tokens per request.  ",
-             f"Machine: {m['cores']}-core CPU, {m['server']}; load average {m['loadavg_at_start']} (shared machine: "
-             "noisy).  ",
+             f"Machine: {m['cores']}-core CPU, {m['server']}; load average {m['loadavg_at_start']} at start (shared "
+             "machine: noisy).  ",
              f"Load: open-loop Poisson at {s.rate:g} req/s, {s.duration_s:g} s per candidate after {s.warmup_s:g} s "
              f"warm-up, {s.repeats} round(s) over the grid (p50/p99: median over rounds); SLO p99 <= "
              f"{s.slo_p99_ms:g} ms and errors <= {s.max_error_rate:.0%}.  ",

@@ -308,12 +308,16 @@ class TritonMode:
     Triton's queue holds the waiting requests, so its limits count REQUESTS (per priority level, for the model, not
     per instance), each of up to max_batch_size texts held as the raw request (UTF-8 text, not yet tokenized): the
     memory they bound is max_queue_size x max_batch_size x bytes per text. Worst case at the defaults, texts of 512
-    CJK characters (1.5 KiB each): 2048 x 512 x 1.5 KiB = 1.5 GiB per level; the bench's traffic (bulk requests of
+    CJK characters (1.5 KiB each): 2048 x 256 x 1.5 KiB = 768 MiB per level; the bench's traffic (bulk requests of
     32-64 reviews of ~150 bytes, or one text per request) holds 2048 x 64 x 150 B = 19 MiB. Cap bytes per request
-    in front (the gateway) where the worst case matters."""
+    in front (the gateway) where the worst case matters.
+    Instances and batch size: a 16k-text backlog (256 x 64 short reviews, emulated GPU, /tmp/h1_drain.py, 2 shared
+    cores at load 5-6.5, one run each) drained at 1221 texts/s with 2 x 512, 1165 with 2 x 512 and 4 in flight,
+    1451 with 4 x 128, 1666 with 4 x 256 (the pool: 1685): an instance leaves the encoder idle while it tokenizes and
+    answers its batch, so more, smaller batches keep it fed."""
 
-    max_batch_size: int = 512  # texts per Triton batch = per execute (a request is `text` [n, 1])
-    instances: int = 2  # instance_group count: Triton batches executed at once
+    max_batch_size: int = 256  # texts per Triton batch = per execute (a request is `text` [n, 1])
+    instances: int = 4  # instance_group count: Triton batches executed at once
     max_in_flight: int = 2  # sub-batches at the encoder at once, per instance
     # requests waiting at the bulk level (2) / the query level (1); one-text requests at C = 1024 need about C
     bulk_max_queue_size: int = 2048

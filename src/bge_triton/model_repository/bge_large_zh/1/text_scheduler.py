@@ -203,7 +203,8 @@ class Level:
 
 def choose(items: Sequence[Any], budget: int, max_batch: int, overhead: int, age_bound_s: float = 0.0) -> list[Any]:
     """The scheduler's policy on a plain list of texts (anything with .padded and .arrival): the run the
-    scheduler would send next from a level holding them (Level.pick). For estimates (loadtest.targets.closed_loop_rate)."""
+    scheduler would send next from a level holding them (Level.pick). For estimates
+    (loadtest.targets.closed_loop_rate)."""
     level = Level()
     for it in sorted(items, key=lambda it: it.arrival):
         level.add(it)

@@ -41,7 +41,7 @@ from bge_triton.server.repository import (
 pytestmark = pytest.mark.integration
 
 CALL_S = 0.2  # emulated encoder time per call
-CODE = (*TEXT_ENDPOINT_FILES, "text_batcher.py")  # this checkout's text endpoint
+CODE = TEXT_ENDPOINT_FILES  # this checkout's text endpoint (text_batcher.py included)
 HERE = "tests/integration/test_text_batcher_endpoint.py"
 
 

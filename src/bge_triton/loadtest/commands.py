@@ -23,7 +23,6 @@ BENCH: dict[str, tuple[str, str, str]] = {
     "soak": ("bge_triton.loadtest.soak", "main", "a long run at 70% of capacity with a kill -9, a dead stub, a spike"),
     "client": ("bge_triton.loadtest.client_cost", "main", "the sync HTTP transport's one-in-flight cost, old vs new"),
     "plan-cost": ("bge_triton.loadtest.plan_cost", "main", "the text scheduler's planning cost per dispatch"),
-    "ab": ("bge_triton.loadtest.ab", "main", "the text endpoint's pool scheduler against Triton's batcher (issue 24)"),
     "probe": ("bge_triton.loadtest.sweep", "probe_main", "how many closed-loop users this machine's server answers"),
     "gpu": ("bge_triton.loadtest.gpu.bench_gpu", "main",
             "the GPU host's bench (torch encoder, five scenarios + text endpoint); on a GPU host run gpu/run.sh"),

@@ -17,7 +17,6 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from bge_triton.errors import ModelConfigError
 from bge_triton.server.repository import (
-    TEXT_MODEL_DIR,
     Batching,
     apply_batching,
     iter_models,
@@ -192,9 +191,6 @@ def _install_text_backend(model_dir: Path, encoder: str) -> None:
             if target.is_symlink() or target.exists():
                 target.unlink()
             os.symlink(src.resolve(), target)
-        batcher = version / "text_batcher.py"  # scheduler "triton": an export made before it existed lacks it
-        if not batcher.exists() and (TEXT_MODEL_DIR / batcher.name).is_file():
-            os.symlink((TEXT_MODEL_DIR / batcher.name).resolve(), batcher)
         if encoder in TEXT_BACKENDS:
             target = version / TEXT_BACKENDS[encoder].name
             if target.is_symlink() or target.exists():

@@ -29,7 +29,7 @@ ENCODER_SUFFIX = "_onnx"
 TEXT_MODEL_DIR = DEFAULT_CANONICAL / CANONICAL_NAME / "1"
 TEXT_MODEL_PY = TEXT_MODEL_DIR / "model.py"
 # The text endpoint's code: model.py (the Triton adapter) and the pure modules it imports by name.
-TEXT_ENDPOINT_FILES = ("model.py", "text_batcher.py", "text_core.py", "text_scheduler.py", "text_stages.py")
+TEXT_ENDPOINT_FILES = ("model.py", "text_core.py", "text_scheduler.py", "text_stages.py")
 
 ModelConfig = mc.ModelConfig
 
@@ -298,72 +298,3 @@ def update_text_settings_in_place(model_dir: Path, instances: int | None = None,
     path.write_text(header + dump_config(cfg), encoding="utf-8")
     return path
 
-
-# --- the text endpoint's scheduler "triton" (text_batcher.py): Triton's dynamic batcher holds the waiting texts ---
-
-@dataclass(frozen=True)
-class TritonMode:
-    """How the text endpoint runs with parameter scheduler "triton" (issue 24's alternative to the pool).
-
-    Triton's queue holds the waiting requests, so its limits count REQUESTS (per priority level, for the model, not
-    per instance), each of up to max_batch_size texts held as the raw request (UTF-8 text, not yet tokenized): the
-    memory they bound is max_queue_size x max_batch_size x bytes per text. Worst case at the defaults, texts of 512
-    CJK characters (1.5 KiB each): 2048 x 256 x 1.5 KiB = 768 MiB per level; the bench's traffic (bulk requests of
-    32-64 reviews of ~150 bytes, or one text per request) holds 2048 x 64 x 150 B = 19 MiB. Cap bytes per request
-    in front (the gateway) where the worst case matters.
-    Instances and batch size: a 16k-text backlog (256 x 64 short reviews, emulated GPU, /tmp/h1_drain.py, 2 shared
-    cores at load 5-6.5, one run each) drained at 1221 texts/s with 2 x 512, 1165 with 2 x 512 and 4 in flight,
-    1451 with 4 x 128, 1666 with 4 x 256 (the pool: 1685): an instance leaves the encoder idle while it tokenizes and
-    answers its batch, so more, smaller batches keep it fed."""
-
-    max_batch_size: int = 256  # texts per Triton batch = per execute (a request is `text` [n, 1])
-    instances: int = 4  # instance_group count: Triton batches executed at once
-    max_in_flight: int = 2  # sub-batches at the encoder at once, per instance
-    # requests waiting at the bulk level (2) / the query level (1); one-text requests at C = 1024 need about C
-    bulk_max_queue_size: int = 2048
-    query_max_queue_size: int = 2048
-    timeout_us: int = 5_000_000  # queue timeout of both levels (a request's own shorter one is honoured)
-
-
-def triton_mode_config(cfg: mc.ModelConfig, mode: TritonMode = TritonMode()) -> mc.ModelConfig:
-    """A copy of a text endpoint's config in scheduler "triton": parameter scheduler, max_batch_size, instance
-    count, max_in_flight, and a work-conserving dynamic_batching block with one queue policy per priority level
-    (1 = queries, 2 = bulk, the default level)."""
-    out = mc.ModelConfig()
-    out.CopyFrom(cfg)
-    set_text_settings(out, scheduler="triton", max_in_flight=mode.max_in_flight)
-    out.max_batch_size = int(mode.max_batch_size)
-    if mode.instances < 1:
-        raise ModelConfigError(f"{cfg.name}: TritonMode.instances={mode.instances}: needs >= 1")
-    if not out.instance_group:
-        out.instance_group.add(kind=mc.ModelInstanceGroup.KIND_CPU)
-    out.instance_group[0].count = int(mode.instances)
-    db = out.dynamic_batching
-    db.SetInParent()
-    del db.preferred_batch_size[:]
-    db.max_queue_delay_microseconds = 0
-    db.priority_levels = 2
-    db.default_priority_level = 2
-    for policy, size in ((db.default_queue_policy, mode.bulk_max_queue_size),
-                         (db.priority_queue_policy[1], mode.query_max_queue_size)):
-        policy.max_queue_size = int(size)
-        policy.default_timeout_microseconds = int(mode.timeout_us)
-        policy.allow_timeout_override = True
-        policy.timeout_action = mc.ModelQueuePolicy.REJECT
-    return out
-
-
-QUERY_SUFFIX = "_query"
-# The query-only text model beside a bulk one in scheduler "triton": short queries, a batch is about one sub-batch
-QUERY_MODE = TritonMode(max_batch_size=64, instances=2, max_in_flight=2)
-
-
-def query_model_config(cfg: mc.ModelConfig, mode: TritonMode = QUERY_MODE) -> mc.ModelConfig:
-    """The query-only text model `<name>_query` of a text endpoint, in scheduler "triton": the same code, tokenizer
-    and encoder, every request a query (default_priority_level 1, the query level), so no query ever waits for a
-    Triton instance that holds bulk; the bulk model's instances see its queries through the encoder's QueryMarker and
-    cut their bulk sub-batches to query_token_budget, one at a time (query mode), while queries come."""
-    out = triton_mode_config(cfg, mode)
-    out.name = cfg.name + QUERY_SUFFIX
-    out.dynamic_batching.default_priority_level = 1
-    return out

@@ -26,7 +26,7 @@ from bge_triton.paths import CANONICAL_REPOSITORY
 
 COMMITTED = CANONICAL_REPOSITORY
 TEXT_MODEL = "bge_large_zh"
-TEXT_ENDPOINT_FILES = ("model.py", "text_batcher.py", "text_core.py", "text_scheduler.py", "text_stages.py")
+TEXT_ENDPOINT_FILES = ("model.py", "text_core.py", "text_scheduler.py", "text_stages.py")
 KEY = "text_endpoint"
 PROBE_TEXT = "今天天气很好，适合检索增强生成。"
 

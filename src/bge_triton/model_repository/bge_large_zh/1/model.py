@@ -13,15 +13,10 @@ A bad request gets its own error response; the rest of the batch is not touched.
 Triton codes in one place, text_core.triton_code. Request parameter `priority` (the SDK sends Triton's
 priority level here too, as `priority_level`: the python backend cannot read it) puts queries ahead.
 
-Parameter `scheduler` "triton" (text_batcher.py) leaves the waiting requests in Triton's dynamic batcher instead:
-execute() returns a coroutine that plans and runs its own batch (BLS async_exec, concurrently) and returns every
-response; python_backend r24.10 runs it to completion in default mode (src/pb_stub.cc, Stub::ProcessRequests).
-
 Parameter `encoder` "bls" (the default) is the deployment. Any other value X loads the backend
 module encoder_X.py beside this file: the local CPU variant (server/cpu_variant.py) renders one
 there; this file runs unchanged in both.
 """
-import asyncio
 import contextlib
 import faulthandler
 import gc
@@ -52,10 +47,6 @@ class BlsBackend(EncoderBackend):
 
     def run(self, ids, mask):
         return self._result(self._request(ids, mask).exec())
-
-    async def run_async(self, ids, mask):
-        """The same through BLS async_exec (r24.10: exec in the event loop's default thread pool, src/pb_stub.cc)."""
-        return self._result(await self._request(ids, mask).async_exec())
 
     def _request(self, ids, mask):
         return pb_utils.InferenceRequest(
@@ -111,26 +102,6 @@ def _backend(settings: TextSettings, cfg: dict, args: dict) -> EncoderBackend:
     return module.make_backend(settings, cfg, args)
 
 
-def _batcher(settings: TextSettings, backend: EncoderBackend, pad_id: int, dim: int):
-    """Scheduler "triton": text_batcher.Batcher over the backend's coroutine (BLS async_exec), or its blocking run()
-    in the event loop's thread pool (the CPU variant's in-process encoder)."""
-    try:
-        from text_batcher import Batcher, SharedMarker
-    except ImportError as exc:
-        raise pb_utils.TritonModelException(
-            f"parameter scheduler='triton' needs text_batcher.py beside model.py ({exc}): copy the model "
-            "repository's bge_large_zh/1/*.py, or use scheduler 'pool'") from exc
-    def blocking(ids, mask):
-        with backend.hold():
-            return backend.run(ids, mask)
-
-    run = getattr(backend, "run_async", None)
-    if run is None:
-        async def run(ids, mask):
-            return await asyncio.get_running_loop().run_in_executor(None, blocking, ids, mask)
-    return Batcher(settings, pad_id, dim, run, SharedMarker(settings.onnx_model), log=_log, run_blocking=blocking)
-
-
 class TritonPythonModel:
     """Decode and tokenize (text_stages), then the scheduler plans, runs through BLS and answers."""
 
@@ -151,21 +122,12 @@ class TritonPythonModel:
         # requests without a `priority` parameter take the config's default level, as in Triton's queue
         self.default_priority = int(cfg.get("dynamic_batching", {}).get("default_priority_level", 0) or 0)
         self._metrics(cfg["name"])
-        self.scheduler, self.batcher = None, None
-        if self.settings.scheduler == "triton":
-            # query mode is shared by every text model in front of the same encoder (e.g. a query-only model beside
-            # the bulk one: server.repository.query_model_config), so the marker is the encoder's
-            self.batcher = _batcher(self.settings, self.backend, tok.pad_id, int(cfg["output"][0]["dims"][-1]))
-        else:
-            self._pool(cfg, tok)
-        self.flusher = threading.Thread(target=self._flush_loop, name="kit-metrics", daemon=True)
-        self.flusher.start()
-
-    def _pool(self, cfg, tok):
         self.scheduler = Scheduler(self.settings, self.backend, tok.pad_id, int(cfg["output"][0]["dims"][-1]),
                                    self._answer, QueryMarker(cfg["name"]),
                                    policy=QueuePolicy.from_config(cfg),  # the queue policies hold in the pool
                                    cancelled=_cancelled, log=_log)
+        self.flusher = threading.Thread(target=self._flush_loop, name="kit-metrics", daemon=True)
+        self.flusher.start()
 
     def _metrics(self, model):
         labels = {"model": model}
@@ -198,7 +160,7 @@ class TritonPythonModel:
 
     def _flush_metrics(self):
         with self.flush_lock:
-            counts = {**(self.batcher or self.scheduler).counters.take(), **self.pending}
+            counts = {**self.scheduler.counters.take(), **self.pending}
             self.pending = dict.fromkeys(self.pending, 0)
         for key, value in counts.items():
             if value:
@@ -209,10 +171,7 @@ class TritonPythonModel:
             self._flush_metrics()
 
     def finalize(self):
-        if self.scheduler is not None:
-            self.scheduler.close()
-        elif self.batcher is not None and self.batcher.marker is not None:
-            self.batcher.marker.close()  # removed by the last text model in front of the encoder
+        self.scheduler.close()
         self.stopping.set()
         self.flusher.join(5)
         self._flush_metrics()
@@ -232,8 +191,6 @@ class TritonPythonModel:
 
         Every request gets exactly one response on every path: by the returned list (inline run, or a fault
         before any sender was taken), else through its sender (here for errors, by the scheduler for the rest)."""
-        if self.batcher is not None:
-            return self._execute_batch(requests)  # the responses, or a coroutine the stub runs to completion
         senders: list = []  # (sender, its job | None = not queued | False = answered) once senders are taken
         try:
             return self._execute(requests, senders)
@@ -249,53 +206,6 @@ class TritonPythonModel:
                         self._send(sender, pb_utils.InferenceResponse(
                             error=pb_utils.TritonError(message, pb_utils.TritonError.INTERNAL)))
             return None
-
-    def _execute_batch(self, requests):
-        """Scheduler "triton": tokenize and plan the batch (text_batcher); one sub-batch runs here and the responses
-        return at once, more go through a coroutine that the stub runs to completion on its event loop (default
-        mode, r24.10 src/pb_stub.cc). One response per request, in order; every fault is its request's own error
-        response; nothing raises out of here."""
-        try:
-            batch = self.pipeline.encode_pre([(pb_utils.get_input_tensor_by_name(r, "text").as_numpy(),
-                                               r.parameters()) for r in requests])
-            with self.flush_lock:
-                self.pending["batches"] += 1
-                self.pending["bad"] += batch.rejected
-            results = [None] * len(requests)
-            for r, _, n in batch.slots:
-                results[r] = self.batcher.new_result(n, batch.priorities[r] or self.default_priority)
-                results[r].cancelled = getattr(requests[r], "is_cancelled", None)  # r24.10: InferRequest.is_cancelled
-            full, subs = self.batcher.prepare(batch, results)
-            if not subs or self.batcher.inline(subs, full):
-                return self._batch_responses(requests, batch, results)
-        except Exception as exc:
-            return self._batch_failed(requests, exc)
-        return self._execute_async(requests, batch, results, full, subs)
-
-    async def _execute_async(self, requests, batch, results, full, subs):
-        try:
-            await self.batcher.run_planned(subs, full)
-        except Exception as exc:
-            return self._batch_failed(requests, exc)
-        return self._batch_responses(requests, batch, results)
-
-    def _batch_responses(self, requests, batch, results):
-        responses = []
-        for r, request in enumerate(requests):
-            try:
-                responses.append(self._response(batch.errors[r] or results[r], request.requested_output_names())[0])
-            except Exception as exc:
-                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(
-                    f"text endpoint could not build its response: {type(exc).__name__}: {exc}",
-                    pb_utils.TritonError.INTERNAL)))
-        return responses
-
-    @staticmethod
-    def _batch_failed(requests, exc):
-        _log(f"text endpoint: execute caught {type(exc).__name__}: {exc}")
-        message = f"text endpoint failed on this batch: {type(exc).__name__}: {exc}"
-        return [pb_utils.InferenceResponse(error=pb_utils.TritonError(message, pb_utils.TritonError.INTERNAL))
-                for _ in requests]
 
     def _execute(self, requests, taken: list):
         batch = self.pipeline.encode_pre([(pb_utils.get_input_tensor_by_name(r, "text").as_numpy(),

@@ -13,11 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["TextSettings", "TextError", "BadInput", "TooLong", "EncoderOverloaded", "EncoderFailed",
-           "TokenizerFailed", "Cancelled", "TRITON_CODES", "SCHEDULERS", "triton_code", "encoder_error",
+           "TokenizerFailed", "Cancelled", "TRITON_CODES", "triton_code", "encoder_error",
            "EncoderBackend", "truthy"]
-
-
-SCHEDULERS = ("pool", "triton")  # parameter scheduler: text_scheduler.py's pool, or Triton's batcher (text_batcher.py)
 
 
 def truthy(value: object) -> bool:
@@ -53,12 +50,6 @@ class TextSettings:
     cancel_check_s: float = 0.05
     age_bound_s: float = 0.0  # pool: a run is planned only from texts that arrived within this many seconds of
     # the oldest one waiting at its level (a long text is never overtaken by one that arrived later); 0 = off
-    # "pool" (text_scheduler.py): execute hands each batch to the instance's pool and returns at once; the pool's
-    # dispatchers plan from every text waiting. "triton" (text_batcher.py): Triton's dynamic batcher holds the waiting
-    # requests (its queue policy per priority level, timeouts, cancellation); execute plans and runs its own batch,
-    # max_in_flight sub-batches at the encoder at once, and returns every response. In triton mode cancel_check_s > 0
-    # asks whether a request was cancelled before each of its later sub-batches (0 = never ask).
-    scheduler: str = "pool"
 
     def __post_init__(self) -> None:
         for name in ("max_length", "token_budget", "sub_batch_max", "pad_to_multiple", "max_in_flight",
@@ -71,8 +62,6 @@ class TextSettings:
                 raise ValueError(f"parameter {name}={getattr(self, name)}: must be >= 0")
         if not self.encoder.strip():
             raise ValueError("parameter encoder is empty: use 'bls' (the default)")
-        if self.scheduler not in SCHEDULERS:
-            raise ValueError(f"parameter scheduler={self.scheduler!r}: use one of {list(SCHEDULERS)}")
 
     @classmethod
     def from_params(cls, params: Mapping[str, str], model_name: str = "") -> TextSettings:

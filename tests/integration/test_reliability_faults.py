@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bge_triton.loadtest.chaos_faults import broken_start, kill9_under_load, kill_stub
-from bge_triton.loadtest.chaos_overload import OverloadSettings, run_overload
+from bge_triton.loadtest.chaos_faults import OverloadSettings, broken_start, kill9_under_load, kill_stub, run_overload
 
 pytestmark = pytest.mark.integration
 

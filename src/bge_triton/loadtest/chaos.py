@@ -1,12 +1,17 @@
 """`bge-triton chaos [--quick] [--out reports/chaos]`: bad input, overload and faults against real local
-tritonservers it starts itself (ports 18200-18299), then chaos.md + chaos.csv + chaos_overload.png.
+tritonservers it starts itself (ports 18200-18299), then chaos.md + chaos.csv + chaos_overload.png: bad inputs tried,
+requests sent and lost (must be 0), errors by kind (errors.kind_of), max recovery time, RSS growth. The overload run's
+encoder is the costmodel executor (emulated); overload and faults are in chaos_faults.
 
-Figures: bad inputs tried, requests sent, requests lost (must be 0), errors by kind (errors.kind_of), max recovery
-time, RSS growth. The encoder of the overload run is the costmodel executor (emulated).
+The bad-input catalogue covers the text endpoint (NAME) and the encoder (NAME_onnx): each case says what the server
+must answer, "ok" (over-long text is truncated, the documented default) or the errors.kind_of of its status and a
+substring of the message. Requests go through the SDK's transport below the kit client (which would refuse to build
+most of them), so the server's own checks are what is tested.
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import subprocess
@@ -14,21 +19,171 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+from tritonclient.utils import InferenceServerException
+
+from bge_triton.client.core import InferCall
+from bge_triton.client.transport import GrpcSync, HttpSync
 from bge_triton.errors import KitError, kind_of
 from bge_triton.extras import require
-from bge_triton.loadtest import harness, report
-from bge_triton.loadtest.chaos_faults import PORT_RANGE, broken_start, kill9_under_load, kill_stub
-from bge_triton.loadtest.chaos_inputs import flood, run_catalogue
-from bge_triton.loadtest.chaos_overload import OverloadSettings, run_overload
+from bge_triton.loadtest import chaos_faults as faults
+from bge_triton.loadtest import harness, loadgen, report
+from bge_triton.loadtest.stats import tree_rss_mb
 
 require("loadtest", "bge-triton chaos")
 
 COMMAND = "bge-triton chaos"
-BROKEN = ("onnx_missing", "onnx_corrupt", "tokenizer_missing", "config_corrupt", "onnx_truncated", "tokenizer_corrupt")
 
 
+# -- the bad-input catalogue and the flood ----------------------------------------------------------------------
+Inputs = list[tuple[str, str, np.ndarray]]  # (name, datatype, array) per input
+
+
+@dataclass
+class RawOutcome:
+    """What one raw request ended in: ok (rows), or an error with its status and message."""
+
+    ok: bool
+    status: str = ""
+    message: str = ""
+    rows: int = 0
+
+
+def raw_client(protocol: str, url: str) -> GrpcSync | HttpSync:
+    """The SDK's own transport (client.transport: the kit's request bytes), without the client's input checks."""
+    return GrpcSync(url) if protocol == "grpc" else HttpSync(url)
+
+
+def raw_infer(client: GrpcSync | HttpSync, model: str, inputs: Inputs, parameters: dict | None = None,
+              timeout_s: float = 30.0) -> RawOutcome:
+    """Send named inputs; never raises for a server answer."""
+    call = InferCall(model, tuple(inputs), dict(parameters or {}), rows=len(inputs[0][2]) if inputs else 0)
+    try:
+        emb = client.infer(call, timeout_s).as_numpy("embedding")
+        return RawOutcome(True, rows=0 if emb is None else int(emb.shape[0]))
+    except InferenceServerException as exc:
+        return RawOutcome(False, str(exc.status() or ""), exc.message() or str(exc))
+
+
+def text_array(texts: Sequence[str | bytes]) -> np.ndarray:
+    """BYTES [n, 1]; str items are UTF-8 encoded, bytes items go as they are (invalid UTF-8 too)."""
+    items = [t if isinstance(t, bytes) else t.encode("utf-8", "surrogatepass") for t in texts]
+    return np.array(items, dtype=np.object_).reshape(-1, 1)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One bad (or unusual) input and what the server must answer: "ok", or the errors.kind_of of its status and a
+    substring of its message (case-insensitive)."""
+
+    name: str
+    target: str  # "text" (NAME), "tensor" (NAME_onnx) or "unknown" (a model that does not exist)
+    build: Callable[[], Inputs]
+    expect: str
+    message: str = ""
+    parameters: dict | None = None
+
+
+def _text(*texts: str | bytes) -> Callable[[], Inputs]:
+    return lambda: [("text", "BYTES", text_array(texts))]
+
+
+def _tensor(ids, mask=None, dtype: str = "INT64", np_dtype=np.int64) -> Callable[[], Inputs]:
+    def build() -> Inputs:
+        a = np.asarray(ids, dtype=np_dtype)
+        m = np.ones_like(a) if mask is None else np.asarray(mask, dtype=np_dtype)
+        return [("input_ids", dtype, a), ("attention_mask", dtype, m)]
+    return build
+
+
+GOOD_IDS = [[101, 7592, 2088, 102]]
+ALL_CASES = [
+    Case("empty", "text", _text(""), "InputError", "empty or whitespace"),
+    Case("whitespace", "text", _text(" \t\n\u3000 "), "InputError", "empty or whitespace"),
+    Case("nul_byte", "text", _text("abc\x00def"), "InputError", "NUL byte"),
+    Case("invalid_utf8", "text", _text(b"\xff\xfe\xfdabc"), "InputError", "not valid UTF-8"),
+    Case("lone_surrogate", "text", _text("x\ud800y"), "InputError", "not valid UTF-8"),
+    Case("text_100k_truncated", "text", _text("向量检索" * 25_000), "ok"),
+    Case("text_100k_truncate_false", "text", _text("向量检索" * 25_000), "InputError", "over the limit",
+         {"truncate": False}),
+    Case("cjk_extension_b", "text", _text("𠀀𠀁𠀂𪚥𠮷野家"), "ok"),
+    Case("emoji", "text", _text("😀🚀👍🏽 家族👨‍👩‍👧"), "ok"),
+    Case("good_and_bad_in_one_request", "text", _text("今天天气很好", "", "ok"), "InputError", "text 1 is empty"),
+    Case("text_batch_over_max_batch_size", "text", _text(*["短文本"] * 200), "InputError", "batch-size must be <="),
+    Case("int32_ids", "tensor", _tensor(GOOD_IDS, dtype="INT32", np_dtype=np.int32), "InputError", "data-type"),
+    Case("fp32_ids", "tensor", _tensor(GOOD_IDS, dtype="FP32", np_dtype=np.float32), "InputError", "data-type"),
+    Case("rank3_shape", "tensor", _tensor(np.ones((1, 1, 4))), "InputError", "unexpected shape"),
+    Case("ids_mask_shape_mismatch", "tensor", _tensor(GOOD_IDS, [[1, 1, 1, 1, 1]]), "InputError", "!= attention_mask"),
+    Case("token_id_over_vocab", "tensor", _tensor([[101, 10_000_000, 102]]), "InputError", "outside the vocabulary"),
+    Case("negative_token_id", "tensor", _tensor([[101, -7, 102]]), "InputError", "outside the vocabulary"),
+    Case("mask_all_zero", "tensor", _tensor(GOOD_IDS, [[0, 0, 0, 0]]), "InputError", "no real token"),
+    Case("mask_not_binary", "tensor", _tensor(GOOD_IDS, [[1, 5, 1, 1]]), "InputError", "only 0 and 1"),
+    Case("zero_length", "tensor", _tensor(np.zeros((1, 0))), "InputError", "seq_len >= 1"),
+    Case("missing_mask", "tensor", lambda: [("input_ids", "INT64", np.asarray(GOOD_IDS, np.int64))],
+         "InputError", "missing required input"),
+    Case("tensor_batch_over_max_batch_size", "tensor", _tensor(np.repeat(GOOD_IDS, 100, axis=0)), "InputError",
+         "batch-size must be <="),
+    Case("good_tensor", "tensor", _tensor(GOOD_IDS), "ok"),
+    Case("unknown_model", "unknown", _text("hello"), "ModelConfigError", "unknown model"),
+]
+
+
+def send_case(client: GrpcSync | HttpSync, case: Case, model: str) -> tuple[RawOutcome, str | None]:
+    """Send one case to its model; the outcome and None when the server answered as the case requires, else what
+    was wrong."""
+    target = {"text": model, "tensor": f"{model}_onnx", "unknown": f"{model}_does_not_exist"}[case.target]
+    out = raw_infer(client, target, case.build(), case.parameters)
+    got = "ok" if out.ok else kind_of(out.status)
+    if got != case.expect or case.message.lower() not in out.message.lower():
+        return out, f"{case.name}: expected {case.expect} '{case.message}', got {got} ({out.status}) '{out.message}'"
+    return out, None
+
+
+def run_catalogue(urls: dict[str, str], model: str, cases: Sequence[Case] = ALL_CASES) -> list[dict]:
+    """Every case over every protocol in `urls` ({"grpc": url, "http": url}); one row per (case, protocol)."""
+    rows = []
+    for protocol, url in urls.items():
+        client = raw_client(protocol, url)
+        for case in cases:
+            out, problem = send_case(client, case, model)
+            rows.append({"case": case.name, "protocol": protocol, "ok": out.ok, "status": out.status,
+                         "message": out.message[:160], "problem": problem})
+        client.close()
+    return rows
+
+
+def flood(grpc_url: str, model: str, pid: int, requests: int, workers: int = 4) -> dict:
+    """`requests` bad requests (cycling through the error cases) from `workers` closed-loop users (loadgen); the
+    server's RSS before and after."""
+    cases = [c for c in ALL_CASES if c.expect != "ok" and c.name != "text_100k_truncate_false"]
+    clients = [raw_client("grpc", grpc_url) for _ in range(workers)]
+    for case in cases * 3:  # first touches allocate caches: not a leak
+        send_case(clients[0], case, model)
+    time.sleep(0.5)
+    rss_before, kinds, problems, sent = tree_rss_mb(pid), Counter[str](), list[str](), [0]
+
+    async def send(k: int) -> None:
+        case = cases[sent[0] % len(cases)]
+        sent[0] += 1
+        out, bad = await asyncio.to_thread(send_case, clients[k], case, model)
+        kinds[kind_of(out.status)] += 1
+        if bad and len(problems) < 5:
+            problems.append(bad)
+
+    asyncio.run(loadgen.closed_loop(send, workers, lambda: sent[0] >= requests))
+    time.sleep(0.5)
+    rss_after = tree_rss_mb(pid)
+    for c in clients:
+        c.close()
+    return {"requests": sent[0], "lost": sent[0] - sum(kinds.values()), "statuses": dict(kinds), "problems": problems,
+            "rss_before_mb": rss_before, "rss_after_mb": rss_after, "rss_growth_mb": rss_after - rss_before}
+
+
+# -- the command -------------------------------------------------------------------------------------------------
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=COMMAND, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repository", type=Path, default=None,
@@ -46,21 +201,21 @@ def run(a: argparse.Namespace, repo: Path, work: Path) -> dict:
     res: dict = {}
     t = time.monotonic()
     print("[1/5] bad-input catalogue + flood", flush=True)
-    srv = harness.start_server(repo, work / "inputs", port_range=PORT_RANGE)
+    srv = harness.start_server(repo, work / "inputs", port_range=faults.PORT_RANGE)
     try:
         res["catalogue"] = run_catalogue({"grpc": srv.grpc_url, "http": srv.http_url}, a.model)
         res["flood"] = flood(srv.grpc_url, a.model, srv.pid, a.flood or (1500 if a.quick else 10_000))
     finally:
         srv.stop()
     print("[2/5] overload at 3x capacity", flush=True)
-    res["overload"] = run_overload(OverloadSettings(repo, work / "overload", model=a.model,
-                                                    overload_s=a.overload_s or (8.0 if a.quick else 60.0)))
+    over_s = a.overload_s or (8.0 if a.quick else 60.0)
+    res["overload"] = faults.run_overload(faults.OverloadSettings(repo, work / "overload", a.model, overload_s=over_s))
     print("[3/5] kill -9 of tritonserver under load (gRPC, HTTP)", flush=True)
-    res["kill9"] = [kill9_under_load(repo, work / f"kill9_{p}", a.model, protocol=p) for p in ("grpc", "http")]
+    res["kill9"] = [faults.kill9_under_load(repo, work / f"kill9_{p}", a.model, protocol=p) for p in ("grpc", "http")]
     print("[4/5] kill -9 of a python backend stub", flush=True)
-    res["stub"] = kill_stub(repo, work / "stub", a.model, watch_s=5.0 if a.quick else 30.0)
+    res["stub"] = faults.kill_stub(repo, work / "stub", a.model, watch_s=5.0 if a.quick else 30.0)
     print("[5/5] broken model files at start", flush=True)
-    res["broken"] = [broken_start(repo, work, c, a.model) for c in BROKEN[:4 if a.quick else None]]
+    res["broken"] = [faults.broken_start(repo, work, c, a.model) for c in list(faults.BREAKAGES)[:4 if a.quick else 6]]
     res["seconds"] = time.monotonic() - t
     return res
 

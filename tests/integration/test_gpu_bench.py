@@ -29,7 +29,7 @@ def _free_ports(n: int, lo: int = 18300, hi: int = 18400) -> list[int]:
 pytestmark = pytest.mark.integration
 
 
-@pytest.mark.timeout(900)  # a safety net: the server's start is bounded by its progress (tritonproc)
+@pytest.mark.timeout(900)  # a safety net: the server's start is bounded by its progress (assets.tritonserver)
 def test_bench_runs_on_cpu_and_reports_every_scenario(tmp_path: Path) -> None:
     http_port, metrics_port = _free_ports(2)
     out, assets = tmp_path / "reports", tmp_path / "wheels"

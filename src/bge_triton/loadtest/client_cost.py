@@ -26,31 +26,31 @@ from bge_triton.loadtest import harness, report
 from bge_triton.loadtest.costmodel import DEFAULT as DEFAULT_COST
 from bge_triton.loadtest.stand import turns
 from bge_triton.loadtest.stats import percentile
-from bge_triton.paths import REPORTS_DIR, STATE_DIR
+from bge_triton.paths import IMPORT_ROOT, REPORTS_DIR, STATE_DIR
 
 OLD_REV = "1ea3cab"  # the last commit whose client/http1.py is the hand-written HTTP/1.1 client
 FIELDS = ("client", "calls", "mean_us", "p50_us", "p99_us", "cpu_us_per_call")
 
 
-def old_connection_class(rev: str) -> type:
-    """Http1Connection as committed at `rev` (git show), loaded as a throw-away module."""
-    root = Path(__file__).resolve().parents[3]
-    proc = subprocess.run(["git", "-C", str(root), "show", f"{rev}:src/bge_triton/client/http1.py"],
-                          capture_output=True, text=True)
+def module_at(rev: str, path: str, name: str) -> types.ModuleType:
+    """`path` (from the repository root) as committed at git revision `rev`, loaded as a throw-away module `name`
+    (registered in sys.modules: dataclasses look their module up there)."""
+    proc = subprocess.run(["git", "-C", str(IMPORT_ROOT.parent), "show", f"{rev}:{path}"], capture_output=True,
+                          text=True)
     if proc.returncode != 0:
-        raise KitError(f"cannot read the old client at {rev} ({proc.stderr.strip()[:200]}): run this from a git "
-                       "checkout of bge-triton-kit with its history, or pass --old-rev")
-    module = types.ModuleType("bge_triton_old_http1")
-    exec(compile(proc.stdout, f"{rev}:client/http1.py", "exec"), module.__dict__)
-    cls: type = module.Http1Connection
-    return cls
+        raise KitError(f"cannot read {path} at {rev} ({proc.stderr.strip()[:200]}): run this from a git checkout of "
+                       "bge-triton-kit with its history, or name another revision")
+    module = sys.modules[name] = types.ModuleType(name)
+    exec(compile(proc.stdout, f"{rev}:{path}", "exec"), module.__dict__)
+    return module
 
 
 def clients(http_url: str, rev: str) -> dict[str, HttpSync]:
     """Two HttpSync transports to the same server: urllib3 (as shipped) and the old hand-written connection."""
     host, _, port = http_url.rpartition(":")
     old = HttpSync(http_url)
-    old.conn = old_connection_class(rev)(host, int(port))  # the same request() contract
+    old_module = module_at(rev, "src/bge_triton/client/http1.py", "bge_triton_old_http1")
+    old.conn = old_module.Http1Connection(host, int(port))  # the same request() contract
     return {"urllib3 (HttpSync now)": HttpSync(http_url), f"hand-written http1 ({rev})": old}
 
 

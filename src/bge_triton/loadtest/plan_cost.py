@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
+import os
 import random
 import statistics
-import sys
 import threading
 import time
 from pathlib import Path
@@ -28,20 +27,15 @@ from typing import Any
 
 import numpy as np
 
-from bge_triton.loadtest.report import machine_info, table, write_csv, write_md
-from bge_triton.paths import CANONICAL_REPOSITORY, IMPORT_ROOT, REPORTS_DIR
+from bge_triton.errors import KitError
+from bge_triton.loadtest.client_cost import module_at
+from bge_triton.loadtest.report import machine_line, table, write_csv, write_md
+from bge_triton.loadtest.stats import percentile
+from bge_triton.loadtest.targets import endpoint
+from bge_triton.paths import REPORTS_DIR
 
 FIELDS = ("backlog", "policy", "dispatches", "plan_us_p50", "plan_us_p99", "expire_us_p50", "texts_per_run")
 COMMAND = "bge-triton bench plan-cost"
-
-
-def _modules():
-    """The shipped text endpoint's modules, imported by name as the python backend stub does."""
-    folder = str(CANONICAL_REPOSITORY / "bge_large_zh" / "1")
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
-    return importlib.import_module("text_core"), importlib.import_module("text_scheduler"), \
-        importlib.import_module("text_stages")
 
 
 def _lengths(n: int, max_length: int, seed: int) -> list[int]:
@@ -114,39 +108,24 @@ def measure_old(backlog: int, lengths: list[int], settings, stages, dispatches: 
 
 
 def _row(backlog: int, policy: str, plan: list[float], expire: list[float], sizes: list[int]) -> dict:
-    plan_sorted = sorted(plan)
-    return {"backlog": backlog, "policy": policy, "dispatches": len(plan),
-            "plan_us_p50": statistics.median(plan), "plan_us_p99": plan_sorted[min(len(plan) - 1,
-                                                                                   int(0.99 * len(plan)))],
-            "expire_us_p50": statistics.median(expire), "texts_per_run": statistics.mean(sizes)}
+    return {"backlog": backlog, "policy": policy, "dispatches": len(plan), "plan_us_p50": statistics.median(plan),
+            "plan_us_p99": percentile(plan, 99), "expire_us_p50": statistics.median(expire),
+            "texts_per_run": statistics.mean(sizes)}
 
 
 DRAIN_FIELDS = ("backlog", "policy", "requests", "wall_s", "texts_per_s", "ideal_texts_per_s", "of_ideal",
-                "encoder_busy",
-                "sub_batches", "texts_per_sub_batch")
+                "encoder_busy", "sub_batches", "texts_per_sub_batch")
 
 
 def before_scheduler(commit: str) -> Any:
     """The text scheduler as of `commit` (git show from this checkout), imported beside the shipped text_core and
     text_stages; None when git or the commit is not at hand."""
-    import importlib.util
-    import subprocess
-    import tempfile
-
-    path = "src/bge_triton/model_repository/bge_large_zh/1/text_scheduler.py"
+    endpoint()  # puts the shipped text_core and text_stages on sys.path
     try:
-        source = subprocess.run(["git", "show", f"{commit}:{path}"], capture_output=True, text=True, check=True,
-                                cwd=IMPORT_ROOT).stdout
-    except (OSError, subprocess.CalledProcessError):
+        return module_at(commit, "src/bge_triton/model_repository/bge_large_zh/1/text_scheduler.py",
+                         "text_scheduler_before")
+    except KitError:
         return None
-    folder = Path(tempfile.mkdtemp(prefix="plan_cost_before_"))
-    (folder / "text_scheduler_before.py").write_text(source, encoding="utf-8")
-    spec = importlib.util.spec_from_file_location("text_scheduler_before", folder / "text_scheduler_before.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["text_scheduler_before"] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
 
 
 def measure_drain(backlog: int, lengths: list[int], settings, core, sched, per_request: int = 64,
@@ -204,10 +183,8 @@ def measure_drain(backlog: int, lengths: list[int], settings, core, sched, per_r
 
 def run(backlogs: list[int], out: Path, dispatches: int, old_budget_s: float, seed: int,
         drains: list[int] | None = None, before: str = "") -> list[Path]:
-    core, sched, stages = _modules()
-    from bge_triton.server.repository import load_config, text_settings
-
-    settings = text_settings(load_config(CANONICAL_REPOSITORY / "bge_large_zh" / "config.pbtxt"))
+    load = os.getloadavg()
+    settings, stages, sched, core = endpoint()
     lengths = _lengths(4096, settings.max_length, seed)
     rows = []
     for backlog in backlogs:
@@ -234,9 +211,7 @@ def run(backlogs: list[int], out: Path, dispatches: int, old_budget_s: float, se
         command += f" --drains {','.join(map(str, drains))}"
     if before:
         command += f" --before {before}"
-    info = machine_info()
-    lines = [f"Machine: {info['cpu']}, {info['cores']} cores (shared), Python {info['python']}, load average "
-             f"{info['loadavg_at_start']} at start. Settings: the committed config (token_budget "
+    lines = [f"Machine: {machine_line(load)}. Settings: the committed config (token_budget "
              f"{settings.token_budget}, sub_batch_max {settings.sub_batch_max}, split_overhead_tokens "
              f"{settings.split_overhead_tokens}, pad_to_multiple {settings.pad_to_multiple}). Lengths: load-test "
              "corpus reviews (one token per character + 2, capped at max_length). One priority level; after each "

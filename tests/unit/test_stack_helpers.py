@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from bge_triton.loadtest import stack_bench, stack_raw
+from bge_triton.loadtest import stack_bench
 
 
 def test_pad_rows_pads_to_multiple_with_mask() -> None:
-    ids, mask = stack_raw.pad_rows([[101, 5, 102], [101, 102]], 8)
+    ids, mask = stack_bench.pad_rows([[101, 5, 102], [101, 102]], 8)
     assert ids.shape == mask.shape == (2, 8) and ids.dtype == np.int64
     assert mask.sum(axis=1).tolist() == [3, 2]
     assert ids[1, :2].tolist() == [101, 102] and ids[1, 2:].sum() == 0
@@ -15,15 +15,15 @@ def test_pad_rows_pads_to_multiple_with_mask() -> None:
 
 def test_sorted_batches_cover_every_text_once_sorted() -> None:
     rows = [[1] * n for n in (9, 3, 17, 5, 2)]
-    batches = stack_raw.sorted_batches(rows, 2, 8)
+    batches = stack_bench.sorted_batches(rows, 2, 8)
     assert [b[0].shape for b in batches] == [(2, 8), (2, 16), (1, 24)]
     assert sum(int(m.sum()) for _, m in batches) == sum(len(r) for r in rows)
 
 
 def test_fifo_padding_ratio() -> None:
-    assert stack_raw.fifo_padding_ratio([4, 4, 4, 4], 2) == 1.0
-    assert stack_raw.fifo_padding_ratio([1, 3], 2) == 6 / 4
-    assert stack_raw.fifo_padding_ratio([1, 3], float("nan")) == 1.0  # no batch size seen: singles
+    assert stack_bench.fifo_padding_ratio([4, 4, 4, 4], 2) == 1.0
+    assert stack_bench.fifo_padding_ratio([1, 3], 2) == 6 / 4
+    assert stack_bench.fifo_padding_ratio([1, 3], float("nan")) == 1.0  # no batch size seen: singles
 
 
 def test_kit_counters_reads_only_this_models_kit_counters(monkeypatch) -> None:

@@ -1,6 +1,7 @@
 """Stack benchmark: raw ONNX Runtime vs the full Triton stack through the text endpoint, side by side.
 
-(a) raw ORT at its best batch size (same ONNX file, threads, texts, tokenizer, sort + pad rule; stack_raw),
+(a) raw ORT in-process at its best batch size (same ONNX file, threads, texts, tokenizer; the whole set sorted by
+length, padded to a multiple of 8 as the endpoint pads; session.run timed only: the most favourable reference),
 (b) the full stack at saturation (loadgen's closed loop: the SDK's HTTP bytes, many small requests in flight), in
 rounds alternating with (a); (c) one request in flight through the kit's sync SDK vs raw batch 1, blocks of texts
 taking turns (tritonclient's sync gRPC client beside it as a reference), split by Triton's own statistics; the
@@ -14,17 +15,23 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import random
 import shlex
 import statistics
+import subprocess
 import sys
+import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from bge_triton.client.core import text_call
 from bge_triton.errors import KitError
 from bge_triton.extras import require
-from bge_triton.loadtest import corpus, harness, loadgen, report, stack_raw
+from bge_triton.loadtest import corpus, harness, loadgen, report
 from bge_triton.loadtest.stand import sdk_caller, texts, tritonclient_caller, turns
 from bge_triton.loadtest.stats import CpuMeter, fetch_stats, percentile, phase_means_ms
 from bge_triton.paths import REPORTS_DIR, STATE_DIR
@@ -35,7 +42,7 @@ from bge_triton.server.repository import Batching, install_text_endpoint, load_c
 require("loadtest", "bge-triton bench stack")
 TARGET_RATIO, TARGET_ADDED_P50_MS, TARGET_PADDING = 0.92, 1.5, 1.15
 SPLIT_PHASES = ("queue", "compute_input", "compute_infer", "compute_output")
-SDK_CLIENT = "the kit's client SDK (client.EmbeddingClient, sync, protocol http)"
+NAN = float("nan")
 
 
 @dataclass
@@ -82,18 +89,83 @@ class StackResults:
     split: dict[str, float] = field(default_factory=dict)  # (c) in Triton: stats.phase_means_ms of its requests
 
 
-def prepare_repository(s: StackSettings) -> Path:
-    """Export the model once (cached), then refresh the endpoint code from the canonical model.py."""
-    import subprocess
+def pad_rows(rows: list[list[int]], multiple: int) -> tuple[np.ndarray, np.ndarray]:
+    """input_ids and attention_mask [B, L] (INT64), L = the longest row rounded up to `multiple`, as the endpoint."""
+    width = -(-max(len(r) for r in rows) // multiple) * multiple
+    ids, mask = np.zeros((len(rows), width), dtype=np.int64), np.zeros((len(rows), width), dtype=np.int64)
+    for k, row in enumerate(rows):
+        ids[k, :len(row)], mask[k, :len(row)] = row, 1
+    return ids, mask
 
-    onnx = s.repository / f"{s.name}_onnx" / "1" / "model.onnx"
-    if not onnx.is_file():
-        cmd = [sys.executable, "-m", "bge_triton.export", "--model", s.model, "--repository", str(s.repository),
-               "--name", s.name, "--precision", s.precision]
-        if subprocess.run(cmd).returncode != 0 or not onnx.is_file():
-            raise KitError(f"export failed: run `{' '.join(cmd)}` and read its error")
-    install_text_endpoint(s.repository / s.name / "1")  # this checkout's endpoint code, as the exporter writes it
-    return onnx
+
+def sorted_batches(ids: list[list[int]], batch: int, multiple: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The whole set sorted by length, cut into batches of `batch`, each padded to its longest."""
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    return [pad_rows([ids[i] for i in order[k:k + batch]], multiple) for k in range(0, len(order), batch)]
+
+
+def fifo_padding_ratio(lengths: list[int], batch: float) -> float:
+    """Padded / real tokens of FIFO batches (arrival order, pad to the batch's longest, no sorting)."""
+    size = max(1, int(round(batch))) if batch == batch else 1  # nan (no batches seen) -> 1
+    padded = sum(max(lengths[k:k + size]) * len(lengths[k:k + size]) for k in range(0, len(lengths), size))
+    return padded / max(1, sum(lengths))
+
+
+@dataclass(frozen=True)
+class RawConfig:
+    """Raw ORT: threads, spin-waiting, batch size, order ("sorted": shortest first, consecutive runs mostly repeat a
+    shape, as a batch job; "shuffled": a seeded random order, as traffic)."""
+
+    threads: int
+    spinning: bool
+    batch: int
+    order: str = "shuffled"
+
+    @property
+    def label(self) -> str:
+        return f"B={self.batch}, {self.threads} threads, spin {'on' if self.spinning else 'off'}, {self.order}"
+
+
+class RawEncoder:
+    """ONNX Runtime sessions on the repository's model.onnx, one per spin setting (same threads)."""
+
+    def __init__(self, onnx_path: Path, threads: int):
+        import onnxruntime as ort
+
+        self.sessions = {}
+        for spinning in (True, False):
+            opts = ort.SessionOptions()
+            if threads > 0:
+                opts.intra_op_num_threads = threads
+            opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+            if spinning:  # as the kit's sessions: spin inside a run, stop when it returns
+                opts.add_session_config_entry("session.force_spinning_stop", "1")
+            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            self.sessions[spinning] = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
+        self.input_names = {i.name for i in self.sessions[True].get_inputs()}
+
+    def run(self, spinning: bool, ids: np.ndarray, mask: np.ndarray) -> Any:
+        feeds = {k: v for k, v in (("input_ids", ids), ("attention_mask", mask)) if k in self.input_names}
+        return self.sessions[spinning].run(["embedding"], feeds)[0]
+
+    def throughput(self, cfg: RawConfig, batches: list[tuple[np.ndarray, np.ndarray]], window_s: float,
+                   seed: int = 0) -> float:
+        """Texts/s over whole passes of `batches` (in cfg.order) lasting at least window_s."""
+        order = list(range(len(batches)))
+        if cfg.order == "shuffled":
+            random.Random(seed).shuffle(order)
+        self.run(cfg.spinning, *batches[order[0]])  # warm this shape
+        done, start = 0, time.perf_counter()
+        while time.perf_counter() - start < window_s or not done:
+            for b in order:
+                done += self.run(cfg.spinning, *batches[b]).shape[0]
+        return done / (time.perf_counter() - start)
+
+    def latency_ms(self, spinning: bool, row: list[int], multiple: int) -> float:
+        """Batch-1 latency of one text (pad + session.run), milliseconds."""
+        start = time.perf_counter()
+        self.run(spinning, *pad_rows([row], multiple))
+        return (time.perf_counter() - start) * 1e3
 
 
 def kit_counters(metrics_url: str, model: str) -> dict[str, float]:
@@ -113,39 +185,43 @@ def server_knobs(s: StackSettings, rendered: Path) -> str:
         cfg = load_config(rendered / name)
         params = {k: v.string_value for k, v in sorted(cfg.parameters.items())
                   if k not in ("cost_a_us", "cost_b_us", "executor", "onnx_model", "tokenizer_dir")}
+        db = cfg.dynamic_batching
         parts.append(f"{name}: {cfg.instance_group[0].count} instance(s), {params}, dynamic_batching delay "
-                     f"{cfg.dynamic_batching.max_queue_delay_microseconds} us, preferred sizes "
-                     f"{list(cfg.dynamic_batching.preferred_batch_size) or 'none'}")
+                     f"{db.max_queue_delay_microseconds} us, preferred sizes {list(db.preferred_batch_size) or 'none'}")
     return "; ".join(parts)
-
-
-def raw_sweep(s: StackSettings, raw: stack_raw.RawEncoder, ids: list[list[int]]
-              ) -> tuple[stack_raw.RawConfig, list[tuple[str, int, float]]]:
-    """Every raw configuration (batch, spin, order), passes interleaved; the best one and (label, batch, median)."""
-    configs = [stack_raw.RawConfig(s.threads, spin, b, order) for b in s.sweep_batches for spin in (True, False)
-               for order in ("sorted", "shuffled")]
-    batches = {b: stack_raw.sorted_batches(ids[:s.sweep_texts], b, s.pad_to_multiple) for b in s.sweep_batches}
-    trials: dict[stack_raw.RawConfig, list[float]] = {cfg: [] for cfg in configs}
-    for rep in range(s.sweep_repeats):
-        for cfg in configs if rep % 2 == 0 else configs[::-1]:
-            trials[cfg].append(raw.throughput(cfg, batches[cfg.batch], s.sweep_window_s, s.seed + rep))
-    sweep = [(cfg, statistics.median(trials[cfg])) for cfg in configs]
-    for cfg, tps in sweep:
-        print(f"  {cfg.label}: median {tps:.1f} texts/s", flush=True)
-    return max(sweep, key=lambda x: x[1])[0], [(c.label, c.batch, t) for c, t in sweep]
 
 
 def run(s: StackSettings) -> StackResults:
     """Measure (a), (b), (c) and the padding ratios; print progress; return the rows."""
+    from tokenizers import Tokenizer
+
     load_start = os.getloadavg()
     all_texts = texts(max(s.texts, s.latency_texts), seed=s.seed)
-    onnx = prepare_repository(s)
-    ids = stack_raw.tokenize(s.repository / s.name / "1" / "tokenizer" / "tokenizer.json", all_texts)
+    onnx = s.repository / f"{s.name}_onnx" / "1" / "model.onnx"
+    if not onnx.is_file():  # export once (cached), then this checkout's endpoint code, as the exporter writes it
+        cmd = [sys.executable, "-m", "bge_triton.export", "--model", s.model, "--repository", str(s.repository),
+               "--name", s.name, "--precision", s.precision]
+        if subprocess.run(cmd).returncode != 0 or not onnx.is_file():
+            raise KitError(f"export failed: run `{' '.join(cmd)}` and read its error")
+    install_text_endpoint(s.repository / s.name / "1")
+    tok = Tokenizer.from_file(str(s.repository / s.name / "1" / "tokenizer" / "tokenizer.json"))
+    tok.no_padding()
+    tok.enable_truncation(512)  # as the text endpoint tokenizes
+    ids = [enc.ids for enc in tok.encode_batch(all_texts)]
     tp_texts, tp_ids = all_texts[:s.texts], ids[:s.texts]
-    raw = stack_raw.RawEncoder(onnx, s.threads)
+    raw = RawEncoder(onnx, s.threads)
     print(f"raw sweep over batch sizes {s.sweep_batches}, spin on/off, sorted/shuffled ...", flush=True)
-    best, sweep = raw_sweep(s, raw, tp_ids)
-    best_batches = stack_raw.sorted_batches(tp_ids, best.batch, s.pad_to_multiple)  # the full set
+    configs = [RawConfig(s.threads, spin, b, order) for b in s.sweep_batches for spin in (True, False)
+               for order in ("sorted", "shuffled")]
+    trials: dict[RawConfig, list[float]] = {cfg: [] for cfg in configs}  # passes interleaved, the order reversing
+    batches = {b: sorted_batches(tp_ids[:s.sweep_texts], b, s.pad_to_multiple) for b in s.sweep_batches}
+    for rep in range(s.sweep_repeats):
+        for cfg in configs if rep % 2 == 0 else configs[::-1]:
+            trials[cfg].append(raw.throughput(cfg, batches[cfg.batch], s.sweep_window_s, s.seed + rep))
+    for cfg in configs:
+        print(f"  {cfg.label}: median {statistics.median(trials[cfg]):.1f} texts/s", flush=True)
+    best = max(configs, key=lambda c: statistics.median(trials[c]))
+    best_batches = sorted_batches(tp_ids, best.batch, s.pad_to_multiple)  # the full set
     if s.text_params.get("sub_batch_max") == "auto":  # encoder sub-batches of the size this CPU likes best
         s.text_params["sub_batch_max"] = str(best.batch)
     variant = CpuVariant(intra_op_threads=s.threads, text_params=dict(s.text_params), text_instances=s.text_instances,
@@ -174,10 +250,10 @@ def run(s: StackSettings) -> StackResults:
             a = raw.throughput(best, best_batches, s.window_s, s.seed + r)
             if r % 2 == 0:
                 b, cores, errors, d = side_b(s.warm_s, s.window_s)
-            real, batches = d.get("kit_real_tokens_total", 0.0), d.get("kit_text_batches_total", 0.0)
+            real, n_batches = d.get("kit_real_tokens_total", 0.0), d.get("kit_text_batches_total", 0.0)
             rounds.append({"raw": a, "stack": b, "ratio": b / a, "client_cores": cores, "errors": errors,
-                           "padding": d.get("kit_padded_tokens_total", 0.0) / real if real else float("nan"),
-                           "batch": d.get("kit_texts_total", 0.0) / batches if batches else float("nan")})
+                           "padding": d.get("kit_padded_tokens_total", 0.0) / real if real else NAN,
+                           "batch": d.get("kit_texts_total", 0.0) / n_batches if n_batches else NAN})
             print(f"round {r + 1}/{s.rounds}: raw {a:.1f}  stack {b:.1f}  ratio {b / a:.3f}  padding "
                   f"{rounds[-1]['padding']:.3f}  texts/batch {rounds[-1]['batch']:.1f}", flush=True)
 
@@ -198,8 +274,7 @@ def run(s: StackSettings) -> StackResults:
             sdk_close()
             ref_close()
     mean_batch = statistics.median(rd["batch"] for rd in rounds)
-    lengths = [len(x) for x in tp_ids]
-    lens = corpus.length_profile(tp_texts)
+    lengths, lens = [len(x) for x in tp_ids], corpus.length_profile(tp_texts)
     header = {
         "machine": report.machine_line(),
         "load average (1 min) at start / end": f"{load_start[0]:.1f} / {os.getloadavg()[0]:.1f} "
@@ -213,15 +288,17 @@ def run(s: StackSettings) -> StackResults:
         "(b)": f"loadgen closed loop (HTTP, the SDK's binary-tensor bytes), {s.concurrency} requests x "
                f"{s.per_request} texts in flight, {s.warm_s} s warm-up + {s.window_s} s window per round, "
                f"{s.rounds} rounds; the client runs on the same cores (its cores: over warm-up and window)",
-        "(c)": f"{SDK_CLIENT}, 1 text per request, {s.latency_texts} texts x {s.latency_repeats} passes, back to back; "
-               f"raw batch 1 (spin off, spin on), the stack and the same stack through tritonclient's sync gRPC client "
-               f"(a reference) take turns in blocks of {s.latency_block} texts (ABBA), the same texts on every path",
+        "(c)": "the kit's client SDK (client.EmbeddingClient, sync, protocol http), 1 text per request, "
+               f"{s.latency_texts} texts x {s.latency_repeats} passes, back to back; raw batch 1 (spin off, spin on), "
+               "the stack and the same stack through tritonclient's sync gRPC client (a reference) take turns in "
+               f"blocks of {s.latency_block} texts (ABBA), the same texts on every path",
         "server knobs": knobs,
     }
+    sweep = [(c.label, c.batch, statistics.median(trials[c])) for c in configs]
     return StackResults(header, sweep, rounds, {k: [v for rep in repeats for v in rep[k]] for k in paths}, repeats,
                         {"stack": statistics.median(rd["padding"] for rd in rounds), "fifo_batch": mean_batch,
-                         "fifo": stack_raw.fifo_padding_ratio(lengths, mean_batch),
-                         "fifo_32": stack_raw.fifo_padding_ratio(lengths, 32)}, split)
+                         "fifo": fifo_padding_ratio(lengths, mean_batch), "fifo_32": fifo_padding_ratio(lengths, 32)},
+                        split)
 
 
 def _spread(xs: list[float]) -> str:
@@ -234,64 +311,62 @@ def summary_rows(res: StackResults) -> list[dict[str, str]]:
     raw, stack, ratio = ([r[k] for r in res.rounds] for k in ("raw", "stack", "ratio"))
     raw_key = min(("raw_on", "raw_off"), key=lambda k: percentile(lat.get(k, []), 50))
 
-    def p50(key: str, xs: dict[str, list[float]] = lat) -> float:
-        return percentile(xs.get(key, []), 50)
+    def p(key: str, q: float = 50, xs: dict[str, list[float]] = lat) -> float:
+        return percentile(xs.get(key, []), q)
 
     def added(key: str) -> tuple[float, list[float]]:  # median over whole repeats; their spread is the noise
-        reps = [p50(key, r) - p50(raw_key, r) for r in res.latency_repeats]
-        return (statistics.median(reps) if reps else p50(key) - p50(raw_key)), reps
+        reps = [p(key, xs=r) - p(raw_key, xs=r) for r in res.latency_repeats]
+        return (statistics.median(reps) if reps else p(key) - p(raw_key)), reps
 
-    med_ratio = statistics.median(ratio) if ratio else float("nan")
-    add, reps = added("stack")
-    verdict = {True: "PASS", False: "MISS"}
+    med_ratio = statistics.median(ratio) if ratio else NAN
+    (add, reps), verdict = added("stack"), {True: "PASS", False: "MISS"}
+    diffs = [x - y for x, y in zip(lat.get("stack", []), lat.get(raw_key, []), strict=False)]
     rows = [
         ("(a) raw ONNX Runtime, best batch", f"{statistics.median(raw):.1f} texts/s", f"rounds {_spread(raw)}"),
         ("(b) full stack at saturation", f"{statistics.median(stack):.1f} texts/s", f"rounds {_spread(stack)}"),
         ("(b)/(a), per round then median", f"{med_ratio:.3f}", f"rounds {_spread(ratio)}", f">= {TARGET_RATIO}",
          verdict[med_ratio >= TARGET_RATIO]),
-        ("(c) raw batch-1 latency p50 / p99", f"{p50(raw_key):.2f} / {percentile(lat.get(raw_key, []), 99):.2f} ms",
+        ("(c) raw batch-1 latency p50 / p99", f"{p(raw_key):.2f} / {p(raw_key, 99):.2f} ms",
          f"n={len(lat.get(raw_key, []))}, {raw_key.replace('raw_', 'spin ')}"),
-        ("(c) full stack, 1 in flight, p50 / p99", f"{p50('stack'):.2f} / {percentile(lat.get('stack', []), 99):.2f} "
-         "ms", f"n={len(lat.get('stack', []))}"),
-        ("(c) raw batch-1 p50, spin off / spin on", f"{p50('raw_off'):.2f} / {p50('raw_on'):.2f} ms",
+        ("(c) full stack, 1 in flight, p50 / p99", f"{p('stack'):.2f} / {p('stack', 99):.2f} ms",
+         f"n={len(lat.get('stack', []))}"),
+        ("(c) raw batch-1 p50, spin off / spin on", f"{p('raw_off'):.2f} / {p('raw_on'):.2f} ms",
          "the faster one is the reference"),
         ("(c) added p50 (stack - raw)" + (f", median of {len(reps)} repeats" if reps else ""), f"{add:+.2f} ms",
-         (f"repeats {_spread(reps)}; " if reps else "") + "median of per-text differences "
-         f"{percentile([x - y for x, y in zip(lat.get('stack', []), lat.get(raw_key, []), strict=False)], 50):+.2f}"
-         " ms", f"<= +{TARGET_ADDED_P50_MS} ms", verdict[add <= TARGET_ADDED_P50_MS]),
+         (f"repeats {_spread(reps)}; " if reps else "") + f"median of per-text differences "
+         f"{percentile(diffs, 50):+.2f} ms", f"<= +{TARGET_ADDED_P50_MS} ms", verdict[add <= TARGET_ADDED_P50_MS]),
     ]
     if lat.get("stack_tritonclient"):  # a reference: no target
         ref, ref_reps = added("stack_tritonclient")
         rows.append(("(c) the same stack through tritonclient's sync gRPC client, p50 / added p50",
-                     f"{p50('stack_tritonclient'):.2f} ms / {ref:+.2f} ms",
+                     f"{p('stack_tritonclient'):.2f} ms / {ref:+.2f} ms",
                      f"repeats {_spread(ref_reps)}; same blocks as the row above"))
-    rows += [("padding ratio of (b) (kit metrics)", f"{pad.get('stack', float('nan')):.3f}",
+    rows += [("padding ratio of (b) (kit metrics)", f"{pad.get('stack', NAN):.3f}",
               f"rounds {_spread([r['padding'] for r in res.rounds])}", f"<= {TARGET_PADDING}",
               verdict[pad.get("stack", 9.0) <= TARGET_PADDING]),
              (f"padding ratio, FIFO pad-to-longest (B={pad.get('fifo_batch', 0):.0f}, same traffic)",
-              f"{pad.get('fifo', float('nan')):.3f}", "computed"),
-             ("padding ratio, FIFO pad-to-longest (B=32)", f"{pad.get('fifo_32', float('nan')):.3f}", "computed")]
+              f"{pad.get('fifo', NAN):.3f}", "computed"),
+             ("padding ratio, FIFO pad-to-longest (B=32)", f"{pad.get('fifo_32', NAN):.3f}", "computed")]
     return [dict(zip(("row", "value", "noise", "target", "verdict"), (*r, "-", "-")[:5], strict=True)) for r in rows]
 
 
 def split_rows(res: StackResults) -> list[list[str]]:
     """(c)'s mean per client: in Triton (arrival to response, by phase) and outside it (client mean minus that)."""
-    if not res.split:
-        return []
-    inside = res.split["success"]
+    inside = res.split.get("success", NAN)
     return [[key, f"{statistics.fmean(xs):.2f}", f"{inside:.2f}", *(f"{res.split[p]:.2f}" for p in SPLIT_PHASES),
              f"{statistics.fmean(xs) - inside:.2f}"]
-            for key in ("stack", "stack_tritonclient") if (xs := res.latency.get(key))]
+            for key in ("stack", "stack_tritonclient") if res.split and (xs := res.latency.get(key))]
 
 
 def write_report(res: StackResults, out: Path, command: str) -> list[Path]:
     """stack_bench.md, stack_bench.csv (every table, its name in the first column) and stack_bench.png."""
     rows = summary_rows(res)
-    csv_rows = [{"table": "summary", **r} for r in rows] + [
-        {"table": "raw_sweep", "row": label, "value": tps} for label, _, tps in res.sweep] + [
-        {"table": f"round_{i + 1}", "row": k, "value": v} for i, rd in enumerate(res.rounds) for k, v in rd.items()]
-    csv_path = report.write_csv(csv_rows, ["table", "row", "value", "noise", "target", "verdict"],
-                                out / "stack_bench.csv", command)
+    csv_path = report.write_csv([{"table": "summary", **r} for r in rows] +
+                                [{"table": "raw_sweep", "row": label, "value": tps} for label, _, tps in res.sweep] +
+                                [{"table": f"round_{i + 1}", "row": k, "value": v} for i, rd in enumerate(res.rounds)
+                                 for k, v in rd.items()],
+                                ["table", "row", "value", "noise", "target", "verdict"], out / "stack_bench.csv",
+                                command)
     md = ["**The model is SYNTHETIC** (random weights, exact bge-small-zh architecture): speed only.", "",
           *(f"- **{k}**: {v}" for k, v in res.header.items()), "",
           *report.table("measurement | value | noise | target | verdict", (list(r.values()) for r in rows))]
@@ -308,13 +383,6 @@ def write_report(res: StackResults, out: Path, command: str) -> list[Path]:
                          "client cores | errors", ([i + 1, r["raw"], r["stack"], f"{r['ratio']:.3f}",
                                                     f"{r['padding']:.3f}", r["batch"], f"{r['client_cores']:.2f}",
                                                     f"{r['errors']:.0f}"] for i, r in enumerate(res.rounds)))]
-    png = _plot(res, out / "stack_bench.png", command)
-    md_path = report.write_md(out / "stack_bench.md", command, "Stack benchmark: raw ONNX Runtime vs the full "
-                              "Triton stack (text endpoint)", [*md, "", f"![raw sweep and stack]({png.name})"])
-    return [md_path, csv_path, png]
-
-
-def _plot(res: StackResults, path: Path, command: str) -> Path:
     fig, (ax1, ax2) = report.subplots(2, 5.5, 4)
     for spin in ("on", "off"):
         for order in ("sorted", "shuffled"):
@@ -328,11 +396,14 @@ def _plot(res: StackResults, path: Path, command: str) -> Path:
     ax2.set(xlabel="latency (ms)", ylabel="CDF", title="one request in flight")
     for ax in (ax1, ax2):
         ax.legend(fontsize=8)
-    return report.save_figure(fig, path, command)
+    png = report.save_figure(fig, out / "stack_bench.png", command)
+    md_path = report.write_md(out / "stack_bench.md", command, "Stack benchmark: raw ONNX Runtime vs the full "
+                              "Triton stack (text endpoint)", [*md, "", f"![raw sweep and stack]({png.name})"])
+    return [md_path, csv_path, png]
 
 
 def parse_args(argv: list[str] | None = None) -> StackSettings:
-    p = argparse.ArgumentParser(prog="bge-triton bench stack", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="bge-triton bench stack", description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="small run (about a minute): 2 rounds, short windows")
     p.add_argument("--out", type=Path, default=StackSettings.out, help="report folder (default reports/stack)")
     p.add_argument("--repository", type=Path, default=StackSettings.repository,
@@ -373,6 +444,5 @@ def main(argv: list[str] | None = None) -> int:
     except KitError as exc:
         print(f"bench stack: {exc}", file=sys.stderr)
         return 1
-    for path in paths:
-        print("wrote", path)
+    print("wrote", *paths, sep="\n  ")
     return 0

@@ -59,13 +59,11 @@ def write_tokenizer(dest: Path) -> Path:
     """The synthetic BGE tokenizer.json, made by the export's own code (transformers: the export extra)."""
     from bge_triton.export.synthetic import write_tokenizer as export_tokenizer
 
-    tmp = dest / "tokenizer.build"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    export_tokenizer(tmp, 512)
     (dest / TOKENIZER).parent.mkdir(parents=True, exist_ok=True)
-    (tmp / "tokenizer.json").replace(dest / TOKENIZER)
-    shutil.rmtree(tmp)
+    export_tokenizer((dest / TOKENIZER).parent, 512)
+    for f in (dest / TOKENIZER).parent.iterdir():  # tokenizer.json only travels
+        if f.name != TOKENIZER.name:
+            f.unlink()
     return dest / TOKENIZER
 
 

@@ -191,36 +191,70 @@ def server_knobs(s: StackSettings, rendered: Path) -> str:
     return "; ".join(parts)
 
 
-def run(s: StackSettings) -> StackResults:
-    """Measure (a), (b), (c) and the padding ratios; print progress; return the rows."""
+def prepare(s: StackSettings, all_texts: list[str]) -> tuple[Path, list[list[int]]]:
+    """Export the model once (cached), refresh the endpoint code; the texts' token ids as the endpoint computes them."""
     from tokenizers import Tokenizer
 
-    load_start = os.getloadavg()
-    all_texts = texts(max(s.texts, s.latency_texts), seed=s.seed)
     onnx = s.repository / f"{s.name}_onnx" / "1" / "model.onnx"
-    if not onnx.is_file():  # export once (cached), then this checkout's endpoint code, as the exporter writes it
+    if not onnx.is_file():
         cmd = [sys.executable, "-m", "bge_triton.export", "--model", s.model, "--repository", str(s.repository),
                "--name", s.name, "--precision", s.precision]
         if subprocess.run(cmd).returncode != 0 or not onnx.is_file():
             raise KitError(f"export failed: run `{' '.join(cmd)}` and read its error")
-    install_text_endpoint(s.repository / s.name / "1")
+    install_text_endpoint(s.repository / s.name / "1")  # this checkout's endpoint code, as the exporter writes it
     tok = Tokenizer.from_file(str(s.repository / s.name / "1" / "tokenizer" / "tokenizer.json"))
     tok.no_padding()
-    tok.enable_truncation(512)  # as the text endpoint tokenizes
-    ids = [enc.ids for enc in tok.encode_batch(all_texts)]
-    tp_texts, tp_ids = all_texts[:s.texts], ids[:s.texts]
-    raw = RawEncoder(onnx, s.threads)
-    print(f"raw sweep over batch sizes {s.sweep_batches}, spin on/off, sorted/shuffled ...", flush=True)
+    tok.enable_truncation(512)
+    return onnx, [enc.ids for enc in tok.encode_batch(all_texts)]
+
+
+def raw_sweep(s: StackSettings, raw: RawEncoder, ids: list[list[int]]
+              ) -> tuple[RawConfig, list[tuple[str, int, float]]]:
+    """Every raw configuration (batch, spin, order), passes interleaved; the best one and (label, batch, median)."""
     configs = [RawConfig(s.threads, spin, b, order) for b in s.sweep_batches for spin in (True, False)
                for order in ("sorted", "shuffled")]
-    trials: dict[RawConfig, list[float]] = {cfg: [] for cfg in configs}  # passes interleaved, the order reversing
-    batches = {b: sorted_batches(tp_ids[:s.sweep_texts], b, s.pad_to_multiple) for b in s.sweep_batches}
+    trials: dict[RawConfig, list[float]] = {cfg: [] for cfg in configs}
+    batches = {b: sorted_batches(ids[:s.sweep_texts], b, s.pad_to_multiple) for b in s.sweep_batches}
     for rep in range(s.sweep_repeats):
         for cfg in configs if rep % 2 == 0 else configs[::-1]:
             trials[cfg].append(raw.throughput(cfg, batches[cfg.batch], s.sweep_window_s, s.seed + rep))
-    for cfg in configs:
-        print(f"  {cfg.label}: median {statistics.median(trials[cfg]):.1f} texts/s", flush=True)
-    best = max(configs, key=lambda c: statistics.median(trials[c]))
+    sweep = [(cfg, statistics.median(trials[cfg])) for cfg in configs]
+    for cfg, tps in sweep:
+        print(f"  {cfg.label}: median {tps:.1f} texts/s", flush=True)
+    return max(sweep, key=lambda x: x[1])[0], [(c.label, c.batch, t) for c, t in sweep]
+
+
+def one_in_flight(s: StackSettings, srv: LocalServer, raw: RawEncoder, pairs: list[tuple[str, list[int]]]
+                  ) -> tuple[dict[str, list[float]], list[dict[str, list[float]]], dict[str, float]]:
+    """(c): the SDK, tritonclient and raw batch 1 (spin off / on) taking turns, one text in flight: the latencies (all,
+    and of each repeat) and Triton's statistics of those requests by phase."""
+    print(f"latency, one request in flight, {s.latency_texts} texts in blocks of {s.latency_block} ...", flush=True)
+    sdk, sdk_close = sdk_caller(srv.http_url, s.name, "http")
+    ref, ref_close = tritonclient_caller(srv.grpc_url, s.name)
+    paths = {"raw_off": lambda item: raw.latency_ms(False, item[1], s.pad_to_multiple),
+             "stack": lambda item: sdk(item[0]),
+             "raw_on": lambda item: raw.latency_ms(True, item[1], s.pad_to_multiple),
+             "stack_tritonclient": lambda item: ref(item[0])}
+    try:
+        asyncio.run(turns(paths, pairs[:5], 5))  # warm every path
+        stats_before = fetch_stats(srv.http_url, s.name)  # (c)'s requests only: the split below
+        repeats = [asyncio.run(turns(paths, pairs, s.latency_block))[0] for _ in range(s.latency_repeats)]
+        split = phase_means_ms(stats_before, fetch_stats(srv.http_url, s.name))
+        return {k: [v for rep in repeats for v in rep[k]] for k in paths}, repeats, split
+    finally:
+        sdk_close()
+        ref_close()
+
+
+def run(s: StackSettings) -> StackResults:
+    """Measure (a), (b), (c) and the padding ratios; print progress; return the rows."""
+    load_start = os.getloadavg()
+    all_texts = texts(max(s.texts, s.latency_texts), seed=s.seed)
+    onnx, ids = prepare(s, all_texts)
+    tp_texts, tp_ids = all_texts[:s.texts], ids[:s.texts]
+    raw = RawEncoder(onnx, s.threads)
+    print(f"raw sweep over batch sizes {s.sweep_batches}, spin on/off, sorted/shuffled ...", flush=True)
+    best, sweep = raw_sweep(s, raw, tp_ids)
     best_batches = sorted_batches(tp_ids, best.batch, s.pad_to_multiple)  # the full set
     if s.text_params.get("sub_batch_max") == "auto":  # encoder sub-batches of the size this CPU likes best
         s.text_params["sub_batch_max"] = str(best.batch)
@@ -257,22 +291,8 @@ def run(s: StackSettings) -> StackResults:
             print(f"round {r + 1}/{s.rounds}: raw {a:.1f}  stack {b:.1f}  ratio {b / a:.3f}  padding "
                   f"{rounds[-1]['padding']:.3f}  texts/batch {rounds[-1]['batch']:.1f}", flush=True)
 
-        print(f"latency, one request in flight, {s.latency_texts} texts in blocks of {s.latency_block} ...", flush=True)
-        sdk, sdk_close = sdk_caller(srv.http_url, s.name, "http")
-        ref, ref_close = tritonclient_caller(srv.grpc_url, s.name)
-        paths = {"raw_off": lambda item: raw.latency_ms(False, item[1], s.pad_to_multiple),
-                 "stack": lambda item: sdk(item[0]),
-                 "raw_on": lambda item: raw.latency_ms(True, item[1], s.pad_to_multiple),
-                 "stack_tritonclient": lambda item: ref(item[0])}
         pairs = list(zip(all_texts[:s.latency_texts], ids[:s.latency_texts], strict=True))
-        try:
-            asyncio.run(turns(paths, pairs[:5], 5))  # warm every path
-            stats_before = fetch_stats(srv.http_url, s.name)  # (c)'s requests only: the split below
-            repeats = [asyncio.run(turns(paths, pairs, s.latency_block))[0] for _ in range(s.latency_repeats)]
-            split = phase_means_ms(stats_before, fetch_stats(srv.http_url, s.name))
-        finally:
-            sdk_close()
-            ref_close()
+        latency, repeats, split = one_in_flight(s, srv, raw, pairs)
     mean_batch = statistics.median(rd["batch"] for rd in rounds)
     lengths, lens = [len(x) for x in tp_ids], corpus.length_profile(tp_texts)
     header = {
@@ -294,8 +314,7 @@ def run(s: StackSettings) -> StackResults:
                f"blocks of {s.latency_block} texts (ABBA), the same texts on every path",
         "server knobs": knobs,
     }
-    sweep = [(c.label, c.batch, statistics.median(trials[c])) for c in configs]
-    return StackResults(header, sweep, rounds, {k: [v for rep in repeats for v in rep[k]] for k in paths}, repeats,
+    return StackResults(header, sweep, rounds, latency, repeats,
                         {"stack": statistics.median(rd["padding"] for rd in rounds), "fifo_batch": mean_batch,
                          "fifo": fifo_padding_ratio(lengths, mean_batch), "fifo_32": fifo_padding_ratio(lengths, 32)},
                         split)

@@ -167,36 +167,33 @@ def token_lengths(tokenizer_json: Path, texts: list[str], max_length: int = 512)
     return np.array([len(e.ids) for e in tok.encode_batch(texts)], dtype=float)
 
 
-def embedding(server_url: str, model: str, hidden: int, inputs: list[dict]) -> np.ndarray:
-    """One JSON request; its embedding, checked: shape [1, hidden] and unit L2 norm (ModelConfigError otherwise)."""
-    body = {"inputs": inputs, "outputs": [{"name": "embedding"}]}  # the text endpoint also has token_count
-    req = urllib.request.Request(f"{server_url}/v2/models/{model}/infer", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=120) as r:
-        out = json.loads(r.read())["outputs"][0]
-    emb = np.asarray(out["data"], dtype=np.float64).reshape(out["shape"])
-    if emb.shape != (1, hidden) or abs(math.sqrt(float((emb ** 2).sum())) - 1.0) > 1e-2:
+def _unit(model: str, emb: np.ndarray, hidden: int) -> np.ndarray:
+    """emb, checked: shape [1, hidden] and unit L2 norm (ModelConfigError otherwise)."""
+    if emb.shape != (1, hidden) or abs(math.sqrt(float((emb.astype(np.float64) ** 2).sum())) - 1.0) > 1e-2:
         raise ModelConfigError(f"{model}: embedding shape {list(emb.shape)}, expected [1, {hidden}] with unit norm")
-    return emb
+    return emb.astype(np.float64)
 
 
 def check(server_url: str, sc: Scenario, hidden: int, seq_len: int, tokenizer_json: Path | None) -> float:
-    """Each model answers a unit vector of its width; the text endpoint also the cosine of a text through model.py
-    and its tokens sent straight to the encoder (1.0 for the other models)."""
+    """Each model answers a unit vector of its width; the text endpoint's for a text through model.py equals the
+    encoder's for its tokens (verify.standalone's calls): their cosine (1.0 for the other models)."""
     if sc.key != TEXT or tokenizer_json is None:
-        embedding(server_url, sc.model_name, hidden, [{"name": "input_ids", "shape": [1, seq_len],
-                                                       "datatype": "INT32", "data": [101] + [7] * (seq_len - 1)}])
+        body = {"inputs": [{"name": "input_ids", "shape": [1, seq_len], "datatype": "INT32",
+                            "data": [101] + [7] * (seq_len - 1)}], "outputs": [{"name": "embedding"}]}
+        req = urllib.request.Request(f"{server_url}/v2/models/{sc.model_name}/infer", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            out = json.loads(r.read())["outputs"][0]
+        _unit(sc.model_name, np.asarray(out["data"]).reshape(out["shape"]), hidden)
         return 1.0
     from tokenizers import Tokenizer
 
-    via_text = embedding(server_url, sc.model_name, hidden, [{"name": "text", "shape": [1, 1], "datatype": "BYTES",
-                                                              "data": [PROBE_TEXT]}])
+    from bge_triton.verify.standalone import HttpJson
+
+    http = HttpJson(server_url, timeout_s=120.0)
+    via_text = _unit(sc.model_name, http.embed_texts(sc.model_name, [PROBE_TEXT])[0], hidden)
     ids = Tokenizer.from_file(str(tokenizer_json)).encode(PROBE_TEXT).ids
-    width = -(-len(ids) // 8) * 8  # the endpoint pads to pad_to_multiple 8
-    direct = embedding(server_url, sc.encoder_name, hidden, [
-        {"name": "input_ids", "shape": [1, width], "datatype": "INT64", "data": ids + [0] * (width - len(ids))},
-        {"name": "attention_mask", "shape": [1, width], "datatype": "INT64",
-         "data": [1] * len(ids) + [0] * (width - len(ids))}])
+    direct = _unit(sc.encoder_name, http.embed_tokens(sc.encoder_name, ids), hidden)
     if (cosine := float((via_text * direct).sum())) < 0.999:
         raise ModelConfigError(f"{sc.model_name} and {sc.encoder_name} disagree on the same tokens: "
                                f"cosine {cosine:.4f}")

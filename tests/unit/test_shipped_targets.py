@@ -9,8 +9,7 @@ import pytest
 
 from bge_triton.errors import ModelConfigError
 from bge_triton.loadtest import costmodel, targets
-from bge_triton.loadtest.shipped import Candidate, write_pick
-from bge_triton.loadtest.tune import pair_candidates
+from bge_triton.loadtest.shipped import Candidate, pair_candidates, write_pick
 from bge_triton.server.repository import (
     DEFAULT_CANONICAL,
     batching_of,

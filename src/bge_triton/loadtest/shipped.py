@@ -20,6 +20,7 @@ from pathlib import Path
 from bge_triton.client.core import DEFAULT_BUCKETS, tensor_call
 from bge_triton.client.tokens import BucketTokenizer
 from bge_triton.loadtest import bench, corpus, harness, loadgen, report, sweep, targets
+from bge_triton.loadtest.stats import process_tree
 from bge_triton.paths import REPORTS_DIR, STATE_DIR
 from bge_triton.server.cpu_variant import CpuVariant
 from bge_triton.server.repository import (
@@ -36,10 +37,10 @@ from bge_triton.server.repository import (
 ENC, TXT, REF = harness.EMULATED + ENCODER_SUFFIX, harness.EMULATED, harness.REFERENCE
 REFERENCE = "reference (encoder at delay 0)"
 FIELDS = ("candidate", "path", "phase", "load", "concurrency", "throughput", "avg_ms", "p50_ms", "p99_ms", "n",
-          "errors",
-          "unanswered", "avg_batch", "front_batch", "queue_ms", "compute_ms", "server_cores", "text_cores", "gen_cores",
-          "server_rate", "server_in_flight", "server_failures", "ramp_s", "warmup_s", "window_s", "max_queue_size",
-          "queue_timeout_us", "text_instances", "loop_lag_ms", "loop_lag_max_ms", "turns", "turn_s", "first_error")
+          "errors", "unanswered", "avg_batch", "front_batch", "queue_ms", "compute_ms", "server_cores", "text_cores",
+          "gen_cores", "server_rate", "server_in_flight", "server_failures", "ramp_s", "warmup_s", "window_s",
+          "max_queue_size", "queue_timeout_us", "text_instances", "loop_lag_ms", "loop_lag_max_ms", "turns", "turn_s",
+          "first_error")
 KEYS = {"delay": "delay_us", "preferred": "preferred", "split": "split_overhead_tokens", "mif": "max_in_flight",
         "ti": "text_instances"}
 
@@ -61,14 +62,11 @@ class Candidate:
         if text.strip() == "committed":
             return cls()
         values: dict = {}
-        for item in text.split(","):
-            key, _, raw = item.partition("=")
-            if key.strip() not in KEYS:
+        for key, _, raw in (item.strip().partition("=") for item in text.split(",")):
+            if key not in KEYS:
                 raise SystemExit(f"--candidate {text!r}: unknown key {key!r}; use {sorted(KEYS)}")
-            if key.strip() == "preferred":
-                values["preferred"] = () if raw in ("none", "") else tuple(int(v) for v in raw.split("/"))
-            else:
-                values[KEYS[key.strip()]] = int(raw)
+            values[KEYS[key]] = (() if raw in ("none", "") else tuple(int(v) for v in raw.split("/"))) \
+                if key == "preferred" else int(raw)
         return cls(name=text.strip(), **values)
 
     def text_params(self) -> dict[str, str]:
@@ -101,23 +99,13 @@ def _text_stub_cpu(h: harness.Harness) -> dict[int, float]:
     import psutil
 
     out = {}
-    for p in psutil.Process(h.live.pid).children(recursive=True):
+    for p in process_tree(h.live.pid)[1:]:
         try:
             if f"/{TXT}/1/model.py" in " ".join(p.cmdline()):
-                t = p.cpu_times()
-                out[p.pid] = t.user + t.system
+                out[p.pid] = sum(p.cpu_times()[:2])
         except psutil.NoSuchProcess:
             continue
     return out
-
-
-def _measure(h, s, model, watch, bodies, mode, rate=0.0, users=64, ramp_s=0.0) -> dict:
-    """bench.measure plus the text-endpoint stubs' cores busy over the window (text_cores)."""
-    c0, t0 = _text_stub_cpu(h), time.monotonic()
-    row = bench.measure(h, s, model, watch, bodies, mode, rate=rate, users=users, ramp_s=ramp_s)
-    c1 = _text_stub_cpu(h)
-    row["text_cores"] = sum(v - c0.get(pid, 0.0) for pid, v in c1.items()) / (time.monotonic() - t0)
-    return row
 
 
 def _bodies(tokenizer: Path, texts: list[str]) -> tuple[dict, dict]:
@@ -134,72 +122,58 @@ def _bodies(tokenizer: Path, texts: list[str]) -> tuple[dict, dict]:
 def run_shipped(s: bench.BenchSettings, candidates: tuple[Candidate, ...],
                 concurrencies: tuple[int, ...] = (128,)) -> ShippedRun:
     """Reference rows once, then each candidate's text and tensor rows (quiet hours + the peak sweep), on one server."""
-    bench.ensure_real_repo(s)
-    repo_dir = s.state_dir.parent / "shipped_repo"
-    harness.build_repository(repo_dir, s.real_repo, s.real_name, s.command)
     run = ShippedRun(s.command, candidates, concurrencies, machine=report.machine_info())
-    texts = corpus.sample("reviews", 512, seed=1, max_chars=s.max_chars)
-    bodies, run.lengths = _bodies(s.real_repo / s.real_name / "1" / "tokenizer", texts)
+    bodies, run.lengths = _bodies(s.real_repo / s.real_name / "1" / "tokenizer",
+                                  corpus.sample("reviews", 512, seed=1, max_chars=s.max_chars))
     cost = {"cost_a_us": s.cost.a_us, "cost_b_us": s.cost.b_us}
     batch1 = s.cost.capacity_qps(1, run.lengths["median"])
-    h = harness.Harness(repo_dir, s.state_dir, s.cost).start()
-    enc_variant = h.variant_for("costmodel")
+    low_rate = s.low_fraction * batch1
 
-    def quiet_pair(cand: str, txt_cfg, ref_cfg) -> tuple[dict, dict]:
-        """Quiet hours of the text endpoint and of the reference encoder called directly, taking turns in one window."""
-        text, ref = bench.measure_side_by_side(
-            h, s, [bench.Leg(TXT, (TXT, ENC), bodies["text"]), bench.Leg(REF, (REF,), bodies["direct_delay0"])],
-            s.low_fraction * batch1, probe=lambda: _text_stub_cpu(h))
-        text["text_cores"], ref["text_cores"] = text.pop("probe_cores"), ref.pop("probe_cores")
-        for r, path, cfg in ((text, "text", txt_cfg), (ref, "direct_delay0", ref_cfg)):
-            label(r, cand, path, cfg)
-        return text, ref
-
-    def label(r: dict, cand: str, path: str, cfg) -> None:
-        knobs = batching_of(cfg)  # the text endpoint's scheduler holds its pools to the same queue policy
-        pools = {"text_instances": cfg.instance_group[0].count} if path == "text" else {}
-        r.update(candidate=cand, path=path, executor="costmodel", scenario=path, max_queue_size=knobs.max_queue_size,
-                 queue_timeout_us=knobs.queue_timeout_us, **pools)
-        print(f"{cand:40s} {report.row_line(r)}  server {r.get('server_rate', float('nan')):.0f}/s "
-              f"in flight {r.get('server_in_flight', float('nan')):.0f}", flush=True)
-
-    def peaks(cand: str, path: str, model: str, watch: list[str], body: tuple[bytes, ...], cfg,
-              peak_at: tuple[int, ...]) -> list[dict]:
-        """The closed-loop sweep over peak_at; the called model's queue policy noted."""
-        closed = lambda users, warmup_s, duration_s, ramp_s: _measure(  # noqa: E731
-            h, replace(s, warmup_s=warmup_s, duration_s=duration_s), model, watch, body, "closed", users=users,
-            ramp_s=ramp_s)
-        rows = sweep.peak_sweep(closed, h.live.http_url, model, peak_at, batch1, s.warmup_s, s.duration_s)
+    def label(rows: list[dict], cand: str, path: str, cfg) -> list[dict]:
+        """The rows' candidate, path and the called model's queue policy (the text endpoint's pools keep it)."""
+        knobs = batching_of(cfg)
         for r in rows:
-            label(r, cand, path, cfg)
+            r.update(candidate=cand, path=path, executor="costmodel", scenario=path,
+                     max_queue_size=knobs.max_queue_size, queue_timeout_us=knobs.queue_timeout_us,
+                     text_cores=r.pop("probe_cores", math.nan),
+                     **({"text_instances": cfg.instance_group[0].count} if path == "text" else {}))
+            print(f"{cand:40s} {report.row_line(r)}  server {r.get('server_rate', math.nan):.0f}/s "
+                  f"in flight {r.get('server_in_flight', math.nan):.0f}", flush=True)
         return rows
 
-    try:
-        run.selfcheck_rps = h.self_check(max(concurrencies), max(2.0, s.duration_s / 2),
-                                         ramp_s=max(concurrencies) / sweep.CONNECTS_PER_S)
-        run.selfcheck_unanswered = h.self_check_result.late if h.self_check_result else 0
-        print(f"load-generator self-check: {run.selfcheck_rps:.0f} req/s against the no-op model at C="
-              f"{max(concurrencies)}, {run.selfcheck_unanswered} unanswered", flush=True)
+    def peaks(model: str, watch: list[str], body: tuple[bytes, ...], peak_at: tuple[int, ...]) -> list[dict]:
+        """The closed-loop sweep over peak_at (text-endpoint stubs' cores counted)."""
+        def closed(users: int, warmup_s: float, duration_s: float, ramp_s: float) -> dict:
+            return bench.measure(h, replace(s, warmup_s=warmup_s, duration_s=duration_s), model, watch, body,
+                                 "closed", users=users, ramp_s=ramp_s, probe=lambda: _text_stub_cpu(h))
+        return sweep.peak_sweep(closed, h.live.http_url, model, peak_at, batch1, s.warmup_s, s.duration_s)
+
+    with bench.stand(s, "shipped_repo", True, max(concurrencies), max(concurrencies) / sweep.CONNECTS_PER_S) as h:
+        check = h.self_check_result
+        run.selfcheck_rps, run.selfcheck_unanswered = (check.throughput, check.late) if check else (0.0, 0)
         # the quiet-hour reference, loaded for the whole run beside each candidate's encoder (its own emulated GPU)
+        enc_variant = h.variant_for("costmodel")
         ref_cfg = h.load(REF, SCENARIOS["delay_0"], executor="costmodel", params=cost, variant=enc_variant)
-        run.rows += peaks(REFERENCE, "direct_delay0", REF, [REF], bodies["direct_delay0"], ref_cfg,
-                          concurrencies[:1])  # one peak row for scale
+        run.rows += label(peaks(REF, [REF], bodies["direct_delay0"], concurrencies[:1]), REFERENCE, "direct_delay0",
+                          ref_cfg)  # one peak row for scale
         for cand in candidates:
             enc_cfg = h.load(ENC, cand.batching(), executor="costmodel", params=cost, variant=enc_variant)
             txt_cfg = h.load(TXT, params=cand.text_params(),
                              variant=CpuVariant(executor="costmodel", text_instances=cand.text_instances))
-            text_low, ref_low = quiet_pair(cand.name, txt_cfg, ref_cfg)
-            text = [text_low] + peaks(cand.name, "text", TXT, [TXT, ENC], bodies["text"], txt_cfg, concurrencies)
+            # quiet hours: the text endpoint and the reference called directly take turns in one window
+            text_low, ref_low = bench.measure_side_by_side(h, s, [bench.Leg(TXT, (TXT, ENC), bodies["text"]), bench.Leg(
+                REF, (REF,), bodies["direct_delay0"])], low_rate, probe=lambda: _text_stub_cpu(h))
+            label([ref_low], cand.name, "direct_delay0", ref_cfg)
+            text = label([text_low, *peaks(TXT, [TXT, ENC], bodies["text"], concurrencies)], cand.name, "text",
+                         txt_cfg)
             h.unload(TXT)
-            tensor_low = _measure(h, s, ENC, [ENC], bodies["tensor_buckets"], "open", rate=s.low_fraction * batch1)
-            label(tensor_low, cand.name, "tensor_buckets", enc_cfg)
-            tensor = [tensor_low] + peaks(cand.name, "tensor_buckets", ENC, [ENC], bodies["tensor_buckets"], enc_cfg,
-                                          concurrencies)
-            run.rows += [ref_low] + text + tensor
+            tensor_low = bench.measure(h, s, ENC, [ENC], bodies["tensor_buckets"], "open", rate=low_rate,
+                                       probe=lambda: _text_stub_cpu(h))
+            tensor = label([tensor_low, *peaks(ENC, [ENC], bodies["tensor_buckets"], concurrencies)], cand.name,
+                           "tensor_buckets", enc_cfg)
+            run.rows += [ref_low, *text, *tensor]
             run.verdicts[cand.name] = targets.verdicts(text[0], text[1:], ref_low, tensor[1:], t1_ms(s, run),
                                                        ideal(s, run))
-    finally:
-        h.stop()
     run.picked = targets.pick(list(run.verdicts.items()))
     run.loadavg_end = report.machine_info()["loadavg_at_start"]
     return run
@@ -215,13 +189,10 @@ def ideal(s: bench.BenchSettings, run: ShippedRun) -> float:
 
 def write_pick(cand: Candidate, canonical: Path = DEFAULT_CANONICAL) -> list[Path]:
     """Commit a candidate's values into both configs through the schema (comments kept)."""
-    paths = []
     batching = cand.batching()
-    if batching is not None:
-        paths.append(update_batching_in_place(canonical / ENC, batching))
-    paths.append(update_text_settings_in_place(canonical / TXT, cand.text_instances, **{
-        k: int(v) for k, v in cand.text_params().items()}))
-    return paths
+    return ([update_batching_in_place(canonical / ENC, batching)] if batching is not None else []) + [
+        update_text_settings_in_place(canonical / TXT, cand.text_instances,
+                                      **{k: int(v) for k, v in cand.text_params().items()})]
 
 
 # -- the report: shipped.md, .csv, .png ------------------------------------------------------------------------------
@@ -240,42 +211,27 @@ def _row(run: ShippedRun, cand: str, path: str, phase: str) -> dict:
     return next(r for r in run.rows if r["candidate"] == cand and r["path"] == path and r["phase"] == phase)
 
 
-def _endpoint():
-    """The committed text endpoint's settings and its planner / scheduler modules (imported by path, as the stub)."""
-    import importlib
-
-    from bge_triton.server.repository import TEXT_MODEL_DIR, text_settings
-
-    if str(TEXT_MODEL_DIR) not in sys.path:
-        sys.path.insert(0, str(TEXT_MODEL_DIR))
-    return (text_settings(load_config(TEXT_MODEL_DIR.parent)), importlib.import_module("text_stages"),
-            importlib.import_module("text_scheduler"))
+def _estimate(run: ShippedRun, s: bench.BenchSettings, n: int, overhead: int, instances: int = 0) -> float:
+    """texts/s on this length mix, priced by the cost model, no server: the planner's own split of pools of n texts
+    (targets.planned_rate), or with `instances` the shipped scheduler's policy in a closed loop of n users over
+    that many pools (targets.closed_loop_rate)."""
+    return _priced(tuple(run.lengths["all"]), n, instances, overhead, s.cost)
 
 
 @functools.cache
-def _estimate(lengths: tuple[int, ...], n: int, instances: int, overhead: int, cost, closed_loop: bool) -> float:
-    """texts/s on this length mix, priced by the cost model, no server: the planner's own split of pools of n texts
-    (targets.planned_rate), or the shipped scheduler's policy in a closed loop of n users over `instances` pools
-    (targets.closed_loop_rate)."""
-    st, stages, scheduler = _endpoint()
-    if closed_loop:
-        return targets.closed_loop_rate(list(lengths), n, cost, scheduler.choose, instances=max(1, instances),
-                                budget=st.token_budget, max_batch=st.sub_batch_max, multiple=st.pad_to_multiple,
-                                overhead_tokens=overhead)
+def _priced(lengths: tuple[int, ...], n: int, instances: int, overhead: int, cost) -> float:
+    st, stages, scheduler, _ = targets.endpoint()
+    if instances:
+        return targets.closed_loop_rate(list(lengths), n, cost, scheduler.choose, instances=instances,
+                                        budget=st.token_budget, max_batch=st.sub_batch_max,
+                                        multiple=st.pad_to_multiple, overhead_tokens=overhead)
     return targets.planned_rate(list(lengths), max(1, n), cost, stages.plan_sub_batches, st.token_budget,
                                 st.sub_batch_max, st.pad_to_multiple, overhead)
 
 
-def _planned(run: ShippedRun, s: bench.BenchSettings, n: int, overhead: int) -> float:
-    return _estimate(tuple(run.lengths["all"]), n, 1, overhead, s.cost, False)
-
-
-def _scheduled(run: ShippedRun, s: bench.BenchSettings, users: int, instances: int, overhead: int) -> float:
-    return _estimate(tuple(run.lengths["all"]), users, instances, overhead, s.cost, True)
-
-
 def _split(c: Candidate) -> int:
-    return c.split_overhead_tokens if c.split_overhead_tokens is not None else _endpoint()[0].split_overhead_tokens
+    return c.split_overhead_tokens if c.split_overhead_tokens is not None else \
+        targets.endpoint()[0].split_overhead_tokens
 
 
 def _queue_note(r: dict) -> str:
@@ -287,14 +243,14 @@ def _queue_note(r: dict) -> str:
 def _sweep_rows(run: ShippedRun, s: bench.BenchSettings) -> list[list]:
     """Every C of the sweep: both paths' texts/s, the ratios, the planner's ceiling and the scheduler's estimate."""
     gpu, out = ideal(s, run), []
+    mark = lambda v, b: f"**{v:.0f}**" if b else f"{v:.0f}"  # noqa: E731 - the saturation point in bold
     for c in run.candidates:
         tensor = {r["concurrency"]: r for r in _peaks(run, c.name, "tensor_buckets")}
         best = (_row(run, c.name, "text", "peak")["concurrency"],
                 _row(run, c.name, "tensor_buckets", "peak")["concurrency"])
         for r in _peaks(run, c.name, "text"):
             k, tr = r["concurrency"], tensor.get(r["concurrency"], {})
-            ceil, est = _planned(run, s, k, _split(c)), _scheduled(run, s, k, r.get("text_instances") or 1, _split(c))
-            mark = lambda v, b: f"**{v:.0f}**" if b else f"{v:.0f}"  # noqa: E731 - the saturation point in bold
+            ceil, est = _estimate(run, s, k, _split(c)), _estimate(run, s, k, _split(c), r.get("text_instances") or 1)
             out.append([c.name, k, mark(r["throughput"], k == best[0]),
                         mark(tr.get("throughput", math.nan), k == best[1]),
                         fmt(r["throughput"] / tr["throughput"] if tr.get("throughput") else math.nan, 2),
@@ -318,11 +274,11 @@ def _policy_lines(run: ShippedRun) -> list[str]:
     out = []
     for key in dict.fromkeys((r["candidate"], r["path"]) for r in run.rows if r["phase"] == "peak"):
         rows = [r for r in run.rows if (r["candidate"], r["path"]) == key and r["phase"] == "peak"]
-        bad = [r["concurrency"] for r in rows if _queue_note(r) != "holds C"]
-        failed = [r["concurrency"] for r in rows if r["errors"]]
-        out.append(f"- {key[0]}, {key[1]}: the queue policy " + (f"rejects at C={', '.join(map(str, bad))}" if bad
-                   else "holds every C of the sweep") + (f"; errors at C={', '.join(map(str, failed))}" if failed
-                                                         else "; no errors") + ".")
+        bad = [str(r["concurrency"]) for r in rows if _queue_note(r) != "holds C"]
+        failed = [str(r["concurrency"]) for r in rows if r["errors"]]
+        out.append(f"- {key[0]}, {key[1]}: the queue policy " + (f"rejects at C={', '.join(bad)}" if bad else
+                   "holds every C of the sweep") + (f"; errors at C={', '.join(failed)}." if failed else
+                                                    "; no errors."))
     return out
 
 
@@ -343,12 +299,12 @@ def _sizing_rows(run: ShippedRun, s: bench.BenchSettings) -> list[list]:
 def _ceiling_rows(run: ShippedRun, s: bench.BenchSettings) -> tuple[list[list], list[list]]:
     """What the length mix allows at fixed text-batch sizes, and each candidate against its own batch size."""
     gpu = ideal(s, run)
-    pools = [[n, so, f"{_planned(run, s, n, so):.0f}", f"{_planned(run, s, n, so) / gpu:.2f}"]
+    pools = [[n, so, f"{_estimate(run, s, n, so):.0f}", f"{_estimate(run, s, n, so) / gpu:.2f}"]
              for n in POOLS for so in (64, 628)]
     cands = []
     for c in run.candidates:
         pk = _row(run, c.name, "text", "peak")
-        est = _scheduled(run, s, pk["concurrency"], pk.get("text_instances") or 1, _split(c))
+        est = _estimate(run, s, pk["concurrency"], _split(c), pk.get("text_instances") or 1)
         cands.append([c.name, pk["load"], pk.get("text_instances", "-"), f"{pk['throughput']:.0f}", f"{est:.0f}",
                       f"{pk['throughput'] / est:.2f}", f"{pk['throughput'] / gpu:.2f} / {est / gpu:.2f}"])
     return pools, cands
@@ -375,27 +331,23 @@ TABLES = {  # name -> header; the rows come from the functions above
 
 
 def write_report(run: ShippedRun, s: bench.BenchSettings) -> list[Path]:
-    """shipped.md, shipped.csv, shipped.png in s.out."""
+    """shipped.md, shipped.csv, shipped.png in s.out (the reasoning behind each table: docs/loadtest.md)."""
     out, m, lens = Path(s.out), run.machine, run.lengths
     ref = next((r for r in run.rows if r["path"] == "direct_delay0" and r["phase"] == "low"), None)
     turns = f"{ref['turns']} turns of {ref['turn_s']:g} s each" if ref else "no turns"
     lines = [f"Encoder: EMULATED GPU, cost model t(B, L) = {s.cost.a_us:.0f} us + {s.cost.b_us:.2f} us x B x L "
              f"({s.cost.source}); both configs from model_repository/, the CPU variant only swaps the encoder for the "
              "cost model.  ",
-             f"Traffic: {len(set(r['path'] for r in run.rows))} paths, the same 512 reviews (loadtest/corpus.py, "
-             f"clipped to {s.max_chars} chars); tokens per text ([CLS]/[SEP] included, unpadded): median "
-             f"{lens['median']:.0f}, mean {lens['mean']:.1f}, max {lens['max']}.  ",
+             f"Traffic: {len(set(r['path'] for r in run.rows))} paths, the same 512 reviews (clipped to {s.max_chars} "
+             f"chars); tokens per text (unpadded): median {lens['median']:.0f}, mean {lens['mean']:.1f}, max "
+             f"{lens['max']}.  ",
              f"t(1, median L) = {t1_ms(s, run):.2f} ms; ideal throughput at max batch (64 x mean L, no padding) = "
              f"{ideal(s, run):.0f} texts/s.  ",
-             f"Quiet hours: open loop at {s.low_fraction:.0%} of batch-1 capacity, {s.low_duration_s:g} s per path. "
-             "The text endpoint and the reference (a second copy of the encoder at delay 0 on its own emulated GPU, "
-             f"called directly with the endpoint's own tokens) take turns in one window, {turns} (ABBA; each turn "
-             "after a 0.25 s warm-up not counted; `bench.measure_side_by_side`), so the machine's drift falls on "
-             f"both; the tensor path's window after {s.warmup_s:g} s warm-up, alone. Peak = saturation: closed loops "
-             f"of C = {', '.join(map(str, run.concurrencies))} users, each path judged by its highest texts/s over the "
-             f"sweep (`loadtest.targets.saturation`); base window {s.duration_s:g} s, each point's warm-up >= 1.5 "
-             "rounds of its C requests and window >= 3 rounds (at the previous point's rate), at most 3x the base "
-             "(`loadtest.sweep.windows`; per row in the CSV).  ",
+             f"Quiet hours: open loop at {s.low_fraction:.0%} of batch-1 capacity, {s.low_duration_s:g} s per path; "
+             f"the text endpoint and the reference (the encoder at delay 0, its own copy) take turns in one window, "
+             f"{turns} (ABBA, `bench.measure_side_by_side`). Peak = saturation: closed loops of C = "
+             f"{', '.join(map(str, run.concurrencies))} users, each path judged by its highest texts/s "
+             f"(`loadtest.targets.saturation`); base window {s.duration_s:g} s, per point `loadtest.sweep.windows`.  ",
              f"Machine: {m['cores']}-core CPU shared with other sessions, {m['server']}; load average "
              f"{m['loadavg_at_start']} at start, {run.loadavg_end} at end (noisy).", "",
              f"Pick: **{run.picked}**.", "", "## Targets", ""]
@@ -406,39 +358,23 @@ def write_report(run: ShippedRun, s: bench.BenchSettings) -> list[Path]:
     lines += ["## Rows", "", *report.table(TABLES["rows"], (
         [r["candidate"], r["path"], r["phase"], r["load"], f"{r['throughput']:.0f}", r["p50_ms"], r["p99_ms"],
          r["avg_batch"], r["queue_ms"], r["compute_ms"], r["errors"]] for r in run.rows))]
-    lines += ["", "## Peak sweep: every C", "",
-              "Each path's saturation point in bold. The planner ceiling for a pool of C texts is the bound any "
-              "scheduler faces with only C texts in the system: the text endpoint's own planner "
-              "(text_stages.plan_sub_batches) splitting C texts drawn from this traffic, priced by the cost model "
-              "(`loadtest.targets.planned_rate`, no server). The scheduler estimate runs the shipped scheduler's own "
-              "policy (text_scheduler.choose) in a closed loop of C one-text users spread over the text endpoint's "
-              "instances, one pool each (`loadtest.targets.closed_loop_rate`, no server).", "",
+    lines += ["", "## Peak sweep: every C", "", "Each path's saturation point in bold. Planner ceiling: the text "
+              "endpoint's planner splitting pools of C texts of this traffic (`loadtest.targets.planned_rate`); "
+              "scheduler estimate: the shipped policy in a closed loop of C users over the instances' pools "
+              "(`loadtest.targets.closed_loop_rate`); both priced by the cost model, no server.", "",
               *report.table(TABLES["sweep"], _sweep_rows(run, s))]
     lines += ["", "## Load generator and queue limits at peak", "",
               f"Load-generator self-check: {run.selfcheck_rps:.0f} req/s against a no-op python model at "
-              f"C={max(run.concurrencies)} (same generator, one process; {run.selfcheck_unanswered} requests "
-              "unanswered, counted grace_s after the window). Per peak row: the client's texts/s against Triton's "
-              "success count of the called model over the same window; the requests inside Triton (Little: summed "
-              "request time / window; it misses texts waiting in the text endpoint's scheduler); the generator's "
-              "event-loop lag (an answer waits unread that long, so about texts/s x lag requests are out of the "
-              "server); the called model's queue policy and what it implies for C users "
-              "(`loadtest.targets.queue_check`). docs/loadtest.md, \"The peak sweep\", has the reasoning.", "",
+              f"C={max(run.concurrencies)} ({run.selfcheck_unanswered} requests unanswered). Server texts/s and in "
+              "flight: Triton's statistics of the called model over the row's window; queue policy at C: "
+              "`loadtest.targets.queue_check` (docs/loadtest.md, \"The peak sweep\").", "",
               *report.table(TABLES["generator"], _generator_rows(run)), "", *_policy_lines(run)]
     pools, cands = _ceiling_rows(run, s)
-    lines += ["", "## What the length mix allows at peak", "",
-              "The ideal at max batch assumes 64 texts of the mean length, unpadded; the text endpoint pads each "
-              "sub-batch to its longest text (rounded to 8) and pays the fixed cost a per call. Planner estimate: "
-              "its own split (text_stages.plan_sub_batches) of pools of n texts of these lengths, priced by the cost "
-              "model (`loadtest.targets.planned_rate`, 50 seeded pools; no server); the second table sets the "
-              "scheduler estimate (`loadtest.targets.closed_loop_rate`) beside each candidate's saturation point.", "",
-              *report.table(TABLES["pools"], pools), "", *report.table(TABLES["ceiling"], cands)]
+    lines += ["", "## What the length mix allows at peak", "", *report.table(TABLES["pools"], pools), "",
+              *report.table(TABLES["ceiling"], cands)]
     lines += ["", "## CPU cost of the text endpoint at peak", "", *report.table(TABLES["sizing"], _sizing_rows(run, s)),
-              "", f"Instances = ceil(ideal GPU rate {ideal(s, run):.0f} texts/s / texts/s per instance), at least 2 "
-              "(one instance tokenizes and answers while the other's sub-batches run on the encoder), at most 16 - 4 "
-              "cores (4 left to Triton's front ends, batchers and the encoder's host work): "
-              "`loadtest.targets.instances_for_host`. The stub rate is CPU-bound (one stub = one core); the measured "
-              "texts/s of a 1-instance candidate is bound by the emulated GPU instead. A faster card: scale the GPU "
-              "rate by its cost profile (--cost-a-us / --cost-b-us).",
+              "", f"Instances = ceil(ideal GPU rate {ideal(s, run):.0f} texts/s / texts/s per instance), at least 2, "
+              "at most 16 - 4 cores (`loadtest.targets.instances_for_host`).",
               "", "![quiet-hour p50 and peak texts/s per candidate](shipped.png)"]
     return [report.write_md(out / "shipped.md", run.command,
                             "The committed config pair, measured as shipped (EMULATED GPU)", lines),
@@ -460,13 +396,13 @@ def _plot(run: ShippedRun, s: bench.BenchSettings, path: Path) -> Path:
     a1.axhline(t1_ms(s, run), color="r", ls="-.", label="cost model t(1, median L)")
     a1.set_ylabel("quiet-hour latency (ms)")
     a2.set_ylabel("peak texts/s (highest over the C sweep)")
-    so = _endpoint()[0].split_overhead_tokens
+    so = targets.endpoint()[0].split_overhead_tokens
     for k, c in enumerate(run.candidates):
         for kind, ls in (("text", "o-"), ("tensor_buckets", "s--")):
             pts = sorted((r["concurrency"], r["throughput"]) for r in _peaks(run, c.name, kind))
             a3.plot([p[0] for p in pts], [p[1] for p in pts], ls, color=f"C{k}", label=f"{c.name}: {kind}")
     pools = sorted({*POOLS, *run.concurrencies})
-    a3.plot(pools, [_planned(run, s, n, so) for n in pools], "k:",
+    a3.plot(pools, [_estimate(run, s, n, so) for n in pools], "k:",
             label=f"planner ceiling, pool of C texts (split {so})")
     a3.set(xlabel="closed-loop users C (texts in the system)", ylabel="texts/s")
     a3.set_xscale("log", base=2)
@@ -482,14 +418,40 @@ def _plot(run: ShippedRun, s: bench.BenchSettings, path: Path) -> Path:
     return report.save_figure(fig, path, run.command)
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[bench.BenchSettings, tuple[Candidate, ...], Path | None,
-                                                     tuple[int, ...]]:
-    p = argparse.ArgumentParser(prog="bge-triton bench shipped", description=__doc__.split("\n\n")[0])
+def preferred_sets(text: str) -> tuple[tuple[int, ...], ...]:
+    """'none;16,32;32' -> ((), (16, 32), (32,)): preferred-size sets, ';'-separated."""
+    return tuple(() if g.strip() in ("", "none") else tuple(int(v) for v in g.split(",")) for g in text.split(";"))
+
+
+def pair_candidates(delays_us: str, preferred: str, split: str, max_in_flight: str, instances: str = "") -> list[str]:
+    """The grid of `tune pair` as --candidate strings ('committed' first: it wins ties)."""
+    return ["committed"] + [f"delay={int(d)},preferred={'/'.join(map(str, pref)) or 'none'},split={int(so)},"
+                            f"mif={int(mif)}" + (f",ti={int(ti)}" if ti else "")
+                            for d in delays_us.split(",") for pref in preferred_sets(preferred)
+                            for so in split.split(",") for mif in max_in_flight.split(",")
+                            for ti in (instances.split(",") if instances else [""])]
+
+
+def parse_args(argv: list[str] | None = None, pair: bool = False) -> tuple[bench.BenchSettings, tuple[Candidate, ...],
+                                                                           Path | None, tuple[int, ...]]:
+    """The flags of `bench shipped`, or (pair) of `tune pair`: the same run over a grid of candidate pairs."""
+    prog = "bge-triton tune pair" if pair else "bge-triton bench shipped"
+    p = argparse.ArgumentParser(prog=prog, description=("the encoder's batching and the text endpoint's settings "
+                                "tuned together against issue 14's targets" if pair else __doc__.split("\n\n")[0]))
     p.add_argument("--quick", action="store_true", help="short windows (about 3 minutes per candidate)")
-    d = bench.BenchSettings(out=REPORTS_DIR / "bench" / "shipped", state_dir=STATE_DIR / "loadtest" / "shipped_state")
+    d = bench.BenchSettings(out=REPORTS_DIR / ("tune/pair" if pair else "bench/shipped"),
+                            state_dir=STATE_DIR / "loadtest" / ("tune_pair_state" if pair else "shipped_state"))
     bench.add_common_flags(p, d)
-    p.add_argument("--candidate", action="append", default=[], help="'committed' (default) or key=value,... "
-                   f"with keys {sorted(KEYS)}; repeatable; the first listed wins ties")
+    if pair:
+        for flag, default, what in (("delays-us", "0,5000", "encoder max_queue_delay candidates"),
+                                    ("preferred", "none;16,32", "encoder preferred-size sets, ';'-separated"),
+                                    ("split-overhead", "64,628", "text endpoint split_overhead_tokens candidates"),
+                                    ("max-in-flight", "1,2", "text endpoint max_in_flight candidates"),
+                                    ("instances", "", "text endpoint instance counts (default: the config's)")):
+            p.add_argument(f"--{flag}", default=default, help=what)
+    else:
+        p.add_argument("--candidate", action="append", default=[], help="'committed' (default) or key=value,... "
+                       f"with keys {sorted(KEYS)}; repeatable; the first listed wins ties")
     p.add_argument("--write", action="store_true", help="commit the pick into --target-repo (both configs)")
     p.add_argument("--target-repo", type=Path, default=DEFAULT_CANONICAL, help="repository --write updates")
     # 128 = 2 x the encoder's max batch (with 64 texts in the system the GPU idles while a full batch returns);
@@ -501,16 +463,16 @@ def parse_args(argv: list[str] | None = None) -> tuple[bench.BenchSettings, tupl
                    "larger C is lengthened to 3 rounds of its C requests, at most 3x)")
     a = p.parse_args(argv)
     dur = a.duration or (3.0 if a.quick else 8.0)
-    cmd = "bge-triton bench shipped " + " ".join(argv if argv is not None else sys.argv[1:])
-    s = replace(d, concurrency=max(a.peak_concurrency), warmup_s=0.5 if a.quick else 2.0, duration_s=dur,
-                low_duration_s=2 * dur, state_dir=a.state_dir, real_repo=a.real_repo, real_name=a.real_name,
-                command=cmd.strip(), out=a.out, cost=bench.cost_model(a.cost_a_us, a.cost_b_us))
-    cands = tuple(Candidate.parse(c) for c in (a.candidate or ["committed"]))
-    return s, cands, a.target_repo if a.write else None, a.peak_concurrency
+    s = bench.from_flags(a, d, f"{prog} " + " ".join(argv if argv is not None else sys.argv[1:]),
+                         concurrency=max(a.peak_concurrency), warmup_s=0.5 if a.quick else 2.0, duration_s=dur,
+                         low_duration_s=2 * dur)
+    grid = pair_candidates(a.delays_us, a.preferred, a.split_overhead, a.max_in_flight, a.instances) if pair else \
+        a.candidate or ["committed"]
+    return s, tuple(Candidate.parse(c) for c in grid), a.target_repo if a.write else None, a.peak_concurrency
 
 
-def main(argv: list[str] | None = None) -> int:
-    s, cands, target, concurrencies = parse_args(argv)
+def main(argv: list[str] | None = None, pair: bool = False) -> int:
+    s, cands, target, concurrencies = parse_args(argv, pair)
     t0 = time.monotonic()
     run = run_shipped(s, cands, concurrencies)
     paths = write_report(run, s)

@@ -110,28 +110,22 @@ def probe_main(argv: list[str] | None = None) -> int:
     import sys
     from pathlib import Path
 
-    from bge_triton.loadtest import harness, loadgen
-    from bge_triton.loadtest.costmodel import DEFAULT
+    from bge_triton.loadtest import bench
     from bge_triton.paths import STATE_DIR
 
     p = argparse.ArgumentParser(prog="bge-triton bench probe", description=probe_main.__doc__)
     p.add_argument("--concurrency", type=parse_concurrency, default=DEFAULT_SWEEP, help="users per probe")
     p.add_argument("--ramp-s", type=float,
                    help=f"seconds over which the users connect (default C / {CONNECTS_PER_S:g}; 0 = all at once)")
-    p.add_argument("--duration", type=float, default=2.0, help="seconds per probe window")
+    p.add_argument("--duration", type=float, default=2.0, help="seconds per probe window (at least 2)")
     p.add_argument("--state-dir", type=Path, default=STATE_DIR / "loadtest" / "sweep_probe")
     a = p.parse_args(sys.argv[1:] if argv is None else argv)
-    repo = harness.build_repository(a.state_dir / "repo", None, None, "bge-triton bench probe")
+    s = bench.BenchSettings(state_dir=a.state_dir / "state", duration_s=2 * a.duration,
+                            command="bge-triton bench probe")
     for c in a.concurrency:
         ramp = c / CONNECTS_PER_S if a.ramp_s is None else a.ramp_s
-        h = harness.Harness(repo, a.state_dir / "state", DEFAULT).start()
-        try:
-            h.load(harness.NOOP)
-            spec = loadgen.LoadSpec(*h.host_port, harness.NOOP, tuple(loadgen.tensor_bodies(64, 32)), "closed",
-                                    concurrency=c, warmup_s=0.5 + ramp, duration_s=a.duration, ramp_s=ramp)
-            res = loadgen.run(spec)
-        finally:
-            h.stop()
-        print(f"C={c} ramp {ramp:.2f} s: {res.throughput:.0f} req/s, {res.errors} errors, {res.late} unanswered"
-              + (f" ({res.first_error})" if res.first_error else ""), flush=True)
+        with bench.stand(s, "repo", False, c, ramp) as h:  # prints the probe's line
+            res = h.self_check_result
+        if res is not None and res.first_error:
+            print(f"C={c} ramp {ramp:.2f} s: {res.errors} errors ({res.first_error})", flush=True)
     return 0

@@ -4,22 +4,22 @@ Each candidate is loaded with a config override (explicit model control, no rest
 open-loop Poisson load at R req/s, and measured (goodput, p50/p99 from the scheduled send time, batch
 size, queue/compute split). The pick: the highest goodput among candidates that meet the SLO (p99 <= X,
 errors <= 1%); within 2% of that goodput, the lowest p99. --write puts the pick into model_repository/.
-`bge-triton tune pair` tunes the encoder's batching and the text endpoint's settings together (bench shipped,
-issue 14's targets) and `tune pair --write` writes both configs.
+`bge-triton tune pair` tunes the encoder's batching and the text endpoint's settings together (the run of
+`bench shipped` over a grid of candidate pairs, issue 14's targets) and `tune pair --write` writes both configs.
 """
 from __future__ import annotations
 
 import argparse
 import statistics
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from bge_triton.errors import InputError
 from bge_triton.extras import require
-from bge_triton.loadtest import harness, loadgen, report
-from bge_triton.loadtest.bench import BenchSettings, add_common_flags, cost_model
-from bge_triton.loadtest.stats import fetch_stats, stats_delta, summarize
+from bge_triton.loadtest import bench, harness, loadgen, report, shipped
+from bge_triton.loadtest.bench import BenchSettings, add_common_flags
+from bge_triton.loadtest.shipped import preferred_sets
 from bge_triton.paths import REPORTS_DIR, STATE_DIR
 from bge_triton.server.repository import DEFAULT_CANONICAL, ENCODER_SUFFIX, Batching, update_batching_in_place
 
@@ -84,39 +84,28 @@ def combine(rounds: list[dict]) -> dict:
 
 
 def measure_candidate(h: harness.Harness, s: TuneSettings, model: str, delay: int, pref: tuple[int, ...]) -> dict:
-    """Load one candidate config and drive it at the target rate."""
+    """Load one candidate config and drive it at the target rate (bench.measure's open loop, s.duration_s)."""
     params = {"cost_a_us": s.cost.a_us, "cost_b_us": s.cost.b_us} if s.executor == "costmodel" else {}
     h.load(model, Batching(preferred_batch_sizes=pref, max_queue_delay_us=delay), executor=s.executor, params=params)
-    spec = loadgen.LoadSpec(*h.host_port, model, tuple(loadgen.tensor_bodies(s.seq_len, 128)), "open", concurrency=512,
-                            rate=s.rate, warmup_s=s.warmup_s, duration_s=s.duration_s, grace_s=2.0)
-    before = fetch_stats(h.live.http_url, model)
-    res = loadgen.run(spec)
-    d = stats_delta(before, fetch_stats(h.live.http_url, model))
-    lat = summarize(res.latencies_ms)
-    row = {"delay_us": delay, "preferred": pref, "rate": s.rate, "goodput": res.throughput, "p50_ms": lat.p50_ms,
-           "p99_ms": lat.p99_ms, "n": lat.count, "errors": res.errors + res.late, "avg_batch": d.avg_batch,
-           "queue_ms": d.queue_ms, "compute_ms": d.compute_ms, "meets_slo": False, "picked": False}
-    print(f"delay {delay:>7d} us  preferred {list(pref)!s:10s}: goodput {res.throughput:7.1f}/s  p50 "
-          f"{lat.p50_ms:7.1f}  "
-          f"p99 {lat.p99_ms:7.1f} ms  batch {d.avg_batch:5.1f}  errors {row['errors']}", flush=True)
+    r = bench.measure(h, replace(s, low_duration_s=s.duration_s), model, [model],
+                      tuple(loadgen.tensor_bodies(s.seq_len, 128)), "open", rate=s.rate)
+    row = {**{k: r[k] for k in TUNE_FIELDS if k in r}, "delay_us": delay, "preferred": pref, "rate": s.rate,
+           "goodput": r["throughput"], "meets_slo": False, "picked": False}
+    print(f"delay {delay:>7d} us  preferred {list(pref)!s:10s}: goodput {row['goodput']:7.1f}/s  p50 "
+          f"{row['p50_ms']:7.1f}  p99 {row['p99_ms']:7.1f} ms  batch {row['avg_batch']:5.1f}  errors {row['errors']}",
+          flush=True)
     return row
 
 
 def run_tune(s: TuneSettings) -> TuneRun:
     run = TuneRun(s)
     real = s.executor == "onnxruntime"
-    repo_dir = s.state_dir.parent / "tune_repo"
-    harness.build_repository(repo_dir, s.real_repo if real else None, s.real_name, s.command)
     model = (s.real_name if real else harness.EMULATED) + ENCODER_SUFFIX
-    h = harness.Harness(repo_dir, s.state_dir, s.cost).start()
-    try:
-        run.selfcheck_rps = h.self_check(64, 2.0)
-        print(f"load-generator self-check: {run.selfcheck_rps:.0f} req/s against the no-op model", flush=True)
+    with bench.stand(s, "tune_repo", real, 64) as h:
+        run.selfcheck_rps = h.self_check_result.throughput if h.self_check_result else 0.0
         rounds = [[measure_candidate(h, s, model, delay, pref) for pref in s.preferred for delay in s.delays_us]
                   for _ in range(max(1, s.repeats))]
-        run.rows = [combine(list(same)) for same in zip(*rounds, strict=False)]
-    finally:
-        h.stop()
+        run.rows = [combine(list(same)) for same in zip(*rounds, strict=True)]
     run.picked = choose(run.rows, s.slo_p99_ms, s.max_error_rate)
     if run.picked:
         run.picked["picked"] = True
@@ -170,14 +159,6 @@ def write_tune(run: TuneRun, out: Path) -> list[Path]:
             report.save_figure(fig, out / "tune.png", s.command)]
 
 
-def _preferred(text: str) -> tuple[tuple[int, ...], ...]:
-    groups = []
-    for g in text.split(";"):
-        g = g.strip()
-        groups.append(() if g in ("", "none") else tuple(int(v) for v in g.split(",")))
-    return tuple(groups)
-
-
 def parse_args(argv: list[str] | None = None) -> TuneSettings:
     p = argparse.ArgumentParser(prog="bge-triton tune", description=__doc__.split("\n\n")[0],
                                 epilog="`bge-triton tune pair [--write]`: the encoder AND the text endpoint "
@@ -199,60 +180,21 @@ def parse_args(argv: list[str] | None = None) -> TuneSettings:
     a = p.parse_args(argv)
     if a.rate <= 0 or a.slo_p99_ms <= 0:
         raise InputError(f"--rate ({a.rate}) and --slo-p99-ms ({a.slo_p99_ms}) must be positive")
-    return TuneSettings(
-        slo_p99_ms=a.slo_p99_ms, rate=a.rate, out=a.out, write=a.write, target=a.target, executor=a.executor,
-        real_repo=a.real_repo, real_name=a.real_name, delays_us=tuple(int(v) for v in a.delays_us.split(",")),
-        preferred=_preferred(a.preferred), seq_len=a.seq_len, warmup_s=a.warmup, duration_s=a.duration,
-        repeats=a.repeats, cost=cost_model(a.cost_a_us, a.cost_b_us), state_dir=a.state_dir,
-        command="bge-triton tune " + " ".join(argv if argv is not None else sys.argv[1:]))
-
-
-def pair_candidates(delays_us: str, preferred: str, split: str, max_in_flight: str, instances: str = "") -> list[str]:
-    """The grid of `tune pair` as `bench shipped` --candidate strings ('committed' first: it wins ties)."""
-    grid = ["committed"]
-    for d in delays_us.split(","):
-        for pref in _preferred(preferred):
-            for so in split.split(","):
-                for mif in max_in_flight.split(","):
-                    for ti in (instances.split(",") if instances else [""]):
-                        grid.append(f"delay={int(d)},preferred={'/'.join(map(str, pref)) or 'none'},split={int(so)},"
-                                    f"mif={int(mif)}" + (f",ti={int(ti)}" if ti else ""))
-    return grid
+    cmd = "bge-triton tune " + " ".join(argv if argv is not None else sys.argv[1:])
+    return bench.from_flags(a, TuneSettings(), cmd,
+                            delays_us=tuple(int(v) for v in a.delays_us.split(",")), warmup_s=a.warmup,
+                            preferred=preferred_sets(a.preferred), duration_s=a.duration,
+                            **{k: getattr(a, k) for k in ("slo_p99_ms", "rate", "write", "target", "executor",
+                                                          "seq_len", "repeats")})
 
 
 def pair_main(argv: list[str]) -> int:
     """`tune pair`: tune the encoder's batching AND the text endpoint's settings against issue 14's targets."""
-    p = argparse.ArgumentParser(prog="bge-triton tune pair", description=pair_main.__doc__)
-    p.add_argument("--delays-us", default="0,5000", help="encoder max_queue_delay candidates")
-    p.add_argument("--preferred", default="none;16,32", help="encoder preferred-size sets, ';'-separated")
-    p.add_argument("--split-overhead", default="64,628", help="text endpoint split_overhead_tokens candidates")
-    p.add_argument("--max-in-flight", default="1,2", help="text endpoint max_in_flight candidates")
-    p.add_argument("--instances", default="", help="text endpoint instance counts (default: the config's)")
-    p.add_argument("--write", action="store_true", help="write the pick into both configs of --target-repo")
-    p.add_argument("--target-repo", type=Path, default=DEFAULT_CANONICAL, help="repository --write updates")
-    p.add_argument("--state-dir", type=Path, default=STATE_DIR / "loadtest" / "tune_pair_state")
-    p.add_argument("--duration", type=float, help="seconds per peak window (default 8, quick 3)")
-    p.add_argument("--real-repo", type=Path, default=TuneSettings.real_repo, help="export lending the tokenizer")
-    p.add_argument("--real-name", default=TuneSettings.real_name, help="model name in --real-repo")
-    p.add_argument("--out", type=Path, default=REPORTS_DIR / "tune" / "pair", help="report directory")
-    p.add_argument("--quick", action="store_true", help="short windows")
-    p.add_argument("--peak-concurrency", default="128,512,1024", metavar="C,C,...",
-                   help="closed-loop users per peak point; each path's peak = its highest texts/s over them")
-    a = p.parse_args(argv)
-    from bge_triton.loadtest import shipped
-
-    args = ["--out", str(a.out), "--peak-concurrency", a.peak_concurrency, "--target-repo", str(a.target_repo),
-            "--state-dir", str(a.state_dir), "--real-repo", str(a.real_repo), "--real-name",
-            a.real_name] + (["--quick"] if a.quick else []) + (["--write"] if a.write else []) + \
-        (["--duration", str(a.duration)] if a.duration else [])
-    for cand in pair_candidates(a.delays_us, a.preferred, a.split_overhead, a.max_in_flight, a.instances):
-        args += ["--candidate", cand]
-    return shipped.main(args)
+    return shipped.main(argv, pair=True)
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    s = parse_args(argv)
+    s = parse_args(sys.argv[1:] if argv is None else argv)
     run = run_tune(s)
     if s.write and run.picked:
         path = update_batching_in_place(s.target, Batching(preferred_batch_sizes=run.picked["preferred"],

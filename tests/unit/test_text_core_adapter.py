@@ -6,6 +6,7 @@ responses go through each request's response sender, once, with the FINAL flag (
 """
 from __future__ import annotations
 
+import gc
 import importlib.util
 import json
 import sys
@@ -201,17 +202,29 @@ def test_bad_input_is_invalid_arg_and_the_rest_are_embedded(tmp_path, monkeypatc
     assert pb.sent["kit_padded_tokens_total"] >= pb.sent["kit_real_tokens_total"] == 3 + 4 + 3
 
 
-def test_finalize_deletes_the_custom_metrics_while_the_model_lives(tmp_path, monkeypatch) -> None:
-    """A pb_utils Metric deleted after finalize dies with the stub, after its shared memory (Triton 2.51's stub
-    then segfaults in Metric::SaveToSharedMemory at every unload): finalize sends the counts, then deletes
-    every Metric and MetricFamily itself, while the model object is still referenced."""
+def test_finalize_sends_the_counts_and_never_deletes_the_custom_metrics(tmp_path, monkeypatch) -> None:
+    """Triton 2.51 gives every instance of a model (a reload's new one included) the same prometheus counter per
+    metric name and labels, each MetricFamily counting only its own references: a Metric deleted at unload
+    destroyed the counter the next instance still increments (heap corruption in tritonserver). finalize sends
+    the counts, then keeps every Metric and MetricFamily alive until the stub exits (never deleted, so it also
+    never dies after the stub's shared memory), and the model holds none of them any more."""
     model, pb = load_model(tmp_path, monkeypatch, ok)
     execute(model, [Request(["hello"])])
     families = [m.name for m in pb.alive if isinstance(m, pb.MetricFamily)]
     assert {"kit_texts_total", "kit_queue_duration_us_total"} <= set(families) and len(pb.alive) == 2 * len(families)
     model.finalize()
-    assert pb.sent["kit_texts_total"] == 1  # sent before the delete
-    assert not list(pb.alive), f"still alive after finalize: {list(pb.alive)}"
+    assert pb.sent["kit_texts_total"] == 1  # sent at finalize
+    assert not model.counters and not model.families
+    gc.collect()
+    assert len(pb.alive) == 2 * len(families), "a metric object was deleted"
+
+
+def test_close_drops_every_job_so_their_senders_die_while_the_stub_runs(tmp_path, monkeypatch) -> None:
+    """Dead texts left in the pool's buckets held their jobs, and the jobs their response senders, until the
+    stub's last collection (a sender that asked is_cancelled() then freed shared memory already gone)."""
+    model, _ = load_model(tmp_path, monkeypatch, ok)
+    model.finalize()
+    assert not model.scheduler.levels and not model.scheduler.jobs and not model.scheduler.deadlines
 
 
 def test_an_idle_instance_answers_one_sub_batch_inline(tmp_path, monkeypatch) -> None:

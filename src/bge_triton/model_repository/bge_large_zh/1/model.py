@@ -18,6 +18,7 @@ module encoder_X.py beside this file: the local CPU variant (server/cpu_variant.
 there; this file runs unchanged in both.
 """
 import contextlib
+import ctypes
 import faulthandler
 import gc
 import importlib
@@ -68,6 +69,13 @@ class BlsBackend(EncoderBackend):
 def _triton_error(error: TextError):
     """A TritonError with the code that text_core.triton_code gives the error's kind."""
     return pb_utils.TritonError(error.message, getattr(pb_utils.TritonError, triton_code(error)))
+
+
+def _keep_until_exit(objects) -> None:
+    """One reference more to each object, never given back: it is not deleted before its process exits (and the
+    stub then sends no delete request). For the metric objects (TritonPythonModel.finalize)."""
+    for obj in objects:
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
 
 
 def _log(message: str) -> None:
@@ -174,14 +182,25 @@ class TritonPythonModel:
         self.scheduler.close()
         self.stopping.set()
         self.flusher.join(5)
+        if self.flusher.is_alive():
+            _log("text endpoint: the metrics flusher did not stop within 5 s")
         self._flush_metrics()
         self.backend.close()
-        # Delete every pb_utils object now, while the stub still runs. Left to the end, they die with the stub
-        # (2.51's ~Stub drops this model object, and the interpreter's last collection the garbage cycles,
-        # after the stub's shared memory is gone): a Metric's delete request then saves itself into that
-        # memory (a segfault in Metric::SaveToSharedMemory at every unload), and a tensor or response kept
-        # alive by a cycle (an exception's traceback) frees its buffer there (a segfault in
-        # pthread_mutex_lock). So: the metrics, then one collection.
+        # The metrics are never deleted: the server shares them with the next instance. Triton 2.51 keeps one
+        # prometheus counter per metric name and labels; every instance's MetricFamily (a reload's new one, or
+        # the model's other instance) gets that same counter, and each family counts its own references only
+        # (core src/metric_family.cc, MetricFamily::Remove). A delete here destroyed the counter the new
+        # instance, loaded before this one is finalized, still increments: a write into freed memory of the
+        # tritonserver process, which then aborted (malloc(): unaligned fastbin chunk detected, Signal (6)) or
+        # went on half-alive, ready but answering nothing (tests/integration/test_text_reload.py). So they
+        # stay alive until this stub exits (then nothing is sent, and the counter keeps counting across
+        # reloads, as a Prometheus counter should); their delete left to the interpreter's last collection
+        # would also come too late (a segfault in Metric::SaveToSharedMemory after the stub's shared memory
+        # is gone). Every other pb_utils object still alive is freed now, while the stub runs, by one collection:
+        # the response senders of the jobs the scheduler dropped at close (a sender that asked is_cancelled()
+        # holds shared memory: freed at the stub's exit it segfaulted, "Garbage-collecting"), and any tensor or
+        # response kept by a cycle through an exception's traceback.
+        _keep_until_exit([*self.counters.values(), *self.families])
         self.counters.clear()
         self.families.clear()
         gc.collect()

@@ -688,8 +688,9 @@ class Scheduler:
         if answer:
             self._answer(done)
 
-    def close(self, timeout_s: float = 5.0) -> None:
-        """Stop the threads; texts still waiting are answered UNAVAILABLE (the model is unloading)."""
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop the threads (waiting at most timeout_s for all of them); texts still waiting are answered
+        UNAVAILABLE (the model is unloading)."""
         with self.cond:
             self.closing = True
             left = [job for job in list(self.jobs.values())
@@ -697,8 +698,18 @@ class Scheduler:
             self.cond.notify_all()
         self.stop.set()
         self._answer(left)
+        end = time.monotonic() + timeout_s
         for t in self.threads:
-            t.join(timeout_s)
+            t.join(max(0.0, end - time.monotonic()))
+        stuck = [t.name for t in self.threads if t.is_alive()]
+        if stuck:  # e.g. still in an encoder call for requests answered already (deadline, cancel): logged
+            self.log(f"text endpoint: {', '.join(stuck)} still running {timeout_s:g} s after the unload began")
+        with self.cond:  # every job goes now (the dead texts left in the buckets hold theirs), with its sender: the
+            # adapter's pb_utils objects must be freed while the stub runs (model.py, finalize)
+            self.levels.clear()
+            self.jobs.clear()
+            self.deadlines.clear()
+            self.pending = 0
         if self.marker is not None:
             self.marker.close()
 

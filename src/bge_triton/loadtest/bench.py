@@ -115,6 +115,7 @@ def stand(s: BenchSettings, name: str, real: bool, users: int, ramp_s: float = 0
 def scenario_bodies(s: BenchSettings, scenario: str, seq_len: int) -> tuple[bytes, ...]:
     """The request bodies of one bench scenario: tensor rows of seq_len tokens, a length-bucketed mix, or texts."""
     if scenario in TENSOR_MIX:
+        ensure_real_repo(s)  # the export's tokenizer
         tok = BucketTokenizer(str(s.real_repo / s.real_name / "1" / "tokenizer"), TENSOR_MIX[scenario])
         rows = (tok.encode([t]) for t in corpus.sample("reviews", 512, seed=1, max_chars=s.max_chars))
         return tuple(loadgen.request_body(tensor_call("", ids, mask)) for ids, mask in rows)

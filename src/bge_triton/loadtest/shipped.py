@@ -123,6 +123,7 @@ def run_shipped(s: bench.BenchSettings, candidates: tuple[Candidate, ...],
                 concurrencies: tuple[int, ...] = (128,)) -> ShippedRun:
     """Reference rows once, then each candidate's text and tensor rows (quiet hours + the peak sweep), on one server."""
     run = ShippedRun(s.command, candidates, concurrencies, machine=report.machine_info())
+    bench.ensure_real_repo(s)  # the export's tokenizer; a fresh checkout has none yet
     bodies, run.lengths = _bodies(s.real_repo / s.real_name / "1" / "tokenizer",
                                   corpus.sample("reviews", 512, seed=1, max_chars=s.max_chars))
     cost = {"cost_a_us": s.cost.a_us, "cost_b_us": s.cost.b_us}

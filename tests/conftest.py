@@ -34,6 +34,31 @@ def run_export(repository: Path, name: str, model: str, precision: str, *extra: 
         pytest.fail(f"export failed ({' '.join(cmd)}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
 
 
+def text_endpoint_repo(src: Path, out: Path, name: str, generator: str,
+                       encoder_params: dict[str, object] | None = None) -> Path:
+    """`out` with NAME (this checkout's text endpoint files, the export's tokenizer and config) over NAME_onnx (the
+    MiniLM export of `src`, its config given `encoder_params`); `generator` names the test in the configs."""
+    from bge_triton.server.repository import TEXT_ENDPOINT_FILES, TEXT_MODEL_DIR, load_config, set_param, write_config
+
+    for suffix in ("", "_onnx"):
+        cfg = load_config(src / f"minilm{suffix}")
+        cfg.name = f"{name}{suffix}"
+        version = out / cfg.name / "1"
+        version.mkdir(parents=True)
+        if suffix:
+            for key, value in (encoder_params or {}).items():
+                set_param(cfg, key, value)
+            for item in (src / "minilm_onnx" / "1").iterdir():
+                os.symlink(item.resolve(), version / item.name)
+        else:
+            set_param(cfg, "onnx_model", f"{name}_onnx")
+            os.symlink((src / "minilm" / "1" / "tokenizer").resolve(), version / "tokenizer")
+            for item_name in TEXT_ENDPOINT_FILES:  # this checkout's text endpoint, not the export's copy
+                os.symlink(TEXT_MODEL_DIR / item_name, version / item_name)
+        write_config(cfg, out / cfg.name / "config.pbtxt", generator)
+    return out
+
+
 @pytest.fixture(scope="session")
 def minilm_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A model repository with minilm_onnx (fp32) + minilm (text endpoint), max length 256."""

@@ -8,7 +8,6 @@ encoder calls one after the other, counted by the encoder's own statistics. Wait
 """
 from __future__ import annotations
 
-import os
 import queue
 import time
 from pathlib import Path
@@ -21,13 +20,9 @@ from tritonclient.utils import InferenceServerException
 
 from bge_triton.server.cpu_variant import CpuVariant
 from bge_triton.server.repository import (
-    TEXT_ENDPOINT_FILES,
-    TEXT_MODEL_DIR,
     Batching,
-    load_config,
-    set_param,
-    write_config,
 )
+from conftest import text_endpoint_repo
 
 pytestmark = pytest.mark.integration
 
@@ -36,23 +31,8 @@ CALL_S = 0.2  # emulated encoder time per call
 
 def _repo(src: Path, out: Path) -> Path:
     tok = Tokenizer.from_file(str(src / "minilm" / "1" / "tokenizer" / "tokenizer.json"))
-    for suffix in ("", "_onnx"):
-        cfg = load_config(src / f"minilm{suffix}")
-        cfg.name = f"tf{suffix}"
-        version = out / cfg.name / "1"
-        version.mkdir(parents=True)
-        if suffix:
-            set_param(cfg, "fault_token_id", tok.token_to_id("poison"))
-            set_param(cfg, "fault", "shape")
-            for item in (src / "minilm_onnx" / "1").iterdir():
-                os.symlink(item.resolve(), version / item.name)
-        else:
-            set_param(cfg, "onnx_model", "tf_onnx")
-            os.symlink((src / "minilm" / "1" / "tokenizer").resolve(), version / "tokenizer")
-            for name in TEXT_ENDPOINT_FILES:  # this checkout's text endpoint, not the export's copy
-                os.symlink(TEXT_MODEL_DIR / name, version / name)
-        write_config(cfg, out / cfg.name / "config.pbtxt", "tests/integration/test_text_endpoint_faults.py")
-    return out
+    return text_endpoint_repo(src, out, "tf", "tests/integration/test_text_endpoint_faults.py",
+                              {"fault_token_id": tok.token_to_id("poison"), "fault": "shape"})
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ Waits are bounded by progress (answers arriving), not by wall-clock budgets.
 from __future__ import annotations
 
 import json
-import os
 import random
 import threading
 import time
@@ -25,13 +24,9 @@ import tritonclient.grpc as grpcclient
 
 from bge_triton.server.cpu_variant import CpuVariant
 from bge_triton.server.repository import (
-    TEXT_ENDPOINT_FILES,
-    TEXT_MODEL_DIR,
     Batching,
-    load_config,
-    set_param,
-    write_config,
 )
+from conftest import text_endpoint_repo
 
 pytestmark = pytest.mark.integration
 
@@ -43,21 +38,7 @@ WORDS = "reload traffic bulk single text embedding answer server model instance 
 
 
 def _repo(src: Path, out: Path) -> Path:
-    for suffix in ("", "_onnx"):
-        cfg = load_config(src / f"minilm{suffix}")
-        cfg.name = f"{MODEL}{suffix}"
-        version = out / cfg.name / "1"
-        version.mkdir(parents=True)
-        if suffix:
-            for item in (src / "minilm_onnx" / "1").iterdir():
-                os.symlink(item.resolve(), version / item.name)
-        else:
-            set_param(cfg, "onnx_model", f"{MODEL}_onnx")
-            os.symlink((src / "minilm" / "1" / "tokenizer").resolve(), version / "tokenizer")
-            for name in TEXT_ENDPOINT_FILES:  # this checkout's text endpoint
-                os.symlink(TEXT_MODEL_DIR / name, version / name)
-        write_config(cfg, out / cfg.name / "config.pbtxt", "tests/integration/test_text_reload.py")
-    return out
+    return text_endpoint_repo(src, out, MODEL, "tests/integration/test_text_reload.py")
 
 
 def _inputs(texts):

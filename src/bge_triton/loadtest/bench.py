@@ -11,7 +11,6 @@ import argparse
 import contextlib
 import math
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -21,7 +20,6 @@ from typing import Any
 
 from bge_triton.client.core import DEFAULT_BUCKETS, tensor_call
 from bge_triton.client.tokens import BucketTokenizer
-from bge_triton.errors import ExportError
 from bge_triton.extras import require
 from bge_triton.loadtest import corpus, harness, loadgen, report
 from bge_triton.loadtest.costmodel import DEFAULT as DEFAULT_COST
@@ -85,13 +83,7 @@ class BenchRun:
 
 def ensure_real_repo(s: BenchSettings) -> None:
     """Export the real-model rows' model once (cached under .kit) if it is not there."""
-    if (s.real_repo / f"{s.real_name}{ENCODER_SUFFIX}" / "1" / "model.onnx").exists():
-        return
-    cmd = [sys.executable, "-m", "bge_triton.export", "--model", s.real_model, "--repository", str(s.real_repo),
-           "--name", s.real_name, "--precision", "fp32", "--max-length", "256"]
-    print("exporting the real-model rows' model:", " ".join(cmd), flush=True)
-    if subprocess.run(cmd).returncode != 0:
-        raise ExportError(f"export failed; run it by hand to see why: {' '.join(cmd)}")
+    harness.export(s.real_model, s.real_repo, s.real_name, "fp32", "--max-length", "256")
 
 
 @contextlib.contextmanager

@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -346,9 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         repo = a.repository
         if repo is None:
             repo = work / "repo"
-            subprocess.run([sys.executable, "-m", "bge_triton.export", "--model",
-                            "sentence-transformers/all-MiniLM-L6-v2", "--repository", str(repo), "--name", "minilm",
-                            "--precision", "fp32", "--quiet"], check=True)
+            harness.export("sentence-transformers/all-MiniLM-L6-v2", repo, "minilm", "fp32", "--quiet")
         try:
             res = run(a, repo, work)
         except KitError as exc:

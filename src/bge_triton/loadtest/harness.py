@@ -8,6 +8,8 @@ are loaded one scenario at a time with a config override (no restarts).
 """
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +18,7 @@ from typing import Any
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from bge_triton.errors import ModelConfigError, ServerNotReady
+from bge_triton.errors import ExportError, ModelConfigError, ServerNotReady
 from bge_triton.loadtest import loadgen
 from bge_triton.loadtest.costmodel import CostModel
 from bge_triton.server.cpu_variant import CpuVariant, cpu_config
@@ -39,6 +41,20 @@ EMULATED = CANONICAL_NAME  # bge_large_zh (+ _onnx) run by the costmodel executo
 # directory), loaded beside the text endpoint's encoder: the quiet-hour reference called directly, side by side.
 REFERENCE = CANONICAL_NAME + "_reference" + ENCODER_SUFFIX
 PORT_RANGE = range(18100, 18200)
+
+
+def export(model: str, repository: Path, name: str, precision: str = "fp32", *extra: str) -> Path:
+    """The kit's exporter run once into repository (NAME_onnx + NAME): skipped when the ONNX file is there; the
+    ONNX file's path, or ExportError naming the command to rerun by hand."""
+    onnx = repository / f"{name}{ENCODER_SUFFIX}" / "1" / "model.onnx"
+    if onnx.is_file():
+        return onnx
+    cmd = [sys.executable, "-m", "bge_triton.export", "--model", model, "--repository", str(repository),
+           "--name", name, "--precision", precision, *extra]
+    print("exporting:", " ".join(cmd), flush=True)
+    if subprocess.run(cmd).returncode != 0 or not onnx.is_file():
+        raise ExportError(f"export failed; run it by hand to see why: {' '.join(cmd)}")
+    return onnx
 
 
 def server_settings(repository: Path, state_dir: Path, variant: CpuVariant | None = None,

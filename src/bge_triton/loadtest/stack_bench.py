@@ -18,7 +18,6 @@ import os
 import random
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 import urllib.request
@@ -195,12 +194,7 @@ def prepare(s: StackSettings, all_texts: list[str]) -> tuple[Path, list[list[int
     """Export the model once (cached), refresh the endpoint code; the texts' token ids as the endpoint computes them."""
     from tokenizers import Tokenizer
 
-    onnx = s.repository / f"{s.name}_onnx" / "1" / "model.onnx"
-    if not onnx.is_file():
-        cmd = [sys.executable, "-m", "bge_triton.export", "--model", s.model, "--repository", str(s.repository),
-               "--name", s.name, "--precision", s.precision]
-        if subprocess.run(cmd).returncode != 0 or not onnx.is_file():
-            raise KitError(f"export failed: run `{' '.join(cmd)}` and read its error")
+    onnx = harness.export(s.model, s.repository, s.name, s.precision)
     install_text_endpoint(s.repository / s.name / "1")  # this checkout's endpoint code, as the exporter writes it
     tok = Tokenizer.from_file(str(s.repository / s.name / "1" / "tokenizer" / "tokenizer.json"))
     tok.no_padding()

@@ -71,11 +71,13 @@ def minilm_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def start_server(repository: Path, state_dir: Path, **kwargs):
-    """Start a LocalServer on free ports; the caller stops it."""
-    from bge_triton.server.launcher import LocalServer, ServerSettings
+    """Start a LocalServer on free ports (picked again if another process takes one first); the caller stops it."""
+    from bge_triton.server.launcher import LocalServer, ServerSettings, free_ports
 
-    settings = ServerSettings(repository=repository, http_port=free_port(), grpc_port=free_port(),
-                              metrics_port=free_port(), state_dir=state_dir, **kwargs)
+    pool = range(18000, 18500)
+    http, grpc, metrics = free_ports(3, pool)
+    settings = ServerSettings(repository=repository, http_port=http, grpc_port=grpc, metrics_port=metrics,
+                              state_dir=state_dir, port_pool=pool, **kwargs)
     return LocalServer(settings).start()
 
 

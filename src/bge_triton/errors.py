@@ -25,6 +25,10 @@ class ServerNotReady(KitError):
     """The local tritonserver did not start or did not become ready (message carries the log tail)."""
 
 
+class PortInUse(ServerNotReady):
+    """A port picked for a local tritonserver was bound by another process before the server could bind it."""
+
+
 class ServerUnavailable(KitError):
     """The server cannot be reached (connection refused, reset, or it went away mid-request)."""
 

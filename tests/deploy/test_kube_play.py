@@ -36,7 +36,8 @@ What the test changes, and why (each change is made in `adapt()` below, nothing 
 - `$(VAR)` in command and args is expanded from the container's env by the test, as the kubelet does (podman
   4.3 passes it through);
 - Service DNS: the gateway pod gets a hostAliases entry `triton` -> the Triton pod's IP;
-- the http ports are published on 127.0.0.1, on free ports (hostIP/hostPort);
+- every container port is published on 127.0.0.1, on a free port (hostIP/hostPort: podman 4.3 publishes a port
+  without one on the host's same port, so two runs, or a Triton already on 8001, would collide);
 - probes: podman 4.3 runs no readiness or startup probes; the test runs them itself (see above).
 A real cluster checks what kube play cannot: GPU scheduling, the HPA and prometheus-adapter, NetworkPolicies,
 PodDisruptionBudgets, rolling updates (docs/k8s.md).
@@ -188,9 +189,9 @@ def adapt(docs: list[dict], images: dict[str, str], secret_values: dict[tuple[st
                     c[key] = [expand(str(a), env) for a in c[key]]
                     if EXPORTER in c[key]:  # the export's --model (the gateway's --model is Triton's name)
                         c[key][c[key].index("--model") + 1] = MODEL
-            for p in c.get("ports", []):
-                if (original, p.get("name")) in ports:
-                    p["hostPort"], p["hostIP"] = ports[(original, p["name"])], "127.0.0.1"
+            for p in c.get("ports", []):  # podman 4.3 publishes a port without hostPort as hostPort = containerPort
+                assert (original, p.get("name")) in ports, f"no host port for {original}'s port {p.get('name')}"
+                p["hostPort"], p["hostIP"] = ports[(original, p["name"])], "127.0.0.1"
         if any(c["name"] == "export" for c in pod.get("initContainers", [])):
             export = next(c for c in pod["initContainers"] if c["name"] == "export")
             pod["initContainers"].append({
@@ -276,8 +277,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
                                                          capture_output=True, text=True, check=True).stdout) if d]
     admin_key, gateway_key = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
     values = {("triton-admin", "key"): admin_key, ("gateway-api-keys", "keys"): gateway_key}
-    triton_port, gateway_port = free_ports(2)
-    ports = {("triton", "http"): triton_port, ("gateway", "http"): gateway_port}
+    # every container port on a free one: two runs side by side (or a local Triton on 8001) must not collide
+    triton_port, grpc_port, metrics_port, gateway_port = free_ports(4)
+    ports = {("triton", "http"): triton_port, ("triton", "grpc"): grpc_port, ("triton", "metrics"): metrics_port,
+             ("gateway", "http"): gateway_port}
     played, podman_secrets = adapt(docs, images, values, ports, tmp / "volumes")
     names = {d["metadata"]["name"]: d for d in played}
     triton, gateway = names[f"{PREFIX}-triton"], names[f"{PREFIX}-gateway"]

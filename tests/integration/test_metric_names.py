@@ -57,9 +57,12 @@ def scraped(minilm_repo: Path, server_factory) -> tuple[dict[str, list], dict]:
     text = next(name for name, c in configs.items() if get_param(c, "onnx_model"))
     with EmbeddingClient(srv.grpc_url, model=text) as client:
         client.embed_documents([f"度量 {i}: metric names test" for i in range(8)])
-    for _ in range(50):  # the text endpoint sends its own counters every metrics_flush_s from a thread
+    # the text endpoint sends its own counters every metrics_flush_s from a thread: wait for them to arrive
+    # (bounded generously, not tuned to a quiet machine; a scrape is cheap)
+    deadline = time.monotonic() + 120
+    while True:
         body = urllib.request.urlopen(srv.metrics_url, timeout=10).read().decode()
-        if re.search(r"^kit_queue_requests_total\{[^}]*\} [1-9]", body, re.M):
+        if re.search(r"^kit_queue_requests_total\{[^}]*\} [1-9]", body, re.M) or time.monotonic() > deadline:
             break
         time.sleep(0.1)
     # the parser names a counter family without _total and its samples with it; Prometheus stores the names

@@ -61,9 +61,11 @@ def server_settings(repository: Path, state_dir: Path, variant: CpuVariant | Non
                     ports: Sequence[int] | None = None, port_range: range | None = PORT_RANGE,
                     **kwargs: Any) -> ServerSettings:
     """Settings for a local tritonserver on loopback ports (`ports`, else free ones from `port_range`; None: any)."""
-    http, grpc, metrics = ports or (free_ports(3, port_range) if port_range else free_ports(3))
+    pool = port_range or range(18000, 18500)  # launcher.free_ports' default pool
+    http, grpc, metrics = ports or free_ports(3, pool)
     return ServerSettings(repository=Path(repository), http_port=http, grpc_port=grpc, metrics_port=metrics,
-                          state_dir=Path(state_dir), variant=variant or CpuVariant(), **kwargs)
+                          state_dir=Path(state_dir), variant=variant or CpuVariant(),
+                          port_pool=None if ports else pool, **kwargs)  # given ports are kept: taken = error
 
 
 def start_server(repository: Path, state_dir: Path, variant: CpuVariant | None = None,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -20,7 +21,7 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from bge_triton.errors import ServerNotReady
+from bge_triton.errors import PortInUse, ServerNotReady
 from bge_triton.paths import IMPORT_ROOT, STATE_DIR
 from bge_triton.server.cpu_variant import CpuVariant, render_cpu_variant
 
@@ -46,6 +47,10 @@ class ServerSettings:
     # None: the python stubs see this venv and the repository (today's dev setup). A tuple of pip specs
     # (e.g. numpy + deploy/Dockerfile.server's list): the stubs get a venv of exactly those, as in the image.
     stub_packages: tuple[str, ...] | None = None
+    # The ports were picked free from this pool (free_ports): a start that finds one taken after all (another
+    # process bound it between the pick and the server's bind) picks new ones and tries again, up to 3 times.
+    # None: the ports were given, and a taken one is an error (PortInUse).
+    port_pool: range | None = None
 
 
 def _pytriton_root() -> Path:
@@ -156,11 +161,17 @@ def build_command(settings: ServerSettings, backends: Path, repo: Path) -> list[
 
 
 def free_ports(count: int = 3, pool: range = range(18000, 18500), avoid: tuple[int, ...] = ()) -> list[int]:
-    """`count` free loopback ports from `pool` (bound then released), for servers the kit starts."""
+    """`count` free loopback ports from `pool` (bound then released), for servers the kit starts.
+
+    The scan starts at a random place in the pool, so two processes picking at once (two test runs, a bench beside
+    a test suite) rarely pick the same ports; LocalServer checks that its server bound them and picks again if not.
+    """
+    import random
     import socket
 
     found: list[int] = []
-    for port in pool:
+    start = random.randrange(len(pool)) if len(pool) else 0
+    for port in (*pool[start:], *pool[:start]):
         if port in avoid:
             continue
         with socket.socket() as sock:
@@ -264,6 +275,19 @@ class LocalServer:
         return f"http://127.0.0.1:{self.settings.metrics_port}/metrics"
 
     def start(self) -> LocalServer:
+        for attempt in range(3):
+            try:
+                return self._start_once()
+            except PortInUse:
+                pool = self.settings.port_pool
+                if pool is None or attempt == 2:
+                    raise
+                taken = (self.settings.http_port, self.settings.grpc_port, self.settings.metrics_port)
+                s = self.settings
+                s.http_port, s.grpc_port, s.metrics_port = free_ports(3, pool, avoid=taken)
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> LocalServer:
         s = self.settings
         self.state.mkdir(parents=True, exist_ok=True)
         if not Path(s.repository).is_dir():
@@ -286,16 +310,27 @@ class LocalServer:
         return self
 
     def wait_ready(self, timeout_s: float) -> None:
+        """Ready: HTTP's readiness answered, the other two listeners accept, and THIS server's log says it bound all
+        three (another process on the same ports would answer the first two); PortInUse if one was taken."""
+        s = self.settings
+        bound = (f"Started HTTPService at 127.0.0.1:{s.http_port}", f"Started GRPCInferenceService at 127.0.0.1:"
+                 f"{s.grpc_port}", f"Started Metrics Service at 127.0.0.1:{s.metrics_port}")
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
+            log = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+            if re.search(r"Socket '[^']*' already in use", log):
+                self.stop()
+                raise PortInUse(f"a port of this server was taken by another process after it was picked (http "
+                                f"{s.http_port}, grpc {s.grpc_port}, metrics {s.metrics_port}).\n"
+                                f"{_failure(self.log_path)}")
             if self.proc is not None and self.proc.poll() is not None:
                 self._forget()
                 raise ServerNotReady(f"tritonserver exited with code {self.proc.returncode} during start-up.\n"
                                      f"{_failure(self.log_path)}")
             # Triton starts its gRPC, HTTP and metrics listeners one after the other (metrics ~40 ms after
             # HTTP here): ready means HTTP's readiness and the other two accepting connections.
-            if http_ready(self.settings.http_port) and all(
-                    _listening(port) for port in (self.settings.grpc_port, self.settings.metrics_port)):
+            if all(line in log for line in bound) and http_ready(s.http_port) and all(
+                    _listening(port) for port in (s.grpc_port, s.metrics_port)):
                 return
             time.sleep(0.25)
         self.stop()

@@ -153,7 +153,11 @@ def tritonserver(wheel_dir: Path, work_dir: Path, repository: Path, host: str, h
 
     try:
         deadline, logged = time.monotonic() + ready_timeout, 0
-        while not _ready(url):
+        bound = f"Started HTTPService at {host}:{http_port}"  # this server's, not another process's on the port
+        while not (bound in log.read_text(errors="replace") and _ready(url)):
+            if "already in use" in log.read_text(errors="replace"):
+                raise ServerNotReady(f"a port is taken (--http-port {http_port}, --metrics-port {metrics_port}): "
+                                     f"pick free ones; log {log}:\n{tail()}")
             if proc.poll() is not None:
                 raise ServerNotReady(f"tritonserver exited with code {proc.returncode}; log {log}:\n{tail()}")
             if (size := log.stat().st_size) > logged:  # progress (a model loaded, an instance started): wait on

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -53,6 +54,12 @@ def unhealthy(srv: LocalServer) -> str:
     if srv.proc is None or srv.proc.poll() is not None:
         return "tritonserver exited"
     failed = [f"{r.model}: {r.error}" for r in canary_all(f"http://{srv.http_url}") if not r.ok]
+    if failed:  # a canary cut off by the server dying (kill -9 lands mid-request): name the death, not the symptom
+        try:
+            srv.proc.wait(timeout=0.5)
+            return "tritonserver exited"
+        except subprocess.TimeoutExpired:
+            pass
     return "; ".join(failed)
 
 

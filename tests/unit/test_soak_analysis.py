@@ -1,5 +1,5 @@
-"""Unit tests of the soak's arithmetic (loadtest/soak_analysis.py) on made-up runs: durations, the event plan,
-recovery times, per-minute rows and RSS drift."""
+"""Unit tests of the soak's arithmetic (loadtest/soak.py) on made-up runs: durations, the event plan, recovery times,
+per-minute rows and RSS drift."""
 from __future__ import annotations
 
 import math
@@ -7,7 +7,7 @@ import math
 import pytest
 
 from bge_triton.errors import InputError
-from bge_triton.loadtest import soak_analysis as sa
+from bge_triton.loadtest import soak as sa
 
 
 def steady(start: float, end: float, latency: float, rate: float = 50.0, outcome: str = "ok") -> list[sa.Shot]:
@@ -29,28 +29,26 @@ def test_parse_duration_rejects_with_the_format(text: str) -> None:
 
 
 def test_plan_spreads_the_three_faults_and_compresses_the_spike() -> None:
-    full = sa.plan_events(1200.0)
-    assert [(e.kind, e.at, e.length) for e in full] == [("kill9_server", 300.0, 0.0), ("kill9_stub", 600.0, 0.0),
-                                                        ("overload_spike", 900.0, 30.0)]
+    assert sa.plan_events(1200.0) == [("kill9_server", 300.0, 0.0), ("kill9_stub", 600.0, 0.0),
+                                      ("overload_spike", 900.0, 30.0)]
     short = sa.plan_events(40.0)
-    assert [e.at for e in short] == [10.0, 20.0, 30.0] and short[2].length == pytest.approx(3.2)
-    assert tuple(e.kind for e in short) == sa.EVENT_KINDS
+    assert [at for _, at, _ in short] == [10.0, 20.0, 30.0] and short[2][2] == pytest.approx(3.2)
+    assert tuple(kind for kind, _, _ in short) == sa.EVENT_KINDS
 
 
 def test_window_p99_counts_failures_as_infinitely_slow() -> None:
     shots = steady(0, 2, 0.05)
-    assert sa.window_p99(shots, 0, 2) == (pytest.approx(0.05), 100)
+    assert sa.window_p99s(shots, 0, 2, 1) == [(pytest.approx(0.05), 100)]
     one_bad = shots[:-1] + [sa.Shot(shots[-1].sched, shots[-1].done, "ServerUnavailable")]
-    assert sa.window_p99(one_bad, 0, 2)[0] == math.inf  # a failure reaches into the top 1% of 100
-    assert math.isnan(sa.window_p99(shots, 5, 2)[0])
+    assert sa.window_p99s(one_bad, 0, 2, 1)[0][0] == math.inf  # a failure reaches into the top 1% of 100
+    assert math.isnan(sa.window_p99s(shots, 5, 2, 1)[0][0])
 
 
 def test_recovery_after_an_outage() -> None:
     # calm 50 ms; the server dies at t=10; requests sent in [10, 13) fail; answers slow (400 ms) until t=17
     shots = steady(0, 10, 0.05) + steady(10, 13, 0.01, outcome="ServerUnavailable") + steady(13, 17, 0.4) \
         + steady(17, 40, 0.05)
-    base = sa.baseline_p99(shots, 0, 10)
-    thr = sa.normal_threshold(base)
+    base, thr = sa.calm_p99(shots, 10)
     assert base == pytest.approx(0.05) and thr == pytest.approx(0.1)
     assert sa.first_ok_after(shots, 10.0) == pytest.approx(3.4)  # the first request sent at 13 s, done at 13.4 s
     assert sa.p99_back_after(shots, 10.0, thr, 2.0, until=40.0) == pytest.approx(8.0)  # windows from 18 s are calm
@@ -74,7 +72,9 @@ def test_bucket_rows_and_tally() -> None:
     assert [(r["sent"], r["ok"], r["errors"], r["lost"]) for r in rows] == [(600, 598, 1, 1), (300, 300, 0, 0)]
     assert rows[0]["p99_ms"] == pytest.approx(20.0) and rows[1]["p99_ms"] == pytest.approx(200.0)
     assert (rows[0]["server_rss_mb"], rows[1]["loadavg1"]) == (200.0, 2.5)
-    assert sa.tally(shots) == {"sent": 900, "ok": 898, "failed": 1, "lost": 1, "errors_by_kind": {"Overloaded": 1}}
+    res = {"events": [], "end_s": 90.0, "restarts": [], "ready_again": [], "created": 902, "unfinished": 2}
+    assert sa.summarize(res, shots, samples, 90.0, 60.0)["tally"] == {
+        "sent": 902, "ok": 898, "failed": 1, "lost": 3, "errors_by_kind": {"Overloaded": 1}}  # 2 never recorded
 
 
 def test_rss_drift_whole_run_and_per_server() -> None:
@@ -87,7 +87,7 @@ def test_rss_drift_whole_run_and_per_server() -> None:
                {"t": 305.0, "server_rss_mb": math.nan, "server_pid": 0}]  # a sample taken while it restarted
     d = sa.rss_drift(samples, "server_rss_mb")
     assert (d["start_mb"], d["end_mb"]) == (300.0, 272.0) and d["per_min_mb"] == pytest.approx(-28.0 / 5.0)
-    first, second = sa.rss_segments(samples, "server_rss_mb", warmup_s=60.0)
+    first, second = sa.rss_segments(samples, [], [], warmup_s=60.0)
     assert (first["pid"], first["start_mb"], first["end_mb"]) == (1, 300.0, 330.0)
     assert first["per_min_mb"] == pytest.approx(30.0)  # too short to leave out a warm-up: from its first sample
     assert (second["pid"], second["drift_from_s"]) == (2, 180.0)  # its first minute is warm-up
@@ -99,18 +99,18 @@ def test_shot_log_keeps_outcomes_in_flat_arrays() -> None:
     log = sa.ShotLog()
     for k, outcome in enumerate(["ok", "Overloaded", "ok", "lost"]):
         log.append(float(k), k + 0.5, outcome)
-    assert len(log) == 4 and log.nbytes() == 4 * 17
+    assert len(log) == 4 and log.kinds == ["ok", "Overloaded", "lost"]
     assert [s.outcome for s in log.view()] == ["ok", "Overloaded", "ok", "lost"]
     assert log.view(1, since=2.0) == [sa.Shot(2.0, 2.5, "ok"), sa.Shot(3.0, 3.5, "lost")]
 
 
 def test_bin_shots_by_window() -> None:
     shots = steady(0, 10, 0.01, rate=1.0)
-    bins = sa.bin_shots(shots, 2.0, 3.0)
-    assert {k: [s.sched for s in v] for k, v in bins.items()} == {0: [2.0, 3.0, 4.0], 1: [5.0, 6.0, 7.0], 2: [8.0, 9.0]}
+    bins = sa.bins(shots, 2.0, 3.0, 3)  # n windows: 10.0 and later are left out
+    assert [[s.sched for s in b] for b in bins] == [[2.0, 3.0, 4.0], [5.0, 6.0, 7.0], [8.0, 9.0]]
 
 
 def test_serving_samples_leave_out_restarts() -> None:
-    samples = [{"t": float(t)} for t in range(0, 60, 5)]
-    kept = sa.serving_samples(samples, restarts=[12.0, 41.0], ready_again=[33.0])  # the second never came back
-    assert [x["t"] for x in kept] == [0.0, 5.0, 10.0, 35.0, 40.0]
+    samples = [{"t": float(t), "server_rss_mb": 100.0 + t, "server_pid": 1 if t < 20 else 2} for t in range(0, 60, 5)]
+    segments = sa.rss_segments(samples, restarts=[12.0, 41.0], ready_again=[33.0])  # the second never came back
+    assert [(g["pid"], g["from_s"], g["to_s"]) for g in segments] == [(1, 0.0, 10.0), (2, 35.0, 40.0)]

@@ -14,6 +14,7 @@ import itertools
 import math
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -21,34 +22,36 @@ import sys
 import tempfile
 import threading
 import time
+from array import array
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import psutil
 
 from bge_triton.client import AsyncEmbeddingClient, KitError, RetryPolicy
 from bge_triton.errors import InputError, ServerNotReady
 from bge_triton.loadtest import corpus, loadgen, report
-from bge_triton.loadtest import soak_analysis as sa
 from bge_triton.loadtest.chaos_faults import PORT_RANGE, capacity, kill_orphan_stubs, remove_orphan_shm
-from bge_triton.loadtest.stats import stub_pids, tree_rss_mb
+from bge_triton.loadtest.stats import percentile, stub_pids, tree_rss_mb
 from bge_triton.paths import CANONICAL_REPOSITORY
 from bge_triton.server.launcher import free_ports, log_tail, stop_pid
 
 COMMAND = "bge-triton bench soak"
 MODEL = "bge_large_zh"
 ENCODER = f"{MODEL}_onnx"
+EVENT_KINDS = ("kill9_server", "kill9_stub", "overload_spike")
 MINUTE_COLS = ("bucket", "start_s", "sent", "ok", "errors", "lost", "p50_ms", "p99_ms", "server_rss_mb",
                "client_rss_mb", "loadavg1", "server_pid")
 EVENT_COLS = ("kind", "planned_s", "at_s", "length_s", "pid", "error", "detected_s", "reason", "ready_again_s",
               "first_ok_s", "p99_normal_s", "p99_normal_after_end_s", "errors_after", "lost_after", "recovered")
+_FAILED = 1e9  # the latency (s) a failed request stands for: beyond any threshold
 
 
 @dataclass(frozen=True)
 class SoakSettings:
-    """Built once from flags."""
-
     duration_s: float
     out: Path
     load_fraction: float = 0.7
@@ -72,14 +75,10 @@ class SoakSettings:
         """After this long a request with neither a result nor an error is LOST (the SDK must answer sooner)."""
         return self.retry.total_s + self.timeout_s + 10.0
 
-    @property
-    def command(self) -> str:
-        return " ".join([COMMAND, *self.argv])
-
 
 def shipped_repository(out: Path) -> Path:
-    """The committed configs and model.py files of bge_large_zh (+ _onnx), plus a tokenizer.json over the
-    generated 21128-entry BGE-shaped vocab; no weights (costmodel encoder)."""
+    """The committed configs and model.py files of bge_large_zh (+ _onnx) and a tokenizer.json over the generated
+    21128-entry BGE-shaped vocab; no weights (costmodel encoder)."""
     from tokenizers.implementations import BertWordPieceTokenizer
 
     from bge_triton.export.synthetic import build_vocab
@@ -144,8 +143,8 @@ class Watcher:
         return pid
 
     def kill(self, what: str, every_instance: bool = False) -> int:
-        """SIGKILL the watcher's tritonserver (what="server") or the python stub of one encoder instance (or of
-        each: what="stub"), our grandchildren; returns the first pid killed."""
+        """SIGKILL our tritonserver (what="server") or the stub of one encoder instance (or of each: what="stub");
+        returns the first pid killed."""
         pid = self.server_pid()
         stubs = sorted(p for p, cmd in stub_pids(pid).items() if f"/{ENCODER}/" in cmd) if pid else []
         pids = ([pid] if pid else []) if what == "server" else stubs
@@ -155,12 +154,9 @@ class Watcher:
             os.kill(p, signal.SIGKILL)
         return pids[0]
 
-    def restarts(self) -> list[tuple[float, str]]:
-        """(time, reason) of each restart the watcher announced."""
-        return [(t, ln.split("(", 1)[-1].rsplit(")", 1)[0]) for t, ln in self.lines if "watch: restarting" in ln]
-
-    def ready_again(self) -> list[float]:
-        return [t for t, ln in self.lines if "watch: ready again" in ln]
+    def seen(self, what: str) -> list[tuple[float, str]]:
+        """(time, text in parentheses) of each 'watch: restarting (why)' or 'watch: ready again' line."""
+        return [(t, ln.split("(", 1)[-1].rsplit(")", 1)[0]) for t, ln in self.lines if f"watch: {what}" in ln]
 
     def stop(self) -> dict:
         """SIGTERM the watcher (it stops its server), then kill the stubs of killed servers that outlived them and
@@ -184,19 +180,195 @@ class Watcher:
         return out
 
 
+# The arithmetic over plain records. Latency counts from the SCHEDULED send time; a failed or lost request counts as
+# infinitely slow in a recovery window, so a window of errors is never "normal".
+def parse_duration(text: str) -> float:
+    """'20m', '40s', '1h', '90' (seconds) or '1m30s' -> seconds, at least 20; InputError naming the format."""
+    parts = re.fullmatch(r"\s*((?:\d+(?:\.\d+)?[smh]?\s*)+)\s*", text or "")
+    if not parts:
+        raise InputError(f"--duration {text!r}: use a duration such as 20m, 40s, 1h or 1m30s")
+    units = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
+    total = sum(float(n) * units[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)([smh]?)", parts.group(1)))
+    if total < 20:
+        raise InputError(f"--duration {text!r} is {total:.0f} s: a soak needs at least 20 s (three faults and "
+                         "their recoveries)")
+    return total
+
+
+class Shot(NamedTuple):
+    """One request: scheduled at `sched` s, finished at `done` s; 'ok', an error kind, or 'lost'."""
+
+    sched: float
+    done: float
+    outcome: str
+
+    @property
+    def latency(self) -> float:
+        return self.done - self.sched
+
+
+class ShotLog:
+    """Every request's (sched, done, outcome) in flat arrays, 17 bytes a request, so that the client's RSS measures
+    the SDK rather than this bookkeeping."""
+
+    def __init__(self) -> None:
+        self.sched, self.done, self.code = array("d"), array("d"), array("B")
+        self.kinds: list[str] = ["ok"]
+
+    def append(self, sched: float, done: float, outcome: str) -> None:
+        if outcome not in self.kinds:
+            self.kinds.append(outcome)
+        self.sched.append(sched)
+        self.done.append(done)
+        self.code.append(self.kinds.index(outcome))
+
+    def __len__(self) -> int:
+        return len(self.code)
+
+    def view(self, index: int = 0, since: float = -math.inf) -> list[Shot]:
+        """Shots recorded from `index` on that were scheduled at or after `since`."""
+        rows = zip(self.sched[index:], self.done[index:], self.code[index:], strict=True)
+        return [Shot(a, b, self.kinds[c]) for a, b, c in rows if a >= since]
+
+
+def plan_events(duration_s: float, spike_s: float = 30.0) -> list[tuple[str, float, float]]:
+    """(kind, at s, length s): kill -9 of the server at 25%, of the encoder's stub at 50%, an overload spike at 75%
+    of the soak, lasting spike_s or 8% of the soak, whichever is shorter."""
+    return [("kill9_server", 0.25 * duration_s, 0.0), ("kill9_stub", 0.50 * duration_s, 0.0),
+            ("overload_spike", 0.75 * duration_s, min(spike_s, 0.08 * duration_s))]
+
+
+def window_width(duration_s: float) -> float:
+    """Recovery-window width: 10 s for a 20 min soak, down to 2 s for a short one."""
+    return max(2.0, min(10.0, duration_s / 120.0))
+
+
+def bins(shots: list[Shot], t: float, width: float, n: int) -> list[list[Shot]]:
+    """The shots scheduled in each of the n `width` s windows from t."""
+    out: list[list[Shot]] = [[] for _ in range(n)]
+    for s in shots:
+        if s.sched >= t and (k := int((s.sched - t) // width)) < n:
+            out[k].append(s)
+    return out
+
+
+def window_p99s(shots: list[Shot], t: float, width: float, n: int) -> list[tuple[float, int]]:
+    """(p99 latency in s, count) of each of the n windows from t (nan when empty); failures count as infinite."""
+    out = []
+    for b in bins(shots, t, width, n):
+        p99 = percentile([s.latency if s.outcome == "ok" else _FAILED for s in b], 99)
+        out.append((math.inf if p99 >= _FAILED / 1e3 else p99, len(b)))
+    return out
+
+
+def calm_p99(shots: list[Shot], end: float) -> tuple[float, float]:
+    """p99 of the successes scheduled before `end` (the calm stretch before the first fault) and the threshold of
+    'back to normal': 2x that, never under 50 ms."""
+    base = percentile([s.latency for s in shots if s.outcome == "ok" and s.sched < end], 99)
+    return base, (math.inf if math.isnan(base) else max(2.0 * base, 0.05))
+
+
+def first_ok_after(shots: list[Shot], t: float) -> float | None:
+    """Seconds from t to the first success of a request sent at or after t (None: none)."""
+    done = [s.done for s in shots if s.outcome == "ok" and s.sched >= t]
+    return min(done) - t if done else None
+
+
+def p99_back_after(shots: list[Shot], t: float, threshold_s: float, width: float, until: float,
+                   hold: int = 3, min_n: int = 5) -> float | None:
+    """Seconds from t to the start of the first `width` s window (of those from t, ending by `until`) whose p99 is
+    within threshold_s for `hold` windows running; a window of fewer than min_n requests is not normal."""
+    normal = [n >= min_n and p99 <= threshold_s
+              for p99, n in window_p99s(shots, t, width, max(0, int((until - t) / width + 1e-9)))]
+    return next((k * width for k in range(len(normal) - hold + 1) if all(normal[k:k + hold])), None)
+
+
+def bucket_rows(shots: list[Shot], samples: list[dict], bucket_s: float, end: float) -> list[dict]:
+    """Per bucket of scheduled time: sent / ok / errors / lost, p50 and p99 of the successes (ms), and the last
+    resource sample in it."""
+    rows = []
+    for k, mine in enumerate(bins(shots, 0.0, bucket_s, max(1, math.ceil(end / bucket_s - 1e-9)))):
+        ok = [s.latency * 1e3 for s in mine if s.outcome == "ok"]
+        last = ([x for x in samples if k * bucket_s <= x["t"] < (k + 1) * bucket_s] or [{}])[-1]
+        rows.append({"bucket": k, "start_s": k * bucket_s, "sent": len(mine), "ok": len(ok),
+                     "errors": sum(s.outcome not in ("ok", "lost") for s in mine),
+                     "lost": sum(s.outcome == "lost" for s in mine), "p50_ms": percentile(ok, 50),
+                     "p99_ms": percentile(ok, 99), "server_pid": last.get("server_pid", 0),
+                     **{key: last.get(key, math.nan) for key in ("server_rss_mb", "client_rss_mb", "loadavg1")}})
+    return rows
+
+
+def rss_segments(samples: list[dict], restarts: list[float], ready_again: list[float],
+                 warmup_s: float = 60.0) -> list[dict]:
+    """One row per server pid over the samples taken while a server served (none from a restart's announcement to
+    its ready-again): its span, first and last MiB, and the drift per minute after its first warmup_s."""
+    spans = [(r, min((t for t in ready_again if t >= r), default=math.inf)) for r in restarts]
+    serving = [x for x in samples if not math.isnan(x["server_rss_mb"]) and not any(a <= x["t"] <= b for a, b in spans)]
+    out = []
+    for pid, run in itertools.groupby(serving, key=lambda x: x["server_pid"]):
+        pts = [(x["t"], x["server_rss_mb"]) for x in run]
+        warm = [p for p in pts if p[0] >= pts[0][0] + warmup_s]
+        base = warm[0] if len(warm) >= 2 else pts[0]
+        minutes = (pts[-1][0] - base[0]) / 60.0
+        out.append({"pid": pid, "from_s": pts[0][0], "to_s": pts[-1][0], "start_mb": pts[0][1], "end_mb": pts[-1][1],
+                    "drift_from_s": base[0], "per_min_mb": (pts[-1][1] - base[1]) / minutes if minutes else math.nan})
+    return out
+
+
+def rss_drift(samples: list[dict], key: str) -> dict:
+    """Start and end of one RSS series (MiB) and its drift per minute over the whole run."""
+    pts = [(x["t"], x[key]) for x in samples if not math.isnan(x.get(key, math.nan))]
+    if len(pts) < 2:
+        return {"start_mb": math.nan, "end_mb": math.nan, "per_min_mb": math.nan}
+    (t0, v0), (t1, v1) = pts[0], pts[-1]
+    return {"start_mb": v0, "end_mb": v1, "per_min_mb": (v1 - v0) / max((t1 - t0) / 60.0, 1e-9)}
+
+
+def summarize(res: dict, shots: list[Shot], samples: list[dict], duration_s: float, bucket_s: float) -> dict[str, Any]:
+    """Every figure of the soak report from the run's records: the tally, each fault's recovery, RSS, per minute."""
+    width = window_width(duration_s)
+    base, thr = calm_p99(shots, min((e["at_s"] for e in res["events"]), default=res["end_s"]))
+    events = []
+    for e, upto in zip(res["events"], [e["at_s"] for e in res["events"][1:]] + [res["end_s"] + 1.0], strict=False):
+        t = e["at_s"]
+        restarted = [(r, why) for r, why in res["restarts"] if r >= t]
+        ready = [r for r in res["ready_again"] if r >= t]
+        after = [x for x in shots if t <= x.sched < upto]  # from this fault to the next one
+        row = {**e, "detected_s": restarted[0][0] - t if restarted else None,
+               "reason": restarted[0][1] if restarted else "", "ready_again_s": ready[0] - t if ready else None,
+               "first_ok_s": first_ok_after(shots, t),
+               "p99_normal_s": p99_back_after(shots, t, thr, width, res["end_s"]),
+               "p99_normal_after_end_s": p99_back_after(shots, t + e["length_s"], thr, width, res["end_s"]),
+               "errors_after": sum(x.outcome not in ("ok", "lost") for x in after),
+               "lost_after": sum(x.outcome == "lost" for x in after)}
+        row["recovered"] = "error" not in e and row["first_ok_s"] is not None and row["p99_normal_s"] is not None and (
+            e["kind"] == "overload_spike" or row["ready_again_s"] is not None)
+        events.append(row)
+    kinds = Counter(s.outcome for s in shots if s.outcome not in ("ok", "lost"))
+    tally = {"sent": res["created"], "ok": sum(s.outcome == "ok" for s in shots), "failed": sum(kinds.values()),
+             # created but never recorded: no result and no error either
+             "lost": sum(s.outcome == "lost" for s in shots) + res["unfinished"], "errors_by_kind": dict(kinds)}
+    return {"tally": tally, "baseline_p99_s": base, "threshold_s": thr, "window_s": width, "events": events,
+            "all_recovered": [e["kind"] for e in events] == list(EVENT_KINDS) and all(e["recovered"] for e in events),
+            "server_rss": rss_drift(samples, "server_rss_mb"), "client_rss": rss_drift(samples, "client_rss_mb"),
+            "server_segments": rss_segments(samples, [r for r, _ in res["restarts"]], res["ready_again"]),
+            "bucket_s": bucket_s, "end_s": res["end_s"], "buckets": bucket_rows(shots, samples, bucket_s, res["end_s"]),
+            "loadavg_mean": sum(x["loadavg1"] for x in samples) / max(1, len(samples))}
+
+
 class Soak:
     """One soak run over a started Watcher: probe, open-loop load (loadgen.open_loop), faults, resource samples."""
 
     def __init__(self, s: SoakSettings, watcher: Watcher):
         self.s, self.w = s, watcher
         self.texts = corpus.sample("reviews", 2000, seed=s.seed, max_chars=s.max_chars)
-        self.shots = sa.ShotLog()
+        self.shots = ShotLog()
         self.samples: list[dict] = []
         self.events: list[dict] = []
         self.mult, self.events_done, self.t0 = 1.0, False, 0.0
         self.pending: set[float] = set()  # scheduled times of the requests in flight
         self.messages: dict[str, list[str]] = {}  # error kind -> its first messages
-        self.width = sa.window_width(s.duration_s)
+        self.width = window_width(s.duration_s)
         self.threshold = math.inf  # p99 'back to normal' (set from the calm stretch at the first fault)
 
     def now(self) -> float:
@@ -220,16 +392,14 @@ class Soak:
         """The recovery stages reached since the fault at fault_t (restarted when the fault needs it, a success,
         p99 back to normal) and the lowest p99 of a window ended since. Requests in flight count as failures;
         only windows that ended at least one threshold ago are judged."""
-        restarted = not restart or any(t - self.t0 > fault_t for t in self.w.ready_again())
+        restarted = not restart or any(t - self.t0 > fault_t for t, _ in self.w.seen("ready again"))
         view = self.shots.view(index, fault_t)
-        first_ok = sa.first_ok_after(view, fault_t) is not None
-        view += [sa.Shot(t, math.inf, "pending") for t in list(self.pending) if t >= fault_t]
-        back = restarted and first_ok and sa.p99_back_after(
+        first_ok = first_ok_after(view, fault_t) is not None
+        view += [Shot(t, math.inf, "pending") for t in list(self.pending) if t >= fault_t]
+        back = restarted and first_ok and p99_back_after(
             view, fault_t, self.threshold, self.width, self.now() - min(self.threshold, 30.0)) is not None
-        bins = sa.bin_shots(view, fault_t, self.width)
         ended = int((self.now() - fault_t) / self.width)
-        best = min((sa.window_p99(bins.get(k, []), fault_t + k * self.width, self.width)[0] for k in range(ended)),
-                   default=math.inf)
+        best = min((p99 for p99, _ in window_p99s(view, fault_t, self.width, ended)), default=math.inf)
         return int(restarted) + int(first_ok) + int(back), best
 
     async def _wait_recovered(self, fault_t: float, index: int, restart: bool) -> None:
@@ -247,27 +417,27 @@ class Soak:
     async def _events(self) -> None:
         """Each planned fault at its time, but never before the previous one recovered and a window settled."""
         ready_at = 0.0
-        for ev in sa.plan_events(self.s.duration_s, self.s.spike_s):
-            await asyncio.sleep(max(0.0, max(ev.at, ready_at) - self.now()))
+        for kind, at, length in plan_events(self.s.duration_s, self.s.spike_s):
+            await asyncio.sleep(max(0.0, max(at, ready_at) - self.now()))
             t, index = self.now(), len(self.shots)
             if math.isinf(self.threshold):
-                self.threshold = sa.normal_threshold(sa.baseline_p99(self.shots.view(), 0.0, t))
-            row = {"kind": ev.kind, "planned_s": ev.at, "at_s": t, "length_s": ev.length, "pid": 0}
+                self.threshold = calm_p99(self.shots.view(), t)[1]
+            row = {"kind": kind, "planned_s": at, "at_s": t, "length_s": length, "pid": 0}
             try:
-                if ev.kind != "overload_spike":
-                    row["pid"] = await asyncio.to_thread(self.w.kill, ev.kind.removeprefix("kill9_"),
+                if kind != "overload_spike":
+                    row["pid"] = await asyncio.to_thread(self.w.kill, kind.removeprefix("kill9_"),
                                                          self.s.stub_kill == "all")
             except KitError as exc:  # no server to kill (still restarting): the report says so, the soak goes on
                 row["error"] = str(exc)
-                print(f"[{t:7.1f} s] {ev.kind} not injected: {exc}", flush=True)
-            if ev.kind == "overload_spike":
+                print(f"[{t:7.1f} s] {kind} not injected: {exc}", flush=True)
+            if kind == "overload_spike":
                 self.mult = self.s.spike_factor
-                await asyncio.sleep(ev.length)
+                await asyncio.sleep(length)
                 self.mult = 1.0
             self.events.append(row)
-            print(f"[{t:7.1f} s] {ev.kind} (pid {row['pid']})", flush=True)
+            print(f"[{t:7.1f} s] {kind} (pid {row['pid']})", flush=True)
             if "error" not in row:
-                await self._wait_recovered(t, index, restart=ev.kind != "overload_spike")
+                await self._wait_recovered(t, index, restart=kind != "overload_spike")
             ready_at = self.now() + self.width
         await asyncio.sleep(4 * self.width)  # a tail after the last recovery, for the report's windows
         self.events_done = True
@@ -311,7 +481,7 @@ class Soak:
         await client.close()
         return {"capacity_rps": cap, "rate_rps": rate, "end_s": end, "created": sent,
                 "unfinished": sent - len(self.shots), "events": self.events, "messages": self.messages,
-                "records_mb": self.shots.nbytes() / 2**20}
+                "records_mb": 17 * len(self.shots) / 2**20}  # ShotLog: 8 + 8 + 1 bytes a request
 
 
 def _f(v: float | None, digits: int = 1, unit: str = "") -> str:
@@ -320,7 +490,7 @@ def _f(v: float | None, digits: int = 1, unit: str = "") -> str:
     return cell + unit if cell not in ("-", "inf") else cell
 
 
-def _figure(summary: dict, shots: list[sa.Shot], samples: list[dict], path: Path, title: str, command: str) -> None:
+def _figure(summary: dict, shots: list[Shot], samples: list[dict], path: Path, title: str, command: str) -> None:
     """p99 per recovery window and per minute over the faults (top), server and client RSS (bottom)."""
     import matplotlib
 
@@ -329,11 +499,9 @@ def _figure(summary: dict, shots: list[sa.Shot], samples: list[dict], path: Path
 
     fig, (ax, ax2) = plt.subplots(2, 1, figsize=(10, 6.5), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
     width, end, rows = summary["window_s"], summary["end_s"], summary["buckets"]
-    bins = sa.bin_shots(shots, 0.0, width)
-    pts = [((k + 0.5) * width, sa.window_p99(bins.get(k, []), k * width, width)[0] * 1e3)
-           for k in range(int(end / width) + 1)]
-    ax.plot([x for x, _ in pts], [min(y, 1e5) for _, y in pts], c="tab:grey", lw=0.8,
-            label=f"p99 per {width:.0f} s window (errors count as infinite, drawn at 100 s)")
+    p99s = window_p99s(shots, 0.0, width, int(end / width) + 1)
+    ax.plot([(k + 0.5) * width for k in range(len(p99s))], [min(p * 1e3, 1e5) for p, _ in p99s], c="tab:grey",
+            lw=0.8, label=f"p99 per {width:.0f} s window (errors count as infinite, drawn at 100 s)")
     ax.step([r["start_s"] for r in rows] + [end], [r["p99_ms"] for r in rows] + [rows[-1]["p99_ms"]],
             where="post", c="tab:blue", lw=2, label=f"p99 of successes per {summary['bucket_s']:.0f} s")
     ax.axhline(summary["threshold_s"] * 1e3, ls="--", c="tab:green", label="'back to normal' threshold")
@@ -352,10 +520,9 @@ def _figure(summary: dict, shots: list[sa.Shot], samples: list[dict], path: Path
     ax2.legend(loc="center right", fontsize=7, framealpha=0.9)
     report.save_figure(fig, path, command)
 
-
-def write_report(res: dict, summary: dict, shots: list[sa.Shot], samples: list[dict], s: SoakSettings) -> Path:
+def write_report(res: dict, summary: dict, shots: list[Shot], samples: list[dict], s: SoakSettings) -> Path:
     """soak.md, soak.csv, soak_events.csv, soak_p99.png and soak_server_logs.txt under s.out."""
-    out, cmd = Path(s.out), s.command
+    out, cmd = Path(s.out), " ".join([COMMAND, *s.argv])
     t, srv, cli, la = summary["tally"], summary["server_rss"], summary["client_rss"], res["loadavg_end"]
     report.write_csv(summary["buckets"], MINUTE_COLS, out / "soak.csv", cmd, digits=4)
     report.write_csv(summary["events"], EVENT_COLS, out / "soak_events.csv", cmd, digits=4)
@@ -441,7 +608,7 @@ def parse_args(argv: list[str]) -> SoakSettings:
                         "Triton routes the canary there) or every instance (found at the next canary)")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
-    duration = sa.parse_duration(a.duration)
+    duration = parse_duration(a.duration)
     if not 0 < a.load <= 1.5 or a.spike_factor <= 1:
         raise InputError(f"--load {a.load} / --spike-factor {a.spike_factor}: need 0 < load <= 1.5, factor > 1")
     short = duration < 120  # a short soak: a 3 s capacity probe and a sample a second
@@ -466,12 +633,12 @@ def main(argv: list[str] | None = None) -> int:
             res = asyncio.run(soak.run())
         finally:
             cleanup = watcher.stop()
-    res.update(cleanup=cleanup, restarts=[(t - soak.t0, why) for t, why in watcher.restarts()],
-               ready_again=[t - soak.t0 for t in watcher.ready_again()], watch_command=watcher.command,
+    res.update(cleanup=cleanup, restarts=[(t - soak.t0, why) for t, why in watcher.seen("restarting")],
+               ready_again=[t - soak.t0 for t, _ in watcher.seen("ready again")], watch_command=watcher.command,
                old_logs=watcher.old_logs, machine=report.machine_line(load_start), loadavg_end=os.getloadavg(),
                wall_s=time.time() - started)
     shots = soak.shots.view()
-    summary = sa.summarize(res, shots, soak.samples, s.duration_s, s.bucket_s)
+    summary = summarize(res, shots, soak.samples, s.duration_s, s.bucket_s)
     path = write_report(res, summary, shots, soak.samples, s)
     t = summary["tally"]
     print(f"wrote {path}: sent {t['sent']}, ok {t['ok']}, failed {t['failed']}, lost {t['lost']}")

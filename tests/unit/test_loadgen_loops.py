@@ -44,5 +44,5 @@ def test_closed_loop_counts_successes_and_records_errors() -> None:
 
 
 def test_table_takes_a_header_string_or_names() -> None:
-    assert report.table("a | b", [[1, 2.25], [None, "x"]]) == report.md_table(["a", "b"], [[1, 2.25], [None, "x"]])
+    assert report.table("a | b", [[1, 2.25], [None, "x"]]) == report.table(["a", "b"], [[1, 2.25], [None, "x"]])
     assert report.table("a | b", [[None, 2.25]]) == ["| a | b |", "|---|---|", "| - | 2.2 |"]

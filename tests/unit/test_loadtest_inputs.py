@@ -10,8 +10,7 @@ import pytest
 
 from bge_triton.errors import InputError
 from bge_triton.loadtest import corpus, loadgen
-from bge_triton.loadtest.stats import histogram_percentile
-from bge_triton.loadtest.window import histogram_delta
+from bge_triton.loadtest.stats import histogram_delta, histogram_percentile
 
 
 def _split(body: bytes) -> tuple[dict, bytes]:

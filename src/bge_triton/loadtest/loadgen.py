@@ -1,14 +1,11 @@
-"""The kit's one HTTP load generator (bench, tuner, Locust bodies, GPU bench): asyncio keep-alive HTTP with
-Triton's binary tensor extension; the request bytes are the SDK's own (client.wire.http_request).
-
-Closed loop (peak: C users, each sends when its last answer came) or open loop (Poisson arrivals
-at a fixed rate, latency counted from the SCHEDULED send time so coordinated omission cannot
-hide overload). Requests are pre-encoded bytes; one process pushes thousands per second, and
-`processes` > 1 splits the load over spawned processes sharing one wall-clock window.
-"""
+"""The kit's one load driver: raw keep-alive HTTP with the SDK's own request bytes (client.wire.http_request), and
+the open and closed loops over any async caller (SDK, gateway). Closed loop: C users back to back; open loop:
+Poisson arrivals, latency counted from the SCHEDULED send time (no coordinated omission). `processes` > 1 splits
+the load over spawned processes sharing one wall-clock window."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import multiprocessing as mp
 import random
@@ -97,11 +94,11 @@ class LoadResult:
 class _Conn:
     """One keep-alive HTTP/1.1 connection to Triton."""
 
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter | None = None
+
     def __init__(self, spec: LoadSpec):
-        self.spec = spec
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
-        self.prefix = (f"POST /v2/models/{spec.model}/infer HTTP/1.1\r\nHost: {spec.host}\r\n"
+        self.spec, self.prefix = spec, (f"POST /v2/models/{spec.model}/infer HTTP/1.1\r\nHost: {spec.host}\r\n"
                        "Content-Type: application/octet-stream\r\n").encode()
 
     async def infer(self, body: bytes) -> str:
@@ -109,17 +106,11 @@ class _Conn:
         try:
             if self.writer is None:
                 self.reader, self.writer = await asyncio.open_connection(self.spec.host, self.spec.port)
-            assert self.reader is not None
-            hlen = int.from_bytes(body[:8], "little")
-            payload = body[8:]
+            hlen, payload = int.from_bytes(body[:8], "little"), body[8:]
             self.writer.write(self.prefix + f"Inference-Header-Content-Length: {hlen}\r\n"
                               f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
-            status = await self.reader.readline()
-            length = 0
-            while True:
-                line = await self.reader.readline()
-                if line in (b"\r\n", b""):
-                    break
+            status, length = await self.reader.readline(), 0
+            while (line := await self.reader.readline()) not in (b"\r\n", b""):
                 if line[:15].lower() == b"content-length:":
                     length = int(line[15:])
             data = await self.reader.readexactly(length)
@@ -132,15 +123,11 @@ class _Conn:
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
-        self.reader = self.writer = None
+        self.writer = None
 
 
 def ensure_open_files(connections: int, margin: int = 256) -> None:
-    """Raise this process's soft open-file limit to hold `connections` sockets, or fail naming the fix.
-
-    A closed loop of C users keeps C keep-alive connections; at the common soft limit of 1024, C=1024 would
-    fail its connects with EMFILE ("Too many open files") and count them as errors.
-    """
+    """Raise the soft open-file limit to hold `connections` sockets (else EMFILE errors), or fail naming the fix."""
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -155,9 +142,8 @@ def ensure_open_files(connections: int, margin: int = 256) -> None:
 
 async def poisson(rng: random.Random, rate: Callable[[], float], now: Callable[[], float], start: float,
                   until: float = math.inf, yield_when_late: bool = True) -> AsyncIterator[float]:
-    """THE open-loop Poisson schedule (loadgen, the soak, chaos overload): send times in [start, until) on the `now`
-    clock at `rate()` per second, each yielded when it comes; latency counts from it, never from the send.
-    Behind schedule it yields at once (after one turn of the event loop unless yield_when_late is False)."""
+    """THE open-loop Poisson schedule: send times in [start, until) on the `now` clock at `rate()` per second, each
+    yielded when it comes (behind schedule: at once, after one loop turn unless yield_when_late is False)."""
     t = start
     while True:
         t += rng.expovariate(rate())
@@ -174,15 +160,14 @@ Record = Callable[[float, float, str, "BaseException | None"], None]  # (send ti
 
 async def open_loop(call: Callable[[float], Awaitable[object]], times: AsyncIterator[float],
                     now: Callable[[], float], record: Record, deadline_s: float = math.inf) -> int:
-    """The open loop over any async caller (SDK gRPC/HTTP, the gateway): start call(t) at each send time t of `times`
-    (poisson(...)); record(t, now(), kind, error) when it ends: "ok", errors.kind_of(exc), or "lost" (no answer
-    within deadline_s). Returns the count sent, after every request has ended."""
+    """Start call(t) at each send time t of `times` (poisson); record(t, now(), kind, error) when it ends: "ok",
+    errors.kind_of(exc), or "lost" (no answer within deadline_s). Returns the count sent, once all have ended."""
     async def one(t: float) -> None:
         task = asyncio.ensure_future(call(t))
         done, _ = await asyncio.wait({task}, timeout=deadline_s if math.isfinite(deadline_s) else None)
-        if not done:  # neither a result nor an error within the deadline (a TimeoutError the call raises is its own)
+        if not done:  # lost (a TimeoutError the call raises is its own kind)
             task.cancel()
-        error = task.exception() if done else None  # every request gets an outcome: ok, the error's kind, lost
+        error = task.exception() if done else None
         record(t, now(), "lost" if not done else kind_of(error), error)
 
     tasks = [asyncio.ensure_future(one(t)) async for t in times]
@@ -193,8 +178,8 @@ async def open_loop(call: Callable[[float], Awaitable[object]], times: AsyncIter
 async def closed_loop(call: Callable[[int], Awaitable[object]], users: int, until: Callable[[], bool],
                       record: Record | None = None, pause_s: float = 0.0,
                       now: Callable[[], float] = time.monotonic) -> int:
-    """The closed loop over any async caller: `users` users, user k awaiting call(k) back to back until until();
-    pause_s after an error; record(k, now(), kind, error) per request when given. Returns the successes."""
+    """`users` users, user k awaiting call(k) back to back until until(), pause_s after an error; record(k, now(),
+    kind, error) per request when given. Returns the successes."""
     ok = 0
 
     async def user(k: int) -> None:
@@ -204,7 +189,7 @@ async def closed_loop(call: Callable[[int], Awaitable[object]], users: int, unti
                 await call(k)
                 ok += 1
                 kind, error = "ok", None
-            except Exception as exc:  # every request gets an outcome: the error's kind
+            except Exception as exc:
                 kind, error = kind_of(exc), exc
             if record is not None:
                 record(k, now(), kind, error)
@@ -220,23 +205,32 @@ async def _run_async(spec: LoadSpec) -> LoadResult:
     begin = spec.t0 + spec.warmup_s
     end = begin + spec.duration_s
     res = LoadResult(window_s=spec.duration_s)
-    rng = random.Random(spec.seed)
     loop = asyncio.get_running_loop()
     base = loop.time() - (time.time() - spec.t0)
 
     def clock() -> float:  # the loop clock on the shared wall scale
         return spec.t0 + (loop.time() - base)
 
-    def record(sched: float, done: float, err: str) -> None:
+    async def send(conn: _Conn, sched: float, i: int) -> None:
+        err = await conn.infer(spec.bodies[i % len(spec.bodies)])
+        done = clock()
         in_window = begin <= (sched if spec.mode == "open" else done) <= end
         if err:
             res.errors += in_window
             res.first_error = res.first_error or err
             return
-        if begin <= done <= end:
-            res.ok += 1
+        res.ok += begin <= done <= end
         if in_window:
             res.latencies_ms.append((done - sched) * 1000.0)
+
+    async def settle(tasks: set[asyncio.Task]) -> int:
+        """Wait out the grace after the window; what is still unanswered is cancelled and counted late."""
+        _, late = await asyncio.wait(tasks, timeout=max(0.0, end + spec.grace_s - clock())) if tasks else ((), ())
+        for task in late:
+            task.cancel()
+        await asyncio.gather(*late, return_exceptions=True)
+        res.late = len(late)
+        return res.late
 
     if spec.mode == "closed":
         async def user(k: int) -> None:
@@ -245,8 +239,7 @@ async def _run_async(spec: LoadSpec) -> LoadResult:
                 await asyncio.sleep(start)  # a ramp: Triton 2.51's HTTP front end stalled on 1100 connects at once
             try:
                 while (now := clock()) < end:
-                    err = await conn.infer(spec.bodies[i % len(spec.bodies)])
-                    record(now, clock(), err)
+                    await send(conn, now, i)
                     i += spec.concurrency
             finally:
                 conn.close()
@@ -261,40 +254,27 @@ async def _run_async(spec: LoadSpec) -> LoadResult:
             res.loop_lag_max_ms = max(lags, default=0.0)
 
         probe = asyncio.create_task(lag_probe())
-        users = [asyncio.create_task(user(k)) for k in range(spec.concurrency)]
-        _, stuck = await asyncio.wait(users, timeout=max(0.0, end + spec.grace_s - clock()))
-        await probe
-        if stuck:  # no answer within the grace: count them, never hang the run
-            res.late = len(stuck)
-            res.first_error = res.first_error or (f"{len(stuck)} requests unanswered {spec.grace_s:g} s after the "
+        if stuck := await settle({asyncio.create_task(user(k)) for k in range(spec.concurrency)}):
+            res.first_error = res.first_error or (f"{stuck} requests unanswered {spec.grace_s:g} s after the "
                                                   "window (the server stopped answering)")
-            for task in stuck:
-                task.cancel()
-            await asyncio.gather(*stuck, return_exceptions=True)
+        await probe
         return res
 
     idle: list[_Conn] = []
     sem = asyncio.Semaphore(spec.concurrency)
     pending: set[asyncio.Task] = set()
 
-    async def one(sched: float, body: bytes) -> None:
+    async def one(sched: float, i: int) -> None:
         async with sem:
             conn = idle.pop() if idle else _Conn(spec)
-            err = await conn.infer(body)
-            record(sched, clock(), err)
+            await send(conn, sched, i)
             idle.append(conn)
 
-    i = 0
-    async for sched in poisson(rng, lambda: spec.rate, clock, clock(), end, yield_when_late=False):
-        task = asyncio.create_task(one(sched, spec.bodies[i % len(spec.bodies)]))
-        pending.add(task)
+    n = itertools.count()
+    async for sched in poisson(random.Random(spec.seed), lambda: spec.rate, clock, clock(), end, False):
+        pending.add(task := asyncio.create_task(one(sched, next(n))))
         task.add_done_callback(pending.discard)
-        i += 1
-    if pending:
-        done, late = await asyncio.wait(pending, timeout=max(0.0, end + spec.grace_s - clock()))
-        res.late = len(late)
-        for task in late:
-            task.cancel()
+    await settle(set(pending))
     for conn in idle:
         conn.close()
     return res

@@ -4,14 +4,10 @@
         --triton-model bge_large_zh --corpus reviews --shape tidal --mode paced --rate-per-user 5 \
         --window-s 5 --window-csv reports/tmp/windows.csv --csv reports/tmp/run
 
-A FastHttpUser posts the SDK's own request bytes (loadtest.loadgen) with catch_response and name=
-(one stats row per model); a non-200 answer or a broken connection is a reported failure, never an
-exception. Closed mode: each user sends back to back. Paced mode: constant_throughput(--rate-per-user)
-per user, so -u x rate is the offered load while latency stays under it; when the server falls
-behind, paced users wait on their answers (a closed loop): for open-loop latency from the scheduled
-send time use the harness (bge-triton bench seed / bge-triton tune). Shapes (--shape /
-LOCUST_SHAPE): steady, step, tidal, spike (loadtest/shapes.py), scaled by -u (peak users) and -t.
-Per --window-s: Triton's batch size, queue and compute time (loadtest/window.py).
+Users post the SDK's own request bytes (loadgen); a non-200 answer or a broken connection is a reported failure.
+closed: back to back per user; paced: constant_throughput(--rate-per-user), a closed loop once the server falls
+behind (open-loop latency: bge-triton bench seed / tune). --shape: loadtest/shapes.py, scaled by -u and -t. Per
+--window-s: Triton's batch size, queue and compute time from its stats deltas beside the client's view.
 """
 from __future__ import annotations
 
@@ -27,8 +23,8 @@ from locust.runners import WorkerRunner
 
 from bge_triton.errors import KitError
 from bge_triton.loadtest import corpus, loadgen, shapes
-from bge_triton.loadtest.stats import histogram_percentile
-from bge_triton.loadtest.window import WindowRecorder, histogram_delta
+from bge_triton.loadtest.report import write_csv
+from bge_triton.loadtest.stats import fetch_stats, histogram_delta, histogram_percentile, stats_delta
 
 log = logging.getLogger("loadtest")
 
@@ -112,6 +108,8 @@ class KitShape(LoadTestShape):
 
 
 _WINDOWS: dict = {}
+WINDOW_FIELDS = ("t_s", "model", "users", "client_rps", "client_p50_ms", "client_p99_ms", "fail_per_s",
+                 "triton_requests", "avg_batch", "queue_ms", "compute_ms")
 
 
 def _client_window(stats: Any, state: dict) -> dict:
@@ -128,7 +126,7 @@ def _client_window(stats: Any, state: dict) -> dict:
 
 @events.test_start.add_listener
 def _start_windows(environment, **_kw) -> None:
-    """On the master (or a local run), once: a greenlet that logs Triton stats deltas per window."""
+    """On the master (or a local run), once: a greenlet that logs Triton stats deltas per window (and the CSV)."""
     if isinstance(environment.runner, WorkerRunner) or _WINDOWS:
         return
     opts = environment.parsed_options
@@ -137,12 +135,13 @@ def _start_windows(environment, **_kw) -> None:
         models.append(opts.triton_model + "_onnx")
     host = environment.host.split("://", 1)[-1].rstrip("/")
     try:
-        rec = WindowRecorder(host, models, Path(opts.window_csv) if opts.window_csv else None,
-                             "locust -f src/bge_triton/loadtest/locustfile.py (see its docstring)")
+        last = {m: fetch_stats(host, m) for m in models}
     except KitError as exc:
         log.warning("no Triton stats windows: %s", exc)
         return
     state: dict = {}
+    rows: list[dict] = []
+    t0 = time.monotonic()
     _client_window(environment.runner.stats, state)
 
     def loop() -> None:
@@ -150,19 +149,25 @@ def _start_windows(environment, **_kw) -> None:
             gevent.sleep(opts.window_s)
             client = {"users": environment.runner.user_count, **_client_window(environment.runner.stats, state)}
             try:
-                for m, d in rec.tick(client).items():
+                for m in models:
+                    now = fetch_stats(host, m)
+                    d, last[m] = stats_delta(last[m], now), now
+                    rows.append({"t_s": f"{time.monotonic() - t0:.1f}", "model": m, **client,
+                                 "triton_requests": d.requests, "avg_batch": d.avg_batch, "queue_ms": d.queue_ms,
+                                 "compute_ms": d.compute_ms})
                     log.info("window %s: %d req, batch %.1f, queue %.1f ms, compute %.1f ms | client %s req/s, "
                              "p50 %s ms, p99 %s ms", m, d.requests, d.avg_batch, d.queue_ms, d.compute_ms,
                              client["client_rps"], client["client_p50_ms"], client["client_p99_ms"])
+                if opts.window_csv:
+                    write_csv(rows, WINDOW_FIELDS, Path(opts.window_csv),
+                              "locust -f src/bge_triton/loadtest/locustfile.py (see its docstring)", digits=2)
             except KitError as exc:
                 log.warning("stats window skipped: %s", exc)
 
     _WINDOWS["loop"] = gevent.spawn(loop)
-    _WINDOWS["recorder"] = rec
 
 
 @events.quitting.add_listener
 def _stop_windows(**_kw) -> None:
     if "loop" in _WINDOWS:
         _WINDOWS["loop"].kill()
-        _WINDOWS["recorder"].close()

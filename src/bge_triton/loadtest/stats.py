@@ -1,18 +1,15 @@
 """Measurement arithmetic of every benchmark: THE percentile, deltas of Triton's /v2/models/<m>/stats, CPU use.
 
-One percentile definition for the whole kit (CPU bench, tuner, chaos, stack bench, Locust windows and the
-GPU bench): numpy's default, linear interpolation between closest ranks, so every p99 is comparable.
-Pure functions over plain dicts (the JSON the server returns), stdlib + numpy only (the bare GPU host
-imports this module). Triton's inference_stats count per request (a request's compute = its batch's
-compute); batch size = delta inference_count / delta execution_count.
+Stdlib + numpy at import (the bare GPU host imports it); psutil is imported by the functions that need it.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -21,6 +18,7 @@ import numpy as np
 from bge_triton.errors import ServerUnavailable
 
 _PHASES = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")
+_COUNTERS = ("inference_count", "execution_count", *(f"{p}_{u}" for p in _PHASES for u in ("count", "ns")))
 
 
 def percentile(values, q: float) -> float:
@@ -32,17 +30,13 @@ def percentile(values, q: float) -> float:
 
 def histogram_percentile(hist: Mapping[Any, int], q: float) -> float:
     """percentile() of the multiset a {value: count} histogram stands for (Locust's response_times)."""
-    pairs = sorted((v, n) for v, n in hist.items() if n > 0)
-    total = sum(n for _, n in pairs)
-    if not total:
-        return math.nan
-    pos = (total - 1) * q / 100.0  # rank in the expanded sorted list, as numpy's linear method
-    lo_rank, frac = math.floor(pos), pos - math.floor(pos)
-    values = np.array([v for v, _ in pairs], dtype=float)
-    ends = np.cumsum([n for _, n in pairs])  # value k covers ranks ends[k-1] .. ends[k]-1
-    lo = values[np.searchsorted(ends, lo_rank, side="right")]
-    hi = values[np.searchsorted(ends, min(lo_rank + 1, total - 1), side="right")]
-    return float(lo + (hi - lo) * frac)
+    pairs = [(v, n) for v, n in hist.items() if n > 0]
+    return percentile(np.repeat([float(v) for v, _ in pairs], [n for _, n in pairs]), q)
+
+
+def histogram_delta(before: dict[int, int], after: dict[int, int]) -> dict[int, int]:
+    """Window histogram from two cumulative {rounded ms: count} histograms (Locust's response_times)."""
+    return {k: n - before.get(k, 0) for k, n in after.items() if n - before.get(k, 0) > 0}
 
 
 @dataclass(frozen=True)
@@ -61,24 +55,18 @@ def summarize(latencies_ms: list[float]) -> LatencySummary:
     """avg / p50 / p90 / p99 / max of a list of latencies."""
     if not latencies_ms:
         return LatencySummary(0, math.nan, math.nan, math.nan, math.nan, math.nan)
-    return LatencySummary(len(latencies_ms), sum(latencies_ms) / len(latencies_ms),
-                          percentile(latencies_ms, 50), percentile(latencies_ms, 90),
-                          percentile(latencies_ms, 99), max(latencies_ms))
+    return LatencySummary(len(latencies_ms), sum(latencies_ms) / len(latencies_ms), percentile(latencies_ms, 50),
+                          percentile(latencies_ms, 90), percentile(latencies_ms, 99), max(latencies_ms))
 
 
 def flatten_stats(payload: dict) -> dict[str, float]:
     """Sum one model's stats JSON over its versions into flat counters (count/ns per phase)."""
-    flat = {"inference_count": 0.0, "execution_count": 0.0}
-    for phase in _PHASES:
-        flat[f"{phase}_count"] = 0.0
-        flat[f"{phase}_ns"] = 0.0
+    flat = dict.fromkeys(_COUNTERS, 0.0)
     for entry in payload.get("model_stats", []):
-        flat["inference_count"] += float(entry.get("inference_count", 0))
-        flat["execution_count"] += float(entry.get("execution_count", 0))
-        inf = entry.get("inference_stats", {})
-        for phase in _PHASES:
-            flat[f"{phase}_count"] += float(inf.get(phase, {}).get("count", 0))
-            flat[f"{phase}_ns"] += float(inf.get(phase, {}).get("ns", 0))
+        for key in flat:
+            phase, unit = key.rsplit("_", 1)
+            inf = entry.get("inference_stats", {}).get(phase, {})
+            flat[key] += float(entry.get(key, 0) if phase in ("inference", "execution") else inf.get(unit, 0))
     return flat
 
 
@@ -100,8 +88,7 @@ class StatsDelta:
 def stats_delta(before: dict[str, float], after: dict[str, float]) -> StatsDelta:
     """Difference of two flattened snapshots (flatten_stats); zero-safe."""
     d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
-    ok = d.get("success_count", 0.0)
-    execs = d.get("execution_count", 0.0)
+    ok, execs = d.get("success_count", 0.0), d.get("execution_count", 0.0)
     compute = sum(d.get(f"{p}_ns", 0.0) for p in ("compute_input", "compute_infer", "compute_output"))
     return StatsDelta(
         requests=int(ok), failures=int(d.get("fail_count", 0.0)), executions=int(execs),
@@ -129,7 +116,7 @@ def fetch_stats(http_url: str, model: str, timeout_s: float = 5.0) -> dict[str, 
 
 def process_tree(pid: int) -> list[Any]:
     """The server process and its children (the python backend stubs), as psutil processes; [] once it is gone."""
-    import psutil  # the loadtest extra; the bare GPU host imports this module without it
+    import psutil
 
     try:
         root = psutil.Process(pid)
@@ -138,65 +125,47 @@ def process_tree(pid: int) -> list[Any]:
         return []
 
 
-def tree_rss_mb(pid: int) -> float:
-    """Resident memory of tritonserver + its stub children, in MiB."""
+def _read(procs: Iterable[Any], read: Callable[[Any], Any]) -> dict[int, Any]:
+    """pid -> read(process) of each process still there when it is read."""
     import psutil
 
-    total = 0
-    for proc in process_tree(pid):
-        try:
-            total += proc.memory_info().rss
-        except psutil.NoSuchProcess:
-            continue
-    return total / 2**20
+    out = {}
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            out[proc.pid] = read(proc)
+    return out
+
+
+def tree_rss_mb(pid: int) -> float:
+    """Resident memory of tritonserver + its stub children, in MiB."""
+    return sum(_read(process_tree(pid), lambda p: p.memory_info().rss).values()) / 2**20
 
 
 def stub_pids(pid: int) -> dict[int, str]:
     """pid -> command line of the python backend stubs under a tritonserver pid."""
-    import psutil
-
-    out = {}
-    for proc in process_tree(pid)[1:]:
-        try:
-            cmd = " ".join(proc.cmdline())
-        except psutil.NoSuchProcess:
-            continue
-        if "triton_python_backend_stub" in cmd:
-            out[proc.pid] = cmd
-    return out
+    cmds = _read(process_tree(pid)[1:], lambda p: " ".join(p.cmdline()))
+    return {p: cmd for p, cmd in cmds.items() if "triton_python_backend_stub" in cmd}
 
 
 class CpuMeter:
     """CPU use over a window: the whole machine (%), the server process tree and this generator (cores busy).
-
-    Per-pid deltas: a python stub that starts mid-window counts from zero; one that exits loses its time.
-    """
+    Per-pid deltas: a python stub that starts mid-window counts from zero; one that exits loses its time."""
 
     def __init__(self, pid: int | None = None):
-        import psutil  # the loadtest extra; the bare GPU host imports this module without it
+        import psutil
 
         self._ps = psutil
         self.server = psutil.Process(pid) if pid else None
         self.me = psutil.Process()
-        self._t0 = 0.0
-        self._start: dict[int, float] = {}
-
-    def _tree(self, root) -> dict[int, float]:
-        if root is None:
-            return {}
-        out = {}
-        for p in [root, *root.children(recursive=True)]:
-            try:
-                t = p.cpu_times()
-                out[p.pid] = t.user + t.system
-            except self._ps.NoSuchProcess:  # exited between listing and reading: nothing to count
-                continue
-        return out
+        self._t0, self._start = 0.0, dict[int, float]()
 
     def _both(self) -> dict[int, float]:
         """Server tree under +pid, the generator (this process and its children minus the server) under -pid."""
-        server = self._tree(self.server)
-        return {**server, **{-pid: v for pid, v in self._tree(self.me).items() if pid not in server}}
+        def tree(root: Any) -> dict[int, float]:
+            return _read([root, *root.children(recursive=True)], lambda p: sum(p.cpu_times()[:2])) if root else {}
+
+        server = tree(self.server)
+        return {**server, **{-pid: v for pid, v in tree(self.me).items() if pid not in server}}
 
     def start(self) -> None:
         self._ps.cpu_percent(None)

@@ -26,7 +26,7 @@ from typing import Any
 
 from bge_triton.loadtest import harness, loadgen, report
 from bge_triton.loadtest.stand import OpenAI, gateway, saturate, texts, turns
-from bge_triton.loadtest.stats import percentile, summarize
+from bge_triton.loadtest.stats import percentile, process_tree, summarize
 
 ENCODERS: dict[str, dict[str, Any]] = {  # --encoder -> the CpuVariant keywords the local server renders
     "costmodel": {"executor": "costmodel", "cost_a_us": 0.0, "cost_b_us": 0.0},
@@ -45,20 +45,17 @@ TARGET_P99_MS = 50.0
 LAG_METRIC = "gateway_event_loop_lag_seconds"
 
 
-def cpu_s(pid: int) -> float:
-    import psutil
-
-    return float(sum(psutil.Process(pid).cpu_times()[:2]))  # user + system
-
-
 def _row(load: str, path: str, lat: list[float], rps: float, cpu_ms: float | None, errors: int = 0) -> dict[str, Any]:
     return {"load": load, "path": path, "requests": len(lat), "p50_ms": percentile(lat, 50),
             "p99_ms": percentile(lat, 99), "throughput_rps": rps, "gateway_cpu_ms_per_req": cpu_ms, "errors": errors}
 
 
 async def sdk_scenario(a: argparse.Namespace, grpc_url: str, url: str, pid: int) -> list[dict[str, Any]]:
-    """One in flight, then saturation in ABBA rounds; the gateway's CPU over its own turns only."""
+    """One in flight, then saturation in ABBA rounds; the gateway's CPU (user + system s) over its own turns only."""
     from bge_triton.client import AsyncEmbeddingClient
+
+    def cpu_s() -> float:
+        return sum(sum(p.cpu_times()[:2]) for p in process_tree(pid))
 
     async with AsyncEmbeddingClient(grpc_url, model=a.model) as sdk, OpenAI(url, a.model, a.concurrency * 2) as gw, \
             sdk.micro_batcher(max_batch=32, max_wait_s=0.002, max_in_flight=4) as batcher:
@@ -66,16 +63,15 @@ async def sdk_scenario(a: argparse.Namespace, grpc_url: str, url: str, pid: int)
                  GATEWAY: lambda t: gw.post({"input": t, "encoding_format": "base64"})}
         for call in calls.values():
             await saturate(call, texts(50, 64), 8)  # warm-up
-        lat, cpu = await turns({SDK: calls[SDK], GATEWAY: calls[GATEWAY]}, texts(a.serial, 64), a.block,
-                               lambda: cpu_s(pid))
+        lat, cpu = await turns({SDK: calls[SDK], GATEWAY: calls[GATEWAY]}, texts(a.serial, 64), a.block, cpu_s)
         rows = [_row("one in flight", n, v, 1e3 * len(v) / sum(v), cpu[n] / len(v) * 1e3 if n == GATEWAY else None)
                 for n, v in lat.items()]
         runs: dict[str, list[tuple[float, list[float], float, int]]] = {name: [] for name in calls}
         for k in range(a.rounds):
             for name in list(calls)[::-1] if k % 2 else calls:
-                c0 = cpu_s(pid)
+                c0 = cpu_s()
                 rps, values, errors = await saturate(calls[name], texts(a.saturated, 64), a.concurrency)
-                runs[name].append((rps, values, (cpu_s(pid) - c0) / a.saturated * 1e3, errors))
+                runs[name].append((rps, values, (cpu_s() - c0) / a.saturated * 1e3, errors))
     return rows + [_row(f"saturation ({a.concurrency} callers)", name, [v for r in rs for v in r[1]],
                         sum(r[0] for r in rs) / len(rs),
                         sum(r[2] for r in rs) / len(rs) if name == GATEWAY else None, sum(r[3] for r in rs))
@@ -90,15 +86,14 @@ async def priority_scenario(a: argparse.Namespace, url: str) -> dict[str, Any]:
         async def query(text: str) -> None:
             triton_ms.append(float((await gw.post({"input": text, "input_type": "query"}))["x-inference-time"]))
 
-        await turns({"q": query}, texts(20, 64), 20)  # warm-up
-        quiet = (await turns({"q": query}, texts(a.queries, 64), a.queries))[0]["q"]
-        stop, done, passages = asyncio.Event(), [0], texts(a.flood_batch * 8, 64) * 2
-
         async def bulk(k: int) -> None:
             start = (k * a.flood_batch) % (len(passages) // 2)
             await gw.post({"input": passages[start:start + a.flood_batch]})
             done[0] += a.flood_batch
 
+        await turns({"q": query}, texts(20, 64), 20)  # warm-up
+        quiet = (await turns({"q": query}, texts(a.queries, 64), a.queries))[0]["q"]
+        stop, done, passages = asyncio.Event(), [0], texts(a.flood_batch * 8, 64) * 2
         flood = asyncio.ensure_future(loadgen.closed_loop(bulk, a.flood, stop.is_set))
         await asyncio.sleep(2.0)  # let the queue fill
         t0, before = time.perf_counter(), done[0]
@@ -129,10 +124,8 @@ def lag_buckets(metrics_text: str) -> dict[float, float]:
     """{le: cumulative count} of the gateway's event-loop lag histogram ({} for a gateway without it)."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    for family in text_string_to_metric_families(metrics_text):
-        if family.name == LAG_METRIC:
-            return {float(s.labels["le"]): s.value for s in family.samples if s.name == LAG_METRIC + "_bucket"}
-    return {}
+    return next(({float(s.labels["le"]): s.value for s in f.samples if s.name == LAG_METRIC + "_bucket"}
+                 for f in text_string_to_metric_families(metrics_text) if f.name == LAG_METRIC), {})
 
 
 def summarize_lag(before: dict[float, float], after: dict[float, float]) -> dict[str, Any]:
@@ -151,7 +144,7 @@ def summarize_lag(before: dict[float, float], after: dict[float, float]) -> dict
 async def _window(a: argparse.Namespace, url: str, big: tuple[str, bytes] | None) -> list[dict[str, Any]]:
     """Probes (each back to back, 5 ms apart) while the big body goes again and again on another connection (at
     least --repeats times and --window-s seconds), or for --window-s with none: a row per probe."""
-    stop, lat = asyncio.Event(), {p: list[float]() for p in PROBES}
+    stop, lat, answers = asyncio.Event(), {p: list[float]() for p in PROBES}, list[tuple[str, float]]()
     async with OpenAI(url, a.model) as probes, OpenAI(url, a.model) as bulk:
         async def probe(k: int) -> None:
             name = list(PROBES)[k]
@@ -160,18 +153,14 @@ async def _window(a: argparse.Namespace, url: str, big: tuple[str, bytes] | None
             lat[name].append((time.perf_counter() - t0) * 1e3)
             await asyncio.sleep(0.005)
 
-        lag0 = lag_buckets(await bulk.get("/metrics"))
+        lag0, start = lag_buckets(await bulk.get("/metrics")), time.perf_counter()
         task = asyncio.ensure_future(loadgen.closed_loop(probe, len(PROBES), stop.is_set))
-        answers: list[tuple[str, float]] = []
-        start = time.perf_counter()
-        while len(answers) < (a.repeats if big else 0) or time.perf_counter() - start < a.window_s:
-            if big is None:
-                await asyncio.sleep(a.window_s)
-                continue
-            t0 = time.perf_counter()
+        while big is None and time.perf_counter() - start < a.window_s:
+            await asyncio.sleep(a.window_s)
+        while big and (len(answers) < a.repeats or time.perf_counter() - start < a.window_s):
+            t0, status = time.perf_counter(), "200"
             try:
                 await bulk.post(big[1], big[0])
-                status = "200"
             except Exception as exc:  # an answer all the same: its status is the row's content
                 status = str(getattr(exc, "status", type(exc).__name__))
             answers.append((status, time.perf_counter() - t0))
@@ -179,13 +168,10 @@ async def _window(a: argparse.Namespace, url: str, big: tuple[str, bytes] | None
         await task
         lag = summarize_lag(lag0, lag_buckets(await bulk.get("/metrics")))
     big_s = sum(s for _, s in answers) / len(answers) if answers else None
-    rows = []
-    for name, values in lat.items():
-        s = summarize(values)
-        rows.append({"probe": name, "n": s.count, "p50_ms": s.p50_ms, "p99_ms": s.p99_ms, "max_ms": s.max_ms,
-                     "big_status": "/".join(sorted({st for st, _ in answers})) or "-", "big_s": big_s, **lag,
-                     "p99_ok": "yes" if s.p99_ms <= TARGET_P99_MS else "NO", "x": len(answers)})
-    return rows
+    return [{"probe": name, "n": s.count, "p50_ms": s.p50_ms, "p99_ms": s.p99_ms, "max_ms": s.max_ms,
+             "big_status": "/".join(sorted({st for st, _ in answers})) or "-", "big_s": big_s, **lag,
+             "p99_ok": "yes" if s.p99_ms <= TARGET_P99_MS else "NO", "x": len(answers)}
+            for name, s in ((name, summarize(values)) for name, values in lat.items())]
 
 
 async def stall_scenario(a: argparse.Namespace, url: str) -> list[dict[str, Any]]:
@@ -219,6 +205,11 @@ SCENARIOS: dict[str, tuple[str, list[str], str]] = {  # scenario -> report title
               "where Triton queues them), each back to back 5 ms apart on its own connection, while the big body goes "
               "again and again on another (xN counts it)"),
 }
+NOTES = {  # scenario -> what its target says, under the table (sdk: a table of its own)
+    "priority": "Issue 15's target: query p99 under the flood within 2x its quiet p99 (p99_ratio <= 2).",
+    "stall": f"Issue 25's target: probe p99 <= {TARGET_P99_MS:g} ms (p99_ok). Loop columns: the gateway's 10 ms timer "
+             "(/metrics gateway_event_loop_lag_seconds) in the window: ticks, ticks > 2 ms / 10 ms late, the latest "
+             "tick's bucket; '-' for a gateway without it."}
 
 
 def _cell(v: Any) -> str:
@@ -228,8 +219,7 @@ def _cell(v: Any) -> str:
 def write_report(a: argparse.Namespace, rows: list[dict[str, Any]], command: str, load: float) -> Path:
     """<out>/<name>.md + .csv: the rows as one table (their fields), then what the scenario's targets say."""
     title, fields, what = SCENARIOS[a.scenario]
-    stem = a.name or {"sdk": f"gateway_bench_{a.encoder}", "priority": "gateway_priority",
-                                                  "stall": "stall"}[a.scenario]
+    stem = a.name or {"sdk": f"gateway_bench_{a.encoder}", "priority": "gateway_priority", "stall": "stall"}[a.scenario]
     report.write_csv(rows, fields, a.out / f"{stem}.csv", command)
     lines = [f"- what ran: {a.label or 'this checkout'}; gateway flags: {' '.join(a.gateway_arg) or '(defaults)'}",
              f"- machine: {report.machine_line()}; load average at start {load:.1f} (shared with other jobs: noisy)",
@@ -237,20 +227,16 @@ def write_report(a: argparse.Namespace, rows: list[dict[str, Any]], command: str
              f"- server: local tritonserver 2.51 (CPU), text endpoint `{a.model}` as shipped, encoder `{a.encoder}`",
              f"- load: {what}", "",
              *report.table(" | ".join(fields), ([_cell(r.get(k)) for k in fields] for r in rows)), ""]
-    if a.scenario == "sdk":
-        by = {(r["load"], r["path"]): r for r in rows}
-        checks = [(load_, sdk, f"{by[load_, GATEWAY]['p50_ms'] - by[load_, sdk]['p50_ms']:+.3f} ms",
-                   f"{by[load_, GATEWAY]['throughput_rps'] / by[load_, sdk]['throughput_rps']:.3f}",
-                   f"{_cell(by[load_, GATEWAY]['gateway_cpu_ms_per_req'])} ms")
-                  for load_ in dict.fromkeys(r["load"] for r in rows) for sdk in (SDK, BATCHED) if (load_, sdk) in by]
-        lines += ["Gateway against SDK (issue 15 targets: p50 added <= 0.5 ms, throughput ratio >= 0.90):", "",
-                  *report.table("load | against | p50 added | throughput ratio | gateway CPU per request", checks)]
-    else:
-        lines.append("Issue 15's target: query p99 under the flood within 2x its quiet p99 (p99_ratio <= 2)."
-                     if a.scenario == "priority" else f"Issue 25's target: probe p99 <= {TARGET_P99_MS:g} ms (p99_ok). "
-                     "Loop columns: the gateway's 10 ms timer (/metrics gateway_event_loop_lag_seconds) in the window: "
-                     "ticks, ticks > 2 ms / 10 ms late, the latest tick's bucket; '-' for a gateway without it.")
-    return report.write_md(a.out / f"{stem}.md", command, title, lines)
+    if a.scenario != "sdk":
+        return report.write_md(a.out / f"{stem}.md", command, title, [*lines, NOTES[a.scenario]])
+    by = {(r["load"], r["path"]): r for r in rows}
+    checks = [(load_, sdk, f"{by[load_, GATEWAY]['p50_ms'] - by[load_, sdk]['p50_ms']:+.3f} ms",
+               f"{by[load_, GATEWAY]['throughput_rps'] / by[load_, sdk]['throughput_rps']:.3f}",
+               f"{_cell(by[load_, GATEWAY]['gateway_cpu_ms_per_req'])} ms")
+              for load_ in dict.fromkeys(r["load"] for r in rows) for sdk in (SDK, BATCHED) if (load_, sdk) in by]
+    return report.write_md(a.out / f"{stem}.md", command, title, [
+        *lines, "Gateway against SDK (issue 15 targets: p50 added <= 0.5 ms, throughput ratio >= 0.90):", "",
+        *report.table("load | against | p50 added | throughput ratio | gateway CPU per request", checks)])
 
 
 def build_parser() -> argparse.ArgumentParser:

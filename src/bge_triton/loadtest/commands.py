@@ -1,10 +1,6 @@
-"""The benchmark command tree: `bge-triton bench <scenario>`, `bge-triton tune [pair]`, `bge-triton chaos`.
-
-Every scenario is a module with main(argv) run on the same harness pieces (harness / loadgen / stats /
-report); this table is the one place that names them, and no command hands over to another behind the
-user's back. The other two benchmark entry points are Locust (`locust -f src/bge_triton/loadtest/locustfile.py`)
-and the bare GPU host's `bash src/bge_triton/loadtest/gpu/run.sh` (which runs `bench gpu`'s module).
-"""
+"""The benchmark command tree: `bge-triton bench <scenario>`, `bge-triton tune [pair]`, `bge-triton chaos`; these
+tables are the one place that names the scenarios (modules with main(argv)). The other entry points: Locust
+(`locust -f src/bge_triton/loadtest/locustfile.py`) and the GPU host's `bash src/bge_triton/loadtest/gpu/run.sh`."""
 from __future__ import annotations
 
 import importlib

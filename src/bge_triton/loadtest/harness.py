@@ -1,13 +1,10 @@
-"""The one stand-up of every benchmark: a server on loopback ports (`server_settings`, `start_server`), and what bench
-and tune add to it: a bench repository, one explicit-control server, config overrides.
-
-The bench repository holds the exported real model (NAME_onnx + NAME), the canonical BGE-Large-zh
-pair for the costmodel executor (an emulated GPU: no weights needed, the tokenizer is borrowed
-from the exported model), and a no-op python model for the load generator's self-check. Models
-are loaded one scenario at a time with a config override (no restarts).
+"""The one stand-up of every benchmark: a server on loopback ports (`server_settings`, `start_server`), the exporter,
+and what bench and tune add: a bench repository (the exported real model, the canonical pair run by the costmodel
+executor as an emulated GPU, a no-op) served by one explicit-control server that loads models with config overrides.
 """
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -44,8 +41,7 @@ PORT_RANGE = range(18100, 18200)
 
 
 def export(model: str, repository: Path, name: str, precision: str = "fp32", *extra: str) -> Path:
-    """The kit's exporter run once into repository (NAME_onnx + NAME): skipped when the ONNX file is there; the
-    ONNX file's path, or ExportError naming the command to rerun by hand."""
+    """The exporter run once into repository (skipped when the ONNX file is there): its path, or ExportError."""
     onnx = repository / f"{name}{ENCODER_SUFFIX}" / "1" / "model.onnx"
     if onnx.is_file():
         return onnx
@@ -71,58 +67,43 @@ def server_settings(repository: Path, state_dir: Path, variant: CpuVariant | Non
 def start_server(repository: Path, state_dir: Path, variant: CpuVariant | None = None,
                  ports: Sequence[int] | None = None, port_range: range | None = PORT_RANGE,
                  **kwargs: Any) -> LocalServer:
-    """Start (and wait for) a LocalServer that the caller owns and stops (by its pid)."""
+    """Start (and wait for) a LocalServer that the caller owns and stops."""
     return LocalServer(server_settings(repository, state_dir, variant, ports, port_range, **kwargs)).start()
 
 
-NOOP_MODEL_PY = '''"""No-op model for the load generator's self-check: answers zeros at once."""
-import numpy as np
+NOOP_MODEL_PY = '''import numpy as np
 import triton_python_backend_utils as pb_utils
 
 
 class TritonPythonModel:
-    def execute(self, requests):
-        out = []
-        for request in requests:
-            n = pb_utils.get_input_tensor_by_name(request, "input_ids").as_numpy().shape[0]
-            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("embedding", np.zeros((n, 1), np.float32))]))
-        return out
+    def execute(self, requests):  # zeros at once: the load generator's self-check
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("embedding", np.zeros((pb_utils.get_input_tensor_by_name(
+            request, "input_ids").as_numpy().shape[0], 1), np.float32))]) for request in requests]
 '''
-
 
 
 def noop_config() -> mc.ModelConfig:
     """Same inputs as an encoder, 1-float output, work-conserving batching."""
-    cfg = mc.ModelConfig(name=NOOP, backend="python", max_batch_size=64)
-    for name in ("input_ids", "attention_mask"):
-        cfg.input.add(name=name, data_type=mc.TYPE_INT64, dims=[-1])
-    cfg.output.add(name="embedding", data_type=mc.TYPE_FP32, dims=[1])
-    cfg.instance_group.add(kind=mc.ModelInstanceGroup.KIND_CPU, count=1)
-    cfg.dynamic_batching.max_queue_delay_microseconds = 0
-    return cfg
-
-
-def _link(src: Path, dst: Path) -> None:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    dst.symlink_to(src.resolve())
+    return mc.ModelConfig(
+        name=NOOP, backend="python", max_batch_size=64,
+        input=[mc.ModelInput(name=n, data_type=mc.TYPE_INT64, dims=[-1]) for n in ("input_ids", "attention_mask")],
+        output=[mc.ModelOutput(name="embedding", data_type=mc.TYPE_FP32, dims=[1])],
+        instance_group=[mc.ModelInstanceGroup(kind=mc.ModelInstanceGroup.KIND_CPU, count=1)],
+        dynamic_batching=mc.ModelDynamicBatching(max_queue_delay_microseconds=0))
 
 
 def build_repository(out: Path, real_repo: Path | None, real_name: str | None, command: str) -> Path:
     """Write the bench repository into `out` (replaced); real_repo/real_name may be None (emulated only)."""
-    import shutil
-
     if out.exists():
         shutil.rmtree(out)
-    out.mkdir(parents=True)
     write_config(noop_config(), out / NOOP / "config.pbtxt", command)
     (out / NOOP / "1").mkdir()
     (out / NOOP / "1" / "model.py").write_text(NOOP_MODEL_PY, encoding="utf-8")
     enc = load_config(DEFAULT_CANONICAL / f"{EMULATED}{ENCODER_SUFFIX}")
-    write_config(enc, out / enc.name / "config.pbtxt", command)
-    (out / enc.name / "1").mkdir()
-    enc.name = REFERENCE
-    write_config(enc, out / REFERENCE / "config.pbtxt", command)
-    (out / REFERENCE / "1").mkdir()
+    for name in (enc.name, REFERENCE):
+        enc.name = name
+        write_config(enc, out / name / "config.pbtxt", command)
+        (out / name / "1").mkdir()
     if real_repo is None or real_name is None:
         return out
     for name in (real_name, real_name + ENCODER_SUFFIX):
@@ -130,17 +111,16 @@ def build_repository(out: Path, real_repo: Path | None, real_name: str | None, c
             raise ModelConfigError(f"{real_repo}/{name} is missing: run `python -m bge_triton.export --model "
                                    f"synthetic:bge-small-zh --repository {real_repo} --name {real_name} --precision "
                                    "fp32`")
-    _link(real_repo / (real_name + ENCODER_SUFFIX), out / (real_name + ENCODER_SUFFIX))
-    # The text endpoint: the export's config and tokenizer, but this checkout's model.py (an export made by an
+    write_config(load_config(DEFAULT_CANONICAL / EMULATED), out / EMULATED / "config.pbtxt", command)
+    # The text endpoints: the export's config and tokenizer, but this checkout's model.py (an export made by an
     # older checkout keeps the model.py of its day).
-    _link(real_repo / real_name / "config.pbtxt", out / real_name / "config.pbtxt")
-    _link(real_repo / real_name / "1" / "tokenizer", out / real_name / "1" / "tokenizer")
-    _link(TEXT_MODEL_PY, out / real_name / "1" / "model.py")
     tokenizer = real_repo / real_name / "1" / "tokenizer"
-    txt = load_config(DEFAULT_CANONICAL / EMULATED)
-    write_config(txt, out / EMULATED / "config.pbtxt", command)
-    _link(TEXT_MODEL_PY, out / EMULATED / "1" / "model.py")
-    _link(tokenizer, out / EMULATED / "1" / "tokenizer")
+    for src, dst in ((real_repo / (real_name + ENCODER_SUFFIX), real_name + ENCODER_SUFFIX),
+                     (real_repo / real_name / "config.pbtxt", f"{real_name}/config.pbtxt"),
+                     (tokenizer, f"{real_name}/1/tokenizer"), (TEXT_MODEL_PY, f"{real_name}/1/model.py"),
+                     (TEXT_MODEL_PY, f"{EMULATED}/1/model.py"), (tokenizer, f"{EMULATED}/1/tokenizer")):
+        (out / dst).parent.mkdir(parents=True, exist_ok=True)
+        (out / dst).symlink_to(src.resolve())
     return out
 
 
@@ -155,6 +135,7 @@ class Harness:
     cpu_lock: bool = True  # False: one instance per ONNX Runtime model, no shared CPU lock
     server: LocalServer | None = None
     self_check_result: loadgen.LoadResult | None = None  # the last self_check's whole result (errors, unanswered)
+    client: Any = None  # tritonclient.http, once started
 
     def start(self) -> Harness:
         self.server = start_server(self.repository, self.state_dir, self.variant_for("onnxruntime"),
@@ -165,16 +146,14 @@ class Harness:
         return self
 
     def variant_for(self, executor: str, **overrides) -> CpuVariant:
-        """The CPU variant this harness renders with, for `executor` (overrides: other CpuVariant fields)."""
+        """The CPU variant this harness renders `executor` with (overrides: other CpuVariant fields)."""
         kwargs = {"intra_op_threads": self.intra_op_threads, "cpu_lock": self.cpu_lock, **self.cost.variant_kwargs()}
         return CpuVariant(executor=executor, **{**kwargs, **overrides})
 
     def stop(self) -> None:
-        """Close our HTTP connection first: Triton waits up to 30 s for open connections before it unloads the
-        models (finalize), and the launcher's SIGKILL at 20 s would skip the unload."""
-        client = getattr(self, "client", None)
-        if client is not None:
-            client.close()
+        """Our HTTP connection closes first: Triton waits 30 s for open ones before it unloads the models."""
+        if self.client is not None:
+            self.client.close()
             self.client = None
         if self.server is not None:
             self.server.stop()
@@ -191,20 +170,14 @@ class Harness:
     def host_port(self) -> tuple[str, int]:
         return "127.0.0.1", self.live.settings.http_port
 
-    def rendered(self, name: str) -> mc.ModelConfig:
-        """The CPU-variant config the server would load for `name`."""
-        return load_config(self.state_dir / "repository" / name)
-
     def load(self, name: str, knobs: Batching | None = None, executor: str | None = None,
              params: Mapping[str, object] | None = None, variant: CpuVariant | None = None) -> mc.ModelConfig:
-        """(Re)load one model with batching knobs / executor / parameters applied as a config override.
-
-        `variant` re-derives the model from the bench repository's config with that CPU variant instead of
-        using the server's rendering (the emulated GPU's text endpoint keeps the GPU settings that way).
-        """
+        """(Re)load one model with batching knobs / executor / parameters as a config override; `variant`: rendered
+        from the bench repository's config with that CPU variant instead of the server's rendering."""
         if variant is None and executor is not None:  # instance counts follow the executor (CpuVariant)
             variant = self.variant_for(executor)
-        cfg = cpu_config(load_config(self.repository / name), variant) if variant else self.rendered(name)
+        cfg = (cpu_config(load_config(self.repository / name), variant) if variant
+               else load_config(self.state_dir / "repository" / name))  # else: the server's own rendering
         if knobs is not None:
             cfg = apply_batching(cfg, knobs)
         if executor is not None:

@@ -1,8 +1,5 @@
-"""Load shapes as pure functions of time: users(t) for steady, step ramp, tidal and spike.
-
-Kept free of locust imports (locust monkey-patches at import) so they are unit-tested plainly;
-loadtest/locustfile.py wraps them in one LoadTestShape selected by --shape / LOCUST_SHAPE.
-"""
+"""Load shapes as pure functions of time, users(t): steady, step ramp, tidal and spike (locustfile's --shape).
+Free of locust imports (locust monkey-patches at import), so they are unit-tested plainly."""
 from __future__ import annotations
 
 import math

@@ -1,7 +1,5 @@
-"""What the stack, gateway and client benches share: their texts, the gateway process in front of a server started by
-harness.start_server (every port from launcher.free_ports), the callers that cannot be raw HTTP bodies (the SDK,
-tritonclient, the OpenAI gateway), the one-in-flight measurement (blocks taking turns) and saturation (loadgen's
-closed loop over any caller)."""
+"""What the stack, gateway and client benches share: their texts, the gateway in front of a server, the callers
+that are not raw HTTP bodies (the SDK, tritonclient, the gateway), one-in-flight turns and saturation."""
 from __future__ import annotations
 
 import contextlib
@@ -16,10 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from bge_triton.loadtest import loadgen
-
-GATEWAY_READY_S = 120.0
-# The benches measure the gateway, not its admission limit: a deep one keeps 503s out of the numbers.
-GATEWAY_FLAGS = ("--max-in-flight", "4096", "--log-level", "warning")
 
 
 def texts(n: int, max_chars: int | None = None, seed: int | None = None) -> list[str]:
@@ -38,7 +32,7 @@ def texts(n: int, max_chars: int | None = None, seed: int | None = None) -> list
 def gateway(grpc_url: str, log: Path, model: str, flags: Sequence[str] = (), src: Path | None = None
             ) -> Iterator[tuple[str, int]]:
     """`python -m bge_triton.gateway` on a free port in front of grpc_url: (base url, pid) once /ready answers 200;
-    stopped by its pid on exit. src: another checkout's src/ folder whose gateway runs instead (PYTHONPATH)."""
+    stopped on exit. src: another checkout's src/ folder whose gateway runs instead (PYTHONPATH)."""
     import httpx
 
     from bge_triton.server.launcher import free_ports, stop_pid
@@ -47,13 +41,14 @@ def gateway(grpc_url: str, log: Path, model: str, flags: Sequence[str] = (), src
     env = dict(os.environ)
     if src is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(src.resolve()), env.get("PYTHONPATH")]))
+    # a deep admission limit keeps 503s out of the numbers: the benches measure the gateway, not its limit
     cmd = [sys.executable, "-m", "bge_triton.gateway", "--triton", grpc_url, "--model", model, "--port", str(port),
-           *GATEWAY_FLAGS, *flags]
+           "--max-in-flight", "4096", "--log-level", "warning", *flags]
     url = f"http://127.0.0.1:{port}"
     with log.open("wb") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
     try:
-        deadline = time.monotonic() + GATEWAY_READY_S
+        deadline = time.monotonic() + 120.0
         while proc.poll() is None and time.monotonic() < deadline:
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(url + "/ready", timeout=2).status_code == 200:
@@ -123,9 +118,8 @@ class OpenAI:
 
 async def turns(calls: Mapping[str, Callable[[Any], Any]], items: Sequence[Any], block: int,
                 meter: Callable[[], float] | None = None) -> tuple[dict[str, list[float]], dict[str, float]]:
-    """One call in flight: each path calls a block of `items` in a row, then the next path the same block, the order
-    reversing every block (ABBA) so drift on a shared machine falls on every path alike. Latencies (ms) per path,
-    and meter() (a CPU clock, say) summed over each path's own blocks. Calls may be sync or async."""
+    """One call in flight: each path calls a block of `items`, then the next path the same block, the order reversing
+    every block (ABBA). Latencies (ms) per path, and meter() (a CPU clock) summed over each path's own blocks."""
     lat: dict[str, list[float]] = {name: [] for name in calls}
     used = dict.fromkeys(calls, 0.0)
     names = list(calls)
@@ -145,7 +139,7 @@ async def turns(calls: Mapping[str, Callable[[Any], Any]], items: Sequence[Any],
 async def saturate(call: Callable[[Any], Awaitable[Any]], items: Sequence[Any], concurrency: int
                    ) -> tuple[float, list[float], int]:
     """`concurrency` callers draining `items` (loadgen.closed_loop): requests/s, latencies (ms), errors."""
-    todo, lat, errors = list(reversed(items)), [], [0]
+    todo, lat, kinds = list(reversed(items)), [], list[str]()
 
     async def one(_user: int) -> None:
         item = todo.pop()
@@ -153,9 +147,6 @@ async def saturate(call: Callable[[Any], Awaitable[Any]], items: Sequence[Any], 
         await call(item)
         lat.append((time.perf_counter() - t0) * 1e3)
 
-    def record(_user: float, _done: float, kind: str, _error: BaseException | None) -> None:
-        errors[0] += kind != "ok"
-
     t0 = time.perf_counter()
-    await loadgen.closed_loop(one, concurrency, lambda: not todo, record)
-    return len(items) / (time.perf_counter() - t0), lat, errors[0]
+    await loadgen.closed_loop(one, concurrency, lambda: not todo, lambda _u, _d, kind, _e: kinds.append(kind))
+    return len(items) / (time.perf_counter() - t0), lat, sum(kind != "ok" for kind in kinds)

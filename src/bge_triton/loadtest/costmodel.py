@@ -1,8 +1,7 @@
 """The calibrated cost model t(B, L) = a + b*B*L behind the `costmodel` executor (an emulated GPU).
 
-`fit` does least squares on (batch, seq_len, ms) points. The default is fitted to the seed's A10G
-rows at L=64 (batch 1: 145 QPS; static batch 32: 1200 QPS). Another card's a and b go to the bench
-and the tuner as --cost-a-us / --cost-b-us (fit them to the compute column of its GPU bench report).
+The default is fitted to the seed's A10G rows at L=64 (batch 1: 145 QPS; static batch 32: 1200 QPS); another card's
+a and b go to the bench and the tuner as --cost-a-us / --cost-b-us (fit them to its GPU bench's compute column).
 """
 from __future__ import annotations
 
@@ -12,8 +11,6 @@ import numpy as np
 
 from bge_triton.errors import InputError
 
-SEED_SEQ_LEN = 64
-
 
 @dataclass(frozen=True)
 class ProfilePoint:
@@ -22,10 +19,6 @@ class ProfilePoint:
     batch: int
     seq_len: int
     ms: float
-
-
-# Published seed rows (A10G, BGE-Large-zh, L=64): time per batch = B / throughput.
-SEED_PROFILE = (ProfilePoint(1, SEED_SEQ_LEN, 1000.0 / 145.0), ProfilePoint(32, SEED_SEQ_LEN, 32000.0 / 1200.0))
 
 
 @dataclass(frozen=True)
@@ -65,4 +58,6 @@ def fit(points: list[ProfilePoint] | tuple[ProfilePoint, ...], source: str = "pr
     return CostModel(float(a), float(b), rmse, source)
 
 
-DEFAULT = fit(SEED_PROFILE, "seed A10G rows (batch 1: 145 QPS, static 32: 1200 QPS, L=64)")
+# the published seed rows (A10G, BGE-Large-zh, L=64): time per batch = B / throughput
+DEFAULT = fit((ProfilePoint(1, 64, 1000.0 / 145.0), ProfilePoint(32, 64, 32000.0 / 1200.0)),
+              "seed A10G rows (batch 1: 145 QPS, static 32: 1200 QPS, L=64)")

@@ -1,14 +1,13 @@
 """`bge-triton bench shipped`: the committed config pair measured as shipped, against issue 14's targets.
 
-On the emulated GPU (the encoder = cost model, loadtest/costmodel.py) with the real review length mix, side by
-side in one run: (a) the text endpoint, (b) tensor mode to the encoder with the client's length buckets, (c) the
-encoder called directly with the text endpoint's own tokens at delay 0 (the quiet-hour reference); quiet hours
-(open loop, 20% of batch-1 capacity) and peak (closed loop). Candidate pairs (`--candidate`) vary the encoder's
-batching and the text endpoint's settings; "committed" loads both configs unchanged. `--write` commits the pick.
+On the emulated GPU with the real review length mix, side by side: the text endpoint, tensor mode with the client's
+buckets, and the encoder at delay 0 on the endpoint's own tokens (the quiet-hour reference); quiet hours and a peak
+sweep. `--candidate` varies both configs ("committed": unchanged); `--write` commits the pick.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import math
 import statistics
@@ -59,14 +58,11 @@ class Candidate:
     @classmethod
     def parse(cls, text: str) -> Candidate:
         """'committed' or e.g. 'delay=0,preferred=none,split=628,mif=1,ti=2' (preferred sizes joined by '/')."""
-        if text.strip() == "committed":
-            return cls()
         values: dict = {}
-        for key, _, raw in (item.strip().partition("=") for item in text.split(",")):
+        for key, _, raw in (item.strip().partition("=") for item in text.split(",") if text.strip() != "committed"):
             if key not in KEYS:
                 raise SystemExit(f"--candidate {text!r}: unknown key {key!r}; use {sorted(KEYS)}")
-            values[KEYS[key]] = (() if raw in ("none", "") else tuple(int(v) for v in raw.split("/"))) \
-                if key == "preferred" else int(raw)
+            values[KEYS[key]] = preferred_sets(raw.replace("/", ","))[0] if key == "preferred" else int(raw)
         return cls(name=text.strip(), **values)
 
     def text_params(self) -> dict[str, str]:
@@ -100,11 +96,9 @@ def _text_stub_cpu(h: harness.Harness) -> dict[int, float]:
 
     out = {}
     for p in process_tree(h.live.pid)[1:]:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             if f"/{TXT}/1/model.py" in " ".join(p.cmdline()):
                 out[p.pid] = sum(p.cpu_times()[:2])
-        except psutil.NoSuchProcess:
-            continue
     return out
 
 
@@ -128,7 +122,7 @@ def run_shipped(s: bench.BenchSettings, candidates: tuple[Candidate, ...],
                                   corpus.sample("reviews", 512, seed=1, max_chars=s.max_chars))
     cost = {"cost_a_us": s.cost.a_us, "cost_b_us": s.cost.b_us}
     batch1 = s.cost.capacity_qps(1, run.lengths["median"])
-    low_rate = s.low_fraction * batch1
+    low_rate, probe = s.low_fraction * batch1, lambda: _text_stub_cpu(h)
 
     def label(rows: list[dict], cand: str, path: str, cfg) -> list[dict]:
         """The rows' candidate, path and the called model's queue policy (the text endpoint's pools keep it)."""
@@ -142,11 +136,11 @@ def run_shipped(s: bench.BenchSettings, candidates: tuple[Candidate, ...],
                   f"in flight {r.get('server_in_flight', math.nan):.0f}", flush=True)
         return rows
 
-    def peaks(model: str, watch: list[str], body: tuple[bytes, ...], peak_at: tuple[int, ...]) -> list[dict]:
+    def peaks(model: str, watch: list[str], path: str, peak_at: tuple[int, ...] = concurrencies) -> list[dict]:
         """The closed-loop sweep over peak_at (text-endpoint stubs' cores counted)."""
         def closed(users: int, warmup_s: float, duration_s: float, ramp_s: float) -> dict:
-            return bench.measure(h, replace(s, warmup_s=warmup_s, duration_s=duration_s), model, watch, body,
-                                 "closed", users=users, ramp_s=ramp_s, probe=lambda: _text_stub_cpu(h))
+            return bench.measure(h, replace(s, warmup_s=warmup_s, duration_s=duration_s), model, watch, bodies[path],
+                                 "closed", users=users, ramp_s=ramp_s, probe=probe)
         return sweep.peak_sweep(closed, h.live.http_url, model, peak_at, batch1, s.warmup_s, s.duration_s)
 
     with bench.stand(s, "shipped_repo", True, max(concurrencies), max(concurrencies) / sweep.CONNECTS_PER_S) as h:
@@ -155,23 +149,19 @@ def run_shipped(s: bench.BenchSettings, candidates: tuple[Candidate, ...],
         # the quiet-hour reference, loaded for the whole run beside each candidate's encoder (its own emulated GPU)
         enc_variant = h.variant_for("costmodel")
         ref_cfg = h.load(REF, SCENARIOS["delay_0"], executor="costmodel", params=cost, variant=enc_variant)
-        run.rows += label(peaks(REF, [REF], bodies["direct_delay0"], concurrencies[:1]), REFERENCE, "direct_delay0",
-                          ref_cfg)  # one peak row for scale
+        run.rows += label(peaks(REF, [REF], "direct_delay0", concurrencies[:1]), REFERENCE, "direct_delay0", ref_cfg)
         for cand in candidates:
             enc_cfg = h.load(ENC, cand.batching(), executor="costmodel", params=cost, variant=enc_variant)
             txt_cfg = h.load(TXT, params=cand.text_params(),
                              variant=CpuVariant(executor="costmodel", text_instances=cand.text_instances))
             # quiet hours: the text endpoint and the reference called directly take turns in one window
             text_low, ref_low = bench.measure_side_by_side(h, s, [bench.Leg(TXT, (TXT, ENC), bodies["text"]), bench.Leg(
-                REF, (REF,), bodies["direct_delay0"])], low_rate, probe=lambda: _text_stub_cpu(h))
+                REF, (REF,), bodies["direct_delay0"])], low_rate, probe=probe)
             label([ref_low], cand.name, "direct_delay0", ref_cfg)
-            text = label([text_low, *peaks(TXT, [TXT, ENC], bodies["text"], concurrencies)], cand.name, "text",
-                         txt_cfg)
+            text = label([text_low, *peaks(TXT, [TXT, ENC], "text")], cand.name, "text", txt_cfg)
             h.unload(TXT)
-            tensor_low = bench.measure(h, s, ENC, [ENC], bodies["tensor_buckets"], "open", rate=low_rate,
-                                       probe=lambda: _text_stub_cpu(h))
-            tensor = label([tensor_low, *peaks(ENC, [ENC], bodies["tensor_buckets"], concurrencies)], cand.name,
-                           "tensor_buckets", enc_cfg)
+            tensor_low = bench.measure(h, s, ENC, [ENC], bodies["tensor_buckets"], "open", rate=low_rate, probe=probe)
+            tensor = label([tensor_low, *peaks(ENC, [ENC], "tensor_buckets")], cand.name, "tensor_buckets", enc_cfg)
             run.rows += [ref_low, *text, *tensor]
             run.verdicts[cand.name] = targets.verdicts(text[0], text[1:], ref_low, tensor[1:], t1_ms(s, run),
                                                        ideal(s, run))
@@ -212,27 +202,23 @@ def _row(run: ShippedRun, cand: str, path: str, phase: str) -> dict:
     return next(r for r in run.rows if r["candidate"] == cand and r["path"] == path and r["phase"] == phase)
 
 
-def _estimate(run: ShippedRun, s: bench.BenchSettings, n: int, overhead: int, instances: int = 0) -> float:
-    """texts/s on this length mix, priced by the cost model, no server: the planner's own split of pools of n texts
-    (targets.planned_rate), or with `instances` the shipped scheduler's policy in a closed loop of n users over
-    that many pools (targets.closed_loop_rate)."""
+def _estimate(run: ShippedRun, s: bench.BenchSettings, n: int, overhead: int | None, instances: int = 0) -> float:
+    """texts/s on this length mix priced by the cost model, no server: the planner's split of pools of n texts
+    (targets.planned_rate), or with `instances` the scheduler's closed loop of n users (targets.closed_loop_rate);
+    overhead None: the committed split_overhead_tokens."""
     return _priced(tuple(run.lengths["all"]), n, instances, overhead, s.cost)
 
 
 @functools.cache
-def _priced(lengths: tuple[int, ...], n: int, instances: int, overhead: int, cost) -> float:
+def _priced(lengths: tuple[int, ...], n: int, instances: int, overhead: int | None, cost) -> float:
     st, stages, scheduler, _ = targets.endpoint()
+    so = st.split_overhead_tokens if overhead is None else overhead
     if instances:
         return targets.closed_loop_rate(list(lengths), n, cost, scheduler.choose, instances=instances,
                                         budget=st.token_budget, max_batch=st.sub_batch_max,
-                                        multiple=st.pad_to_multiple, overhead_tokens=overhead)
+                                        multiple=st.pad_to_multiple, overhead_tokens=so)
     return targets.planned_rate(list(lengths), max(1, n), cost, stages.plan_sub_batches, st.token_budget,
-                                st.sub_batch_max, st.pad_to_multiple, overhead)
-
-
-def _split(c: Candidate) -> int:
-    return c.split_overhead_tokens if c.split_overhead_tokens is not None else \
-        targets.endpoint()[0].split_overhead_tokens
+                                st.sub_batch_max, st.pad_to_multiple, so)
 
 
 def _queue_note(r: dict) -> str:
@@ -246,12 +232,12 @@ def _sweep_rows(run: ShippedRun, s: bench.BenchSettings) -> list[list]:
     gpu, out = ideal(s, run), []
     mark = lambda v, b: f"**{v:.0f}**" if b else f"{v:.0f}"  # noqa: E731 - the saturation point in bold
     for c in run.candidates:
-        tensor = {r["concurrency"]: r for r in _peaks(run, c.name, "tensor_buckets")}
+        tensor, so = {r["concurrency"]: r for r in _peaks(run, c.name, "tensor_buckets")}, c.split_overhead_tokens
         best = (_row(run, c.name, "text", "peak")["concurrency"],
                 _row(run, c.name, "tensor_buckets", "peak")["concurrency"])
         for r in _peaks(run, c.name, "text"):
             k, tr = r["concurrency"], tensor.get(r["concurrency"], {})
-            ceil, est = _estimate(run, s, k, _split(c)), _estimate(run, s, k, _split(c), r.get("text_instances") or 1)
+            ceil, est = _estimate(run, s, k, so), _estimate(run, s, k, so, r.get("text_instances") or 1)
             out.append([c.name, k, mark(r["throughput"], k == best[0]),
                         mark(tr.get("throughput", math.nan), k == best[1]),
                         fmt(r["throughput"] / tr["throughput"] if tr.get("throughput") else math.nan, 2),
@@ -262,53 +248,21 @@ def _sweep_rows(run: ShippedRun, s: bench.BenchSettings) -> list[list]:
     return out
 
 
-def _generator_rows(run: ShippedRun) -> list[list]:
-    return [[r["candidate"], r["path"], r["concurrency"], f"{r['throughput']:.0f}", fmt(r["server_rate"], 0),
-             fmt(r["server_in_flight"], 0), f"{fmt(r.get('loop_lag_ms'), 2)} / {fmt(r.get('loop_lag_max_ms'), 1)}",
-             fmt(r["concurrency"] - r["throughput"] * r.get("loop_lag_ms", math.nan) / 1000.0, 0),
-             fmt(r["gen_cores"], 2), f"{r['max_queue_size']} / {r['queue_timeout_us'] / 1e6:g}", _queue_note(r),
-             r["errors"], r.get("unanswered", "-"), r["first_error"][:80] or "-"]
-            for r in run.rows if r["phase"] == "peak"]
-
-
-def _policy_lines(run: ShippedRun) -> list[str]:
-    out = []
-    for key in dict.fromkeys((r["candidate"], r["path"]) for r in run.rows if r["phase"] == "peak"):
-        rows = [r for r in run.rows if (r["candidate"], r["path"]) == key and r["phase"] == "peak"]
-        bad = [str(r["concurrency"]) for r in rows if _queue_note(r) != "holds C"]
-        failed = [str(r["concurrency"]) for r in rows if r["errors"]]
-        out.append(f"- {key[0]}, {key[1]}: the queue policy " + (f"rejects at C={', '.join(bad)}" if bad else
-                   "holds every C of the sweep") + (f"; errors at C={', '.join(failed)}." if failed else
-                                                    "; no errors."))
-    return out
-
-
-def _sizing_rows(run: ShippedRun, s: bench.BenchSettings) -> list[list]:
-    """CPU per text of the text endpoint at peak, per candidate, and the instance count it implies for 16 cores."""
-    out = []
+def _candidate_rows(run: ShippedRun, s: bench.BenchSettings) -> tuple[list[list], list[list]]:
+    """Each candidate at its text peak: against the scheduler's estimate, and its CPU per text with the instance
+    count that implies for 16 cores."""
+    gpu, ceiling, sizing = ideal(s, run), [], []
     for c in run.candidates:
         pk = _row(run, c.name, "text", "peak")
+        est = _estimate(run, s, pk["concurrency"], c.split_overhead_tokens, pk.get("text_instances") or 1)
+        ceiling.append([c.name, pk["load"], pk.get("text_instances", "-"), f"{pk['throughput']:.0f}", f"{est:.0f}",
+                        f"{pk['throughput'] / est:.2f}", f"{pk['throughput'] / gpu:.2f} / {est / gpu:.2f}"])
         stub = targets.cpu_s_per_1000(pk["text_cores"], pk["throughput"])
         per_inst = 1000.0 / stub if stub == stub and stub > 0 else math.nan
-        n = targets.instances_for_host(ideal(s, run), per_inst) if per_inst == per_inst else "-"
-        out.append([c.name, c.text_instances or "config's", f"{pk['throughput']:.0f}", pk["front_batch"],
-                    fmt(targets.cpu_s_per_1000(pk["server_cores"], pk["throughput"]), 2), fmt(stub, 2),
-                    fmt(per_inst, 0), n])
-    return out
-
-
-def _ceiling_rows(run: ShippedRun, s: bench.BenchSettings) -> tuple[list[list], list[list]]:
-    """What the length mix allows at fixed text-batch sizes, and each candidate against its own batch size."""
-    gpu = ideal(s, run)
-    pools = [[n, so, f"{_estimate(run, s, n, so):.0f}", f"{_estimate(run, s, n, so) / gpu:.2f}"]
-             for n in POOLS for so in (64, 628)]
-    cands = []
-    for c in run.candidates:
-        pk = _row(run, c.name, "text", "peak")
-        est = _estimate(run, s, pk["concurrency"], _split(c), pk.get("text_instances") or 1)
-        cands.append([c.name, pk["load"], pk.get("text_instances", "-"), f"{pk['throughput']:.0f}", f"{est:.0f}",
-                      f"{pk['throughput'] / est:.2f}", f"{pk['throughput'] / gpu:.2f} / {est / gpu:.2f}"])
-    return pools, cands
+        sizing.append([c.name, c.text_instances or "config's", f"{pk['throughput']:.0f}", pk["front_batch"],
+                       fmt(targets.cpu_s_per_1000(pk["server_cores"], pk["throughput"]), 2), fmt(stub, 2),
+                       fmt(per_inst, 0), targets.instances_for_host(gpu, per_inst) if per_inst == per_inst else "-"])
+    return ceiling, sizing
 
 
 TABLES = {  # name -> header; the rows come from the functions above
@@ -334,6 +288,7 @@ TABLES = {  # name -> header; the rows come from the functions above
 def write_report(run: ShippedRun, s: bench.BenchSettings) -> list[Path]:
     """shipped.md, shipped.csv, shipped.png in s.out (the reasoning behind each table: docs/loadtest.md)."""
     out, m, lens = Path(s.out), run.machine, run.lengths
+    peak = [r for r in run.rows if r["phase"] == "peak"]
     ref = next((r for r in run.rows if r["path"] == "direct_delay0" and r["phase"] == "low"), None)
     turns = f"{ref['turns']} turns of {ref['turn_s']:g} s each" if ref else "no turns"
     lines = [f"Encoder: EMULATED GPU, cost model t(B, L) = {s.cost.a_us:.0f} us + {s.cost.b_us:.2f} us x B x L "
@@ -364,16 +319,30 @@ def write_report(run: ShippedRun, s: bench.BenchSettings) -> list[Path]:
               "scheduler estimate: the shipped policy in a closed loop of C users over the instances' pools "
               "(`loadtest.targets.closed_loop_rate`); both priced by the cost model, no server.", "",
               *report.table(TABLES["sweep"], _sweep_rows(run, s))]
+    generator = [[r["candidate"], r["path"], r["concurrency"], f"{r['throughput']:.0f}", fmt(r["server_rate"], 0),
+                  fmt(r["server_in_flight"], 0), f"{fmt(r.get('loop_lag_ms'), 2)} / {fmt(r.get('loop_lag_max_ms'), 1)}",
+                  fmt(r["concurrency"] - r["throughput"] * r.get("loop_lag_ms", math.nan) / 1000.0, 0),
+                  fmt(r["gen_cores"], 2), f"{r['max_queue_size']} / {r['queue_timeout_us'] / 1e6:g}", _queue_note(r),
+                  r["errors"], r.get("unanswered", "-"), r["first_error"][:80] or "-"] for r in peak]
     lines += ["", "## Load generator and queue limits at peak", "",
               f"Load-generator self-check: {run.selfcheck_rps:.0f} req/s against a no-op python model at "
               f"C={max(run.concurrencies)} ({run.selfcheck_unanswered} requests unanswered). Server texts/s and in "
               "flight: Triton's statistics of the called model over the row's window; queue policy at C: "
               "`loadtest.targets.queue_check` (docs/loadtest.md, \"The peak sweep\").", "",
-              *report.table(TABLES["generator"], _generator_rows(run)), "", *_policy_lines(run)]
-    pools, cands = _ceiling_rows(run, s)
+              *report.table(TABLES["generator"], generator), ""]
+    for key in dict.fromkeys((r["candidate"], r["path"]) for r in peak):
+        rows = [r for r in peak if (r["candidate"], r["path"]) == key]
+        bad = [str(r["concurrency"]) for r in rows if _queue_note(r) != "holds C"]
+        failed = [str(r["concurrency"]) for r in rows if r["errors"]]
+        lines.append(f"- {key[0]}, {key[1]}: the queue policy " + (f"rejects at C={', '.join(bad)}" if bad else
+                     "holds every C of the sweep") + (f"; errors at C={', '.join(failed)}." if failed else
+                                                      "; no errors."))
+    gpu, (ceiling, sizing) = ideal(s, run), _candidate_rows(run, s)
+    pools = [[n, so, f"{_estimate(run, s, n, so):.0f}", f"{_estimate(run, s, n, so) / gpu:.2f}"]
+             for n in POOLS for so in (64, 628)]
     lines += ["", "## What the length mix allows at peak", "", *report.table(TABLES["pools"], pools), "",
-              *report.table(TABLES["ceiling"], cands)]
-    lines += ["", "## CPU cost of the text endpoint at peak", "", *report.table(TABLES["sizing"], _sizing_rows(run, s)),
+              *report.table(TABLES["ceiling"], ceiling)]
+    lines += ["", "## CPU cost of the text endpoint at peak", "", *report.table(TABLES["sizing"], sizing),
               "", f"Instances = ceil(ideal GPU rate {ideal(s, run):.0f} texts/s / texts/s per instance), at least 2, "
               "at most 16 - 4 cores (`loadtest.targets.instances_for_host`).",
               "", "![quiet-hour p50 and peak texts/s per candidate](shipped.png)"]
@@ -439,29 +408,28 @@ def parse_args(argv: list[str] | None = None, pair: bool = False) -> tuple[bench
     prog = "bge-triton tune pair" if pair else "bge-triton bench shipped"
     p = argparse.ArgumentParser(prog=prog, description=("the encoder's batching and the text endpoint's settings "
                                 "tuned together against issue 14's targets" if pair else __doc__.split("\n\n")[0]))
-    p.add_argument("--quick", action="store_true", help="short windows (about 3 minutes per candidate)")
+    bench.add_flags(p, ("quick", False, "short windows (about 3 minutes per candidate)"))
     d = bench.BenchSettings(out=REPORTS_DIR / ("tune/pair" if pair else "bench/shipped"),
                             state_dir=STATE_DIR / "loadtest" / ("tune_pair_state" if pair else "shipped_state"))
     bench.add_common_flags(p, d)
     if pair:
-        for flag, default, what in (("delays-us", "0,5000", "encoder max_queue_delay candidates"),
-                                    ("preferred", "none;16,32", "encoder preferred-size sets, ';'-separated"),
-                                    ("split-overhead", "64,628", "text endpoint split_overhead_tokens candidates"),
-                                    ("max-in-flight", "1,2", "text endpoint max_in_flight candidates"),
-                                    ("instances", "", "text endpoint instance counts (default: the config's)")):
-            p.add_argument(f"--{flag}", default=default, help=what)
+        bench.add_flags(p, ("delays-us", "0,5000", "encoder max_queue_delay candidates"),
+                        ("preferred", "none;16,32", "encoder preferred-size sets, ';'-separated"),
+                        ("split-overhead", "64,628", "text endpoint split_overhead_tokens candidates"),
+                        ("max-in-flight", "1,2", "text endpoint max_in_flight candidates"),
+                        ("instances", "", "text endpoint instance counts (default: the config's)"))
     else:
         p.add_argument("--candidate", action="append", default=[], help="'committed' (default) or key=value,... "
                        f"with keys {sorted(KEYS)}; repeatable; the first listed wins ties")
-    p.add_argument("--write", action="store_true", help="commit the pick into --target-repo (both configs)")
-    p.add_argument("--target-repo", type=Path, default=DEFAULT_CANONICAL, help="repository --write updates")
     # 128 = 2 x the encoder's max batch (with 64 texts in the system the GPU idles while a full batch returns);
     # larger pools let the planner group similar lengths (targets.planned_rate): peak is their saturation
+    bench.add_flags(p, ("write", False, "commit the pick into --target-repo (both configs)"),
+                    ("target-repo", DEFAULT_CANONICAL, "repository --write updates", Path))
     p.add_argument("--peak-concurrency", type=sweep.parse_concurrency, default=sweep.DEFAULT_SWEEP, metavar="C,C,...",
                    help=f"closed-loop users per peak point (default {sweep.DEFAULT_SWEEP}); each path's peak = its "
                    "highest texts/s over them")
-    p.add_argument("--duration", type=float, help="base seconds per peak window (default 8, quick 3; a point at a "
-                   "larger C is lengthened to 3 rounds of its C requests, at most 3x)")
+    bench.add_flags(p, ("duration", None, "base seconds per peak window (default 8, quick 3; a point at a larger C is "
+                                          "lengthened to 3 rounds of its C requests, at most 3x)", float))
     a = p.parse_args(argv)
     dur = a.duration or (3.0 if a.quick else 8.0)
     s = bench.from_flags(a, d, f"{prog} " + " ".join(argv if argv is not None else sys.argv[1:]),

@@ -1,11 +1,8 @@
 """`bge-triton tune --slo-p99-ms X --rate R`: sweep the batcher's queue delay and preferred sizes.
 
-Each candidate is loaded with a config override (explicit model control, no restarts), driven by an
-open-loop Poisson load at R req/s, and measured (goodput, p50/p99 from the scheduled send time, batch
-size, queue/compute split). The pick: the highest goodput among candidates that meet the SLO (p99 <= X,
-errors <= 1%); within 2% of that goodput, the lowest p99. --write puts the pick into model_repository/.
-`bge-triton tune pair` tunes the encoder's batching and the text endpoint's settings together (the run of
-`bench shipped` over a grid of candidate pairs, issue 14's targets) and `tune pair --write` writes both configs.
+Each candidate config is loaded (no restarts) and driven by an open-loop Poisson load at R req/s. The pick: the highest
+goodput meeting the SLO (p99 <= X, errors <= 1%); within 2% of it, the lowest p99; --write puts it into the config.
+`tune pair`: `bench shipped` over a grid of encoder and text-endpoint settings; `tune pair --write` writes both.
 """
 from __future__ import annotations
 
@@ -18,7 +15,7 @@ from pathlib import Path
 from bge_triton.errors import InputError
 from bge_triton.extras import require
 from bge_triton.loadtest import bench, harness, loadgen, report, shipped
-from bge_triton.loadtest.bench import BenchSettings, add_common_flags
+from bge_triton.loadtest.bench import BenchSettings, add_common_flags, add_flags
 from bge_triton.loadtest.shipped import preferred_sets
 from bge_triton.paths import REPORTS_DIR, STATE_DIR
 from bge_triton.server.repository import DEFAULT_CANONICAL, ENCODER_SUFFIX, Batching, update_batching_in_place
@@ -64,11 +61,9 @@ def choose(rows: list[dict], slo_p99_ms: float, max_error_rate: float = 0.01, ti
         sent = r["n"] + r["errors"]
         r["meets_slo"] = bool(r["n"]) and r["p99_ms"] <= slo_p99_ms and r["errors"] <= max_error_rate * max(sent, 1)
     ok = [r for r in rows if r["meets_slo"]]
-    if not ok:
-        return None
-    best = max(r["goodput"] for r in ok)
-    close = [r for r in ok if r["goodput"] >= (1 - tie) * best]
-    return min(close, key=lambda r: (r["p99_ms"], r["delay_us"], len(r["preferred"])))
+    best = max((r["goodput"] for r in ok), default=0.0)
+    return min((r for r in ok if r["goodput"] >= (1 - tie) * best), default=None,
+               key=lambda r: (r["p99_ms"], r["delay_us"], len(r["preferred"])))
 
 
 def combine(rounds: list[dict]) -> dict:
@@ -98,8 +93,7 @@ def measure_candidate(h: harness.Harness, s: TuneSettings, model: str, delay: in
 
 
 def run_tune(s: TuneSettings) -> TuneRun:
-    run = TuneRun(s)
-    real = s.executor == "onnxruntime"
+    run, real = TuneRun(s), s.executor == "onnxruntime"
     model = (s.real_name if real else harness.EMULATED) + ENCODER_SUFFIX
     with bench.stand(s, "tune_repo", real, 64) as h:
         run.selfcheck_rps = h.self_check_result.throughput if h.self_check_result else 0.0
@@ -147,12 +141,12 @@ def write_tune(run: TuneRun, out: Path) -> list[Path]:
                     label=f"preferred {list(pref) or 'none'}")
     a1.axhline(s.slo_p99_ms, color="r", ls="--", label="SLO")
     a2.axhline(s.rate, color="k", ls=":", label="offered rate")
-    for ax, yl in ((a1, "p99 latency (ms)"), (a2, "goodput (req/s)")):
-        ax.set(xscale="log", xlabel="max_queue_delay (ms; 0 drawn at 0.1)", ylabel=yl)
+    a1.set(yscale="log", ylabel="p99 latency (ms)")
+    a2.set(ylim=(0, 1.15 * max([s.rate] + [r["goodput"] for r in run.rows])), ylabel="goodput (req/s)")
+    for ax in (a1, a2):
+        ax.set(xscale="log", xlabel="max_queue_delay (ms; 0 drawn at 0.1)")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-    a1.set_yscale("log")
-    a2.set_ylim(0, 1.15 * max([s.rate] + [r["goodput"] for r in run.rows]))
     fig.suptitle(("EMULATED " if s.executor == "costmodel" else "") + f"tuning at {s.rate:g} req/s", fontsize=10)
     return [report.write_md(out / "tune.md", s.command, "Tune: queue delay and preferred sizes", lines),
             report.write_csv(csv_rows, TUNE_FIELDS, out / "tune.csv", s.command),
@@ -161,27 +155,24 @@ def write_tune(run: TuneRun, out: Path) -> list[Path]:
 
 def parse_args(argv: list[str] | None = None) -> TuneSettings:
     p = argparse.ArgumentParser(prog="bge-triton tune", description=__doc__.split("\n\n")[0],
-                                epilog="`bge-triton tune pair [--write]`: the encoder AND the text endpoint "
-                                       "together (`tune pair --help`)")
+                                epilog="`bge-triton tune pair [--write]`: the encoder AND the text endpoint together "
+                                "(`tune pair --help`)")
     p.add_argument("--slo-p99-ms", type=float, required=True, help="p99 latency objective (ms)")
     p.add_argument("--rate", type=float, required=True, help="offered load, requests per second (open loop)")
     add_common_flags(p, TuneSettings())
-    p.add_argument("--write", action="store_true", help="write the pick into --target's config.pbtxt")
-    p.add_argument("--target", type=Path, default=TuneSettings.target, help="model dir --write updates")
+    add_flags(p, ("write", False, "write the pick into --target's config.pbtxt"),
+              ("target", TuneSettings.target, "model dir --write updates"))
     p.add_argument("--executor", choices=("costmodel", "onnxruntime"), default="costmodel",
                    help="costmodel = EMULATED GPU on the canonical config; onnxruntime = --real-repo model on CPU")
-    p.add_argument("--delays-us", default="0,1000,2000,5000,10000,20000",
-                   help="max_queue_delay candidates (comma list)")
-    p.add_argument("--preferred", default="none;16,32;32", help="preferred-size sets, ';'-separated ('none' = none)")
-    p.add_argument("--seq-len", type=int, default=64, help="tokens per request")
-    p.add_argument("--duration", type=float, default=6.0, help="seconds measured per candidate")
-    p.add_argument("--repeats", type=int, default=1, help="rounds over the grid; p99 = median over rounds")
-    p.add_argument("--warmup", type=float, default=1.0, help="warm-up seconds per candidate")
+    add_flags(p, ("delays-us", "0,1000,2000,5000,10000,20000", "max_queue_delay candidates (comma list)"),
+              ("preferred", "none;16,32;32", "preferred-size sets, ';'-separated ('none' = none)"),
+              ("seq-len", 64, "tokens per request"), ("duration", 6.0, "seconds measured per candidate"),
+              ("repeats", 1, "rounds over the grid; p99 = median over rounds"),
+              ("warmup", 1.0, "warm-up seconds per candidate"))
     a = p.parse_args(argv)
     if a.rate <= 0 or a.slo_p99_ms <= 0:
         raise InputError(f"--rate ({a.rate}) and --slo-p99-ms ({a.slo_p99_ms}) must be positive")
-    cmd = "bge-triton tune " + " ".join(argv if argv is not None else sys.argv[1:])
-    return bench.from_flags(a, TuneSettings(), cmd,
+    return bench.from_flags(a, TuneSettings(), "bge-triton tune " + " ".join(sys.argv[1:] if argv is None else argv),
                             delays_us=tuple(int(v) for v in a.delays_us.split(",")), warmup_s=a.warmup,
                             preferred=preferred_sets(a.preferred), duration_s=a.duration,
                             **{k: getattr(a, k) for k in ("slo_p99_ms", "rate", "write", "target", "executor",

@@ -100,7 +100,7 @@ def test_shot_log_keeps_outcomes_in_flat_arrays() -> None:
     log = sa.ShotLog()
     for k, outcome in enumerate(["ok", "Overloaded", "ok", "lost"]):
         log.append(float(k), k + 0.5, outcome)
-    assert len(log) == 4 and list(log.kinds) == ["ok", "Overloaded", "lost"]
+    assert len(log.code) == 4 and list(log.kinds) == ["ok", "Overloaded", "lost"]
     assert [s.outcome for s in log.view()] == ["ok", "Overloaded", "ok", "lost"]
     assert log.view(1, since=2.0) == [sa.Shot(2.0, 2.5, "ok"), sa.Shot(3.0, 3.5, "lost")]
 

@@ -52,53 +52,42 @@ PROBE_USERS, MAX_CHARS, BUCKET_S, WATCH_S = 32, 128, 60.0, 1.0
 FAILED = 1e9  # the latency (s) a failed request stands for: beyond any threshold
 
 
-def shipped_repository(out: Path) -> Path:
-    """The committed configs and model.py files of bge_large_zh (+ _onnx) and a tokenizer.json over the generated
-    21128-entry BGE-shaped vocab; no weights (costmodel encoder)."""
-    from tokenizers.implementations import BertWordPieceTokenizer
-
-    from bge_triton.export.synthetic import build_vocab
-
-    shutil.rmtree(out, ignore_errors=True)
-    for model in (MODEL, ENCODER):
-        shutil.copytree(CANONICAL_REPOSITORY / model, out / model,
-                        ignore=shutil.ignore_patterns("tokenizer", "*.onnx*", "export_report.json", "__pycache__"))
-    (tok_dir := out / MODEL / "1" / "tokenizer").mkdir(parents=True)
-    vocab = {token: i for i, token in enumerate(build_vocab())}
-    BertWordPieceTokenizer(vocab, lowercase=True, handle_chinese_chars=True).save(str(tok_dir / "tokenizer.json"))
-    return out
-
-
 class Watcher:
-    """`python -m bge_triton.server up --executor costmodel --watch S` as a child process; its stdout lines are
-    kept with their monotonic arrival time ('watch: restarting (why)', 'watch: ready again')."""
+    """`python -m bge_triton.server up --executor costmodel --watch S` as a child process, started and ready, over
+    the committed configs and model.py files of bge_large_zh (+ _onnx) and a tokenizer.json over the generated
+    BGE-shaped vocab (no weights); its stdout lines kept with their arrival time ('watch: restarting (why)')."""
 
-    def __init__(self, repository: Path, state_dir: Path):
+    def __init__(self, tmp: Path):
+        from tokenizers.implementations import BertWordPieceTokenizer
+
+        from bge_triton.export.synthetic import build_vocab
+
+        repo, self.state = tmp / "repo", tmp / "state"
+        for model in (MODEL, ENCODER):
+            shutil.copytree(CANONICAL_REPOSITORY / model, repo / model,
+                            ignore=shutil.ignore_patterns("tokenizer", "*.onnx*", "export_report.json", "__pycache__"))
+        (tok_dir := repo / MODEL / "1" / "tokenizer").mkdir(parents=True)
+        vocab = {token: i for i, token in enumerate(build_vocab())}
+        BertWordPieceTokenizer(vocab, lowercase=True, handle_chinese_chars=True).save(str(tok_dir / "tokenizer.json"))
         http, self.grpc, metrics = free_ports(3, PORT_RANGE)
-        self.state = Path(state_dir)
-        self.cmd = [sys.executable, "-m", "bge_triton.server", "up", "--repository", str(repository),
-                    "--http-port", str(http), "--grpc-port", str(self.grpc), "--metrics-port", str(metrics),
-                    "--executor", "costmodel", "--state-dir", str(self.state), "--watch", str(WATCH_S),
-                    "--ready-timeout", "300"]
+        cmd = [sys.executable, "-m", "bge_triton.server", "up", "--repository", str(repo), "--http-port", str(http),
+               "--grpc-port", str(self.grpc), "--metrics-port", str(metrics), "--executor", "costmodel",
+               "--state-dir", str(self.state), "--watch", str(WATCH_S), "--ready-timeout", "300"]
         self.lines: list[tuple[float, str]] = []
-        self.proc: subprocess.Popen | None = None
         self.stubs_seen: dict[int, str] = {}  # every stub pid of our servers -> its command line
         self.old_logs: list[str] = []  # the tail of each replaced server's log
-
-    def start(self) -> Watcher:
-        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
         threading.Thread(target=self._read, daemon=True).start()
         deadline = time.monotonic() + 330  # --ready-timeout + 30 s
         while not any("tritonserver ready" in ln for _, ln in self.lines):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                raise ServerNotReady("`" + " ".join(self.cmd) + "` did not come up:\n"
+                raise ServerNotReady("`" + " ".join(cmd) + "` did not come up:\n"
                                      + "".join(ln for _, ln in self.lines[-30:]))
             time.sleep(0.2)
-        return self
 
     def _read(self) -> None:
-        assert self.proc is not None and self.proc.stdout is not None
+        assert self.proc.stdout is not None
         for line in self.proc.stdout:
             self.lines.append((time.monotonic(), line))
             if "watch: restarting" in line:  # the old server's log, before the restart reopens the file
@@ -113,7 +102,7 @@ class Watcher:
         try:
             pid = int((self.state / "server.pid").read_text())
             proc = psutil.Process(pid)
-            if self.proc is None or proc.ppid() != self.proc.pid or proc.status() == psutil.STATUS_ZOMBIE:
+            if proc.ppid() != self.proc.pid or proc.status() == psutil.STATUS_ZOMBIE:
                 return None
         except (OSError, ValueError, psutil.NoSuchProcess):
             return None
@@ -135,8 +124,6 @@ class Watcher:
         """SIGTERM the watcher (it stops its server), then kill the stubs of killed servers that outlived them and
         remove the shared-memory regions those servers left; returns what had to be cleaned up."""
         out: dict[str, int | None] = {"watcher_rc": None, "orphan_stubs_killed": 0, "shm_regions_removed": 0}
-        if self.proc is None:
-            return out
         pid = self.server_pid()
         self.proc.send_signal(signal.SIGTERM)
         try:
@@ -149,7 +136,6 @@ class Watcher:
         out["orphan_stubs_killed"] = len(kill_orphan_stubs(self.stubs_seen))  # docs/reliability.md
         time.sleep(0.5)
         out["shm_regions_removed"] = remove_orphan_shm(self.stubs_seen)
-        self.proc = None
         return out
 
 
@@ -163,11 +149,10 @@ class Shot(NamedTuple):
 
 def parse_duration(text: str) -> float:
     """'20m', '40s', '1h', '90' (seconds) or '1m30s' -> seconds, at least 20; InputError naming the format."""
-    parts = re.fullmatch(r"\s*((?:\d+(?:\.\d+)?[smh]?\s*)+)\s*", text or "")
-    if not parts:
+    if not re.fullmatch(r"\s*(\d+(\.\d+)?[smh]?\s*)+", text or ""):
         raise InputError(f"--duration {text!r}: use a duration such as 20m, 40s, 1h or 1m30s")
     units = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
-    total = sum(float(n) * units[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)([smh]?)", parts.group(1)))
+    total = sum(float(n) * units[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)([smh]?)", text))
     if total < 20:
         raise InputError(f"--duration {text!r} is {total:.0f} s: a soak needs at least 20 s (three faults and "
                          "their recoveries)")
@@ -186,9 +171,6 @@ class ShotLog:
         self.done.append(done)
         self.code.append(self.kinds.setdefault(outcome, len(self.kinds)))
 
-    def __len__(self) -> int:
-        return len(self.code)
-
     def view(self, index: int = 0, since: float = -math.inf) -> list[Shot]:
         """Shots recorded from `index` on that were scheduled at or after `since`."""
         names = list(self.kinds)
@@ -197,15 +179,13 @@ class ShotLog:
 
 
 def plan_events(duration_s: float, spike_s: float = 30.0) -> list[tuple[str, float, float]]:
-    """(kind, at s, length s): kill -9 of the server at 25%, of the encoder's stub at 50%, an overload spike at 75%
-    of the soak, lasting spike_s or 8% of the soak, whichever is shorter."""
+    """(kind, at, length): kill -9 of the server at 25%, of a stub at 50%, a spike at 75% (spike_s, <= 8% of it)."""
     return [("kill9_server", 0.25 * duration_s, 0.0), ("kill9_stub", 0.50 * duration_s, 0.0),
             ("overload_spike", 0.75 * duration_s, min(spike_s, 0.08 * duration_s))]
 
 
 def window_p99s(shots: list[Shot], t: float, width: float, n: int) -> list[tuple[float, int]]:
-    """(p99 latency in s, count) of the requests scheduled in each of the n `width` s windows from t (nan when none);
-    failures count as infinite."""
+    """(p99 latency in s, count) of the requests scheduled in each of n `width` s windows from t; failures are inf."""
     lat: list[list[float]] = [[] for _ in range(n)]
     for s in shots:
         if s.sched >= t and (k := int((s.sched - t) // width)) < n:
@@ -337,37 +317,26 @@ class Soak:
                                  "client_rss_mb": me.memory_info().rss / 2**20, "loadavg1": os.getloadavg()[0]})
             await asyncio.sleep(self.s.sample_s)
 
-    async def _wait_recovered(self, fault_t: float, index: int, restart: bool) -> None:
-        """Until three stages are reached (restarted when the fault needs it, a success, p99 back to normal), or
-        RECOVER_TIMEOUT_S passed in which nothing moved (no stage reached, no window p99 lower than before): a slow
-        restart is waited for, a stuck one not. Requests in flight count as failures; only windows that ended at
-        least one threshold ago are judged."""
-        def progress() -> tuple[int, float]:  # the stages reached, the lowest p99 of a window ended since the fault
-            restarted = not restart or any(t - self.t0 > fault_t for t, _ in self.w.seen("ready again"))
-            view = self.shots.view(index, fault_t)
-            first_ok = first_ok_after(view, fault_t) is not None
-            view += [Shot(t, math.inf, "pending") for t in list(self.pending) if t >= fault_t]
-            back = restarted and first_ok and p99_back_after(
-                view, fault_t, self.threshold, self.width, self.now() - min(self.threshold, 30.0)) is not None
-            ended = int((self.now() - fault_t) / self.width)
-            best = min((p99 for p99, _ in window_p99s(view, fault_t, self.width, ended)), default=math.inf)
-            return int(restarted) + int(first_ok) + int(back), best
-
-        stages, best = progress()
-        moved_at = self.now()
-        while stages < 3 and self.now() - moved_at < RECOVER_TIMEOUT_S:
-            await asyncio.sleep(1.0)
-            now_stages, now_best = progress()
-            if now_stages > stages or now_best < best:
-                moved_at = self.now()
-            stages, best = max(stages, now_stages), min(best, now_best)
+    def _progress(self, fault_t: float, index: int, restart: bool) -> tuple[int, float]:
+        """The recovery stages reached since the fault at fault_t (restarted when the fault needs it, a success,
+        p99 back to normal) and the lowest p99 of a window ended since. Requests in flight count as failures;
+        only windows that ended at least one threshold ago are judged."""
+        restarted = not restart or any(t - self.t0 > fault_t for t, _ in self.w.seen("ready again"))
+        view = self.shots.view(index, fault_t)
+        first_ok = first_ok_after(view, fault_t) is not None
+        view += [Shot(t, math.inf, "pending") for t in list(self.pending) if t >= fault_t]
+        back = restarted and first_ok and p99_back_after(
+            view, fault_t, self.threshold, self.width, self.now() - min(self.threshold, 30.0)) is not None
+        ended = int((self.now() - fault_t) / self.width)
+        best = min((p99 for p99, _ in window_p99s(view, fault_t, self.width, ended)), default=math.inf)
+        return int(restarted) + int(first_ok) + int(back), best
 
     async def _events(self) -> None:
         """Each planned fault at its time, but never before the previous one recovered and a window settled."""
         ready_at = 0.0
         for kind, at, length in plan_events(self.s.duration_s, self.s.spike_s):
             await asyncio.sleep(max(0.0, max(at, ready_at) - self.now()))
-            t, index = self.now(), len(self.shots)
+            t, index = self.now(), len(self.shots.code)
             if math.isinf(self.threshold):
                 self.threshold = calm_p99(self.shots.view(), t)[1]
             row = {"kind": kind, "planned_s": at, "at_s": t, "length_s": length, "pid": 0}
@@ -384,8 +353,15 @@ class Soak:
                 self.mult = 1.0
             self.events.append(row)
             print(f"[{t:7.1f} s] {kind} (pid {row['pid']})", flush=True)
-            if "error" not in row:
-                await self._wait_recovered(t, index, restart=kind != "overload_spike")
+            # until all three stages are reached, or RECOVER_TIMEOUT_S passed in which nothing moved (no stage reached,
+            # no window p99 lower than before): a slow restart is waited for, a stuck one not
+            stages, best, moved_at = *self._progress(t, index, kind != "overload_spike"), self.now()
+            while "error" not in row and stages < 3 and self.now() - moved_at < RECOVER_TIMEOUT_S:
+                await asyncio.sleep(1.0)
+                now_stages, now_best = self._progress(t, index, kind != "overload_spike")
+                if now_stages > stages or now_best < best:
+                    moved_at = self.now()
+                stages, best = max(stages, now_stages), min(best, now_best)
             ready_at = self.now() + self.width
         await asyncio.sleep(4 * self.width)  # a tail after the last recovery, for the report's windows
         self.events_done = True
@@ -427,8 +403,8 @@ class Soak:
         sampler.cancel()
         await client.close()
         return {"capacity_rps": cap, "rate_rps": rate, "end_s": end, "window_s": self.width, "created": sent,
-                "unfinished": sent - len(self.shots), "events": self.events, "messages": self.messages,
-                "records_mb": 17 * len(self.shots) / 2**20}  # ShotLog: 8 + 8 + 1 bytes a request
+                "unfinished": sent - len(self.shots.code), "events": self.events, "messages": self.messages,
+                "records_mb": 17 * len(self.shots.code) / 2**20}  # ShotLog: 8 + 8 + 1 bytes a request
 
 
 def _figure(summary: dict, shots: list[Shot], samples: list[dict], path: Path, title: str, command: str) -> None:
@@ -564,9 +540,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="kit-soak-") as tmp:
-        watcher = Watcher(shipped_repository(Path(tmp) / "repo"), Path(tmp) / "state")
         load_start = os.getloadavg()
-        soak = Soak(s, watcher.start())
+        soak = Soak(s, watcher := Watcher(Path(tmp)))
         try:
             res = asyncio.run(soak.run())
         finally:

@@ -1,15 +1,9 @@
 """Planning cost per dispatch of the text endpoint's scheduler, against the backlog (issue 24, item 4).
 
-For each backlog (texts waiting at one priority level of one instance) the shipped scheduler's `_take`
-(pick the next sub-batch under the pool lock: bucketed levels, a window around the oldest text) and its
-`_expire` (deadline heap) are timed on the real code, the backlog refilled after each take (untimed).
-Beside it, in the same run, the policy it replaced: one DP over the whole level per dispatch
-(text_stages.plan_sub_batches on every waiting text, then the run holding the oldest). Lengths: real
-Chinese reviews of the load-test corpus, one token per character + [CLS]/[SEP], capped at max_length.
-
-A second table drains backlogs (256, 4k, 16k texts, requests of 64) through the shipped Scheduler into one
-emulated GPU (the cost model, one call at a time) and reports texts/s against the ideal and the encoder's busy
-share: the issue measured 95% busy at 256 texts falling to 44% at 16k with the replaced policy.
+Per backlog (texts waiting at one level of one instance): the shipped scheduler's `_take` and `_expire` timed on the
+real code (the backlog refilled, untimed), beside the policy it replaced (one DP over the whole level per dispatch);
+lengths: the corpus's reviews. A second table drains backlogs through the shipped Scheduler into one emulated GPU
+(the cost model, one call at a time): texts/s against the ideal, and the encoder's busy share.
 
     bge-triton bench plan-cost [--backlogs 64,1024,4096,16384] [--drains 256,4096,16384]
 """
@@ -28,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from bge_triton.errors import KitError
+from bge_triton.loadtest import corpus
 from bge_triton.loadtest.client_cost import module_at
 from bge_triton.loadtest.report import machine_line, table, write_csv, write_md
 from bge_triton.loadtest.stats import percentile
@@ -36,12 +31,6 @@ from bge_triton.paths import REPORTS_DIR
 
 FIELDS = ("backlog", "policy", "dispatches", "plan_us_p50", "plan_us_p99", "expire_us_p50", "texts_per_run")
 COMMAND = "bge-triton bench plan-cost"
-
-
-def _lengths(n: int, max_length: int, seed: int) -> list[int]:
-    from bge_triton.loadtest import corpus
-
-    return [min(len(t) + 2, max_length) for t in corpus.sample("reviews", n, seed=seed)]
 
 
 def measure_new(backlog: int, lengths: list[int], settings, core, sched, dispatches: int) -> dict:
@@ -106,17 +95,6 @@ DRAIN_FIELDS = ("backlog", "policy", "requests", "wall_s", "texts_per_s", "ideal
                 "encoder_busy", "sub_batches", "texts_per_sub_batch")
 
 
-def before_scheduler(commit: str) -> Any:
-    """The text scheduler as of `commit` (git show from this checkout), imported beside the shipped text_core and
-    text_stages; None when git or the commit is not at hand."""
-    endpoint()  # puts the shipped text_core and text_stages on sys.path
-    try:
-        return module_at(commit, "src/bge_triton/model_repository/bge_large_zh/1/text_scheduler.py",
-                         "text_scheduler_before")
-    except KitError:
-        return None
-
-
 def measure_drain(backlog: int, lengths: list[int], settings, core, sched, per_request: int = 64,
                   label: str = "bucketed window (shipped)") -> dict[str, Any]:
     """A backlog sent at once (requests of `per_request` texts) drained by the shipped Scheduler (its threads, the
@@ -152,10 +130,8 @@ def measure_drain(backlog: int, lengths: list[int], settings, core, sched, per_r
             done.set()
 
     s = sched.Scheduler(settings, Emulated(), 0, 8, respond, policy=sched.QueuePolicy(0, 0.0))
-    jobs = []
-    for k in range(0, backlog, per_request):
-        chunk = texts[k:k + per_request]
-        jobs.append((s.new_job(len(chunk), 2), [[1] * n for n in chunk]))
+    chunks = [texts[k:k + per_request] for k in range(0, backlog, per_request)]
+    jobs = [(s.new_job(len(chunk), 2), [[1] * n for n in chunk]) for chunk in chunks]
     t0 = time.perf_counter()
     s.submit(jobs)
     if not done.wait(600):
@@ -174,7 +150,7 @@ def run(backlogs: list[int], out: Path, dispatches: int, old_budget_s: float, se
         drains: list[int] | None = None, before: str = "") -> list[Path]:
     load = os.getloadavg()
     settings, stages, sched, core = endpoint()
-    lengths = _lengths(4096, settings.max_length, seed)
+    lengths = [min(len(t) + 2, settings.max_length) for t in corpus.sample("reviews", 4096, seed=seed)]  # +CLS/SEP
     rows = []
     for backlog in backlogs:
         rows.append(measure_new(backlog, lengths, settings, core, sched, dispatches))
@@ -184,12 +160,13 @@ def run(backlogs: list[int], out: Path, dispatches: int, old_budget_s: float, se
         rows.append(measure_old(backlog, lengths, settings, stages, max(3, min(dispatches, int(old_budget_s / one)))))
         print(f"backlog {backlog:6d}: shipped p50 {rows[-2]['plan_us_p50']:9.1f} us, before p50 "
               f"{rows[-1]['plan_us_p50']:11.1f} us", flush=True)
-    drained = []
-    old_sched = before_scheduler(before) if before and drains else None
+    drained, pairs = [], [(sched, "bucketed window (shipped)")]
+    # the text scheduler as of `before` (git show), beside the shipped text_core and text_stages; none without git
+    with contextlib.suppress(KitError):
+        if before and drains:
+            pairs.append((module_at(before, "src/bge_triton/model_repository/bge_large_zh/1/text_scheduler.py",
+                                    "text_scheduler_before"), f"whole-level DP (before, {before})"))
     for backlog in drains or []:
-        pairs = [(sched, "bucketed window (shipped)")]
-        if old_sched is not None:
-            pairs.append((old_sched, f"whole-level DP (before, {before})"))
         for module, label in pairs:
             drained.append(measure_drain(backlog, lengths, settings, core, module, label=label))
             d = drained[-1]
@@ -243,8 +220,7 @@ def main(argv: list[str] | None = None) -> None:
     drains = [int(b) for b in args.drains.split(",") if b.strip()]
     paths = run([int(b) for b in args.backlogs.split(",")], args.out, args.dispatches, args.old_budget_s, args.seed,
                 drains, args.before)
-    for p in paths:
-        print(p)
+    print(*paths, sep="\n")
 
 
 if __name__ == "__main__":

@@ -1,18 +1,20 @@
 """The peak as saturation: a closed-loop concurrency sweep (C users per point) with a server-side probe.
 
-Peak throughput is a saturation number: with only C texts in the system no scheduler reaches the GPU's rate
-on a mixed length mix (targets.planned_rate), so `loadtest.shipped` measures each path at every C of the sweep
-and judges its highest texts/s. Each point's warm-up covers one full round of its C requests (the queue fills
-and turns over once), and a sampler of Triton's statistics checks the load generator really held C in flight.
+With only C texts in the system no scheduler reaches the GPU's rate on a mixed length mix, so `bench shipped` judges
+each path by its highest texts/s over the sweep; a sampler of Triton's statistics checks C really were in flight.
 """
 from __future__ import annotations
 
 import argparse
+import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
+from bge_triton.loadtest import bench
 from bge_triton.loadtest.stats import fetch_stats
+from bge_triton.paths import STATE_DIR
 
 DEFAULT_SWEEP = "128,512,1024"
 # Closed-loop users connect at most this fast (loadgen ramp_s). Triton 2.51's HTTP front end on the 2-core box
@@ -50,13 +52,11 @@ def windows(concurrency: int, rate_guess: float, warmup_s: float, duration_s: fl
 
 
 def window_rates(samples: list[tuple[float, dict[str, float]]], t0: float, t1: float) -> dict[str, float]:
-    """Server-side figures over [t0, t1] from timed stats snapshots (time.time(), stats.flatten_stats):
-    completed requests/s and the mean number of requests inside Triton (Little: request-seconds, failed ones too,
-    / seconds)."""
+    """Server-side figures over [t0, t1] from timed stats snapshots: completed requests/s and the mean number of
+    requests inside Triton (Little: request-seconds, failed ones too, / seconds)."""
     inside = [(t, s) for t, s in samples if t0 <= t <= t1]
-    nan = float("nan")
     if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
-        return {"server_rate": nan, "server_in_flight": nan, "server_failures": nan}
+        return dict.fromkeys(("server_rate", "server_in_flight", "server_failures"), float("nan"))
     (ta, a), (tb, b) = inside[0], inside[-1]
     dt = tb - ta
     return {"server_rate": (b["success_count"] - a["success_count"]) / dt,
@@ -107,12 +107,6 @@ def peak_sweep(measure: Callable[..., dict], http_url: str, front: str, concurre
 def probe_main(argv: list[str] | None = None) -> int:
     """`bge-triton bench probe`: how many closed-loop users this machine's tritonserver answers,
     against the no-op model (the harness self-check), one fresh server per C so a stall cannot carry over."""
-    import sys
-    from pathlib import Path
-
-    from bge_triton.loadtest import bench
-    from bge_triton.paths import STATE_DIR
-
     p = argparse.ArgumentParser(prog="bge-triton bench probe", description=probe_main.__doc__)
     p.add_argument("--concurrency", type=parse_concurrency, default=DEFAULT_SWEEP, help="users per probe")
     p.add_argument("--ramp-s", type=float,

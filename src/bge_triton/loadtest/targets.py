@@ -1,8 +1,5 @@
-"""Issue 14's targets for the shipped config pair, as pure functions: verdicts, the ideal rate, host sizing.
-
-`bge-triton bench shipped` measures the rows; this module turns them into pass/fail and
-picks the candidate pair, so the rules are unit-tested without a server.
-"""
+"""Issue 14's targets for the shipped config pair as pure functions (verdicts, the pick, the ideal rate, host sizing,
+the planner's and the scheduler's estimates): `bench shipped` measures, these judge, unit-tested without a server."""
 from __future__ import annotations
 
 import functools
@@ -54,37 +51,27 @@ def saturation(peaks: list[dict]) -> dict:
 
 def verdicts(text_low: dict, text_peaks: list[dict], direct_low: dict, tensor_peaks: list[dict], t1_ms: float,
              ideal: float, t: Targets = Targets()) -> list[dict]:
-    """One row per target: what, the limit, the measured value, pass, and where the peak was taken (`at`).
-
-    Rows: p50_ms, p99_ms, throughput (+ load). The peak targets compare each path's saturation, the highest
-    texts/s over its sweep, not the rows at one C: a closed loop of C users caps what any scheduler can batch.
-    """
-    def row(name: str, measured: float, limit: float, higher_is_better: bool, at: str = "") -> dict:
-        ok = not math.isnan(measured) and (measured >= limit if higher_is_better else measured <= limit)
-        return {"target": name, "limit": limit, "measured": measured, "pass": ok,
-                "sense": ">=" if higher_is_better else "<=", "at": at}
-
-    ratio = lambda a, b: a / b if b else math.nan  # noqa: E731
+    """One row per target: what, the limit, the measured value, pass, and where the peak was taken (`at`). The peak
+    targets compare each path's saturation (its sweep's highest texts/s): a closed loop of C users caps batching."""
     text, tensor = saturation(text_peaks), saturation(tensor_peaks)
-    return [
-        row("quiet p50 - direct encoder p50 (ms)", text_low["p50_ms"] - direct_low["p50_ms"], t.p50_vs_direct_ms,
-            False),
-        row("quiet p50 - t(1, median L) (ms)", text_low["p50_ms"] - t1_ms, t.p50_vs_model_ms, False),
-        row("quiet p99 - direct encoder p99 (ms)", text_low["p99_ms"] - direct_low["p99_ms"], t.p99_vs_direct_ms,
-            False),
-        row("peak texts/s / tensor path texts/s", ratio(text["throughput"], tensor["throughput"]), t.vs_tensor, True,
-            f"text {text.get('load', '?')}, tensor {tensor.get('load', '?')}"),
-        row("peak texts/s / ideal at max batch", ratio(text["throughput"], ideal), t.vs_ideal, True,
-            f"text {text.get('load', '?')}"),
-    ]
+    ratio = lambda a, b: a / b if b else math.nan  # noqa: E731
+    at = f"text {text.get('load', '?')}"
+    return [{"target": name, "limit": lim, "measured": v, "sense": ">=" if higher else "<=", "at": where,
+             "pass": not math.isnan(v) and (v >= lim if higher else v <= lim)} for name, v, lim, higher, where in (
+        ("quiet p50 - direct encoder p50 (ms)", text_low["p50_ms"] - direct_low["p50_ms"], t.p50_vs_direct_ms, False,
+         ""),
+        ("quiet p50 - t(1, median L) (ms)", text_low["p50_ms"] - t1_ms, t.p50_vs_model_ms, False, ""),
+        ("quiet p99 - direct encoder p99 (ms)", text_low["p99_ms"] - direct_low["p99_ms"], t.p99_vs_direct_ms, False,
+         ""),
+        ("peak texts/s / tensor path texts/s", ratio(text["throughput"], tensor["throughput"]), t.vs_tensor, True,
+         f"{at}, tensor {tensor.get('load', '?')}"),
+        ("peak texts/s / ideal at max batch", ratio(text["throughput"], ideal), t.vs_ideal, True, at))]
 
 
 def queue_check(concurrency: int, max_queue_size: int, timeout_us: int, texts_per_s: float) -> str:
     """Whether a queue policy rejects a closed loop of C users: '' = it holds them, else why not, in Triton's words.
-
-    All C can sit in the queue at once (between two executions), so C > max_queue_size (0 = unlimited) can
-    reject; a request waits about C / texts_per_s (Little), so a longer wait than the timeout (0 = none) expires.
-    """
+    All C can sit in the queue at once (C > max_queue_size, 0 = unlimited, can reject) and a request waits about
+    C / texts_per_s (Little), so a longer wait than the timeout (0 = none) expires."""
     why = []
     if 0 < max_queue_size < concurrency:
         why.append(f"C={concurrency} > max_queue_size {max_queue_size}: 'Exceeds maximum queue size'")
@@ -96,9 +83,8 @@ def queue_check(concurrency: int, max_queue_size: int, timeout_us: int, texts_pe
 
 def pick(candidates: list[tuple[str, list[dict]]]) -> str | None:
     """The candidate passing the most targets; ties go to the earlier one (list the preferred first)."""
-    if not candidates:
-        return None
-    return max(enumerate(candidates), key=lambda ic: (sum(v["pass"] for v in ic[1][1]), -ic[0]))[1][0]
+    best = max(enumerate(candidates), key=lambda ic: (sum(v["pass"] for v in ic[1][1]), -ic[0]), default=None)
+    return best[1][0] if best else None
 
 
 def cpu_s_per_1000(cores_busy: float, texts_per_s: float) -> float:
@@ -108,35 +94,24 @@ def cpu_s_per_1000(cores_busy: float, texts_per_s: float) -> float:
 
 def instances_for_host(gpu_texts_per_s: float, texts_per_s_per_instance: float, host_cores: int = 16,
                        reserved_cores: int = 4, floor: int = 2) -> int:
-    """Text-endpoint instances that feed `gpu_texts_per_s` (ceil), at most the cores left to them, at least `floor`.
-
-    reserved_cores: Triton's HTTP/gRPC front ends, the batcher threads and the encoder's own host work.
-    floor 2: one instance tokenizes and answers while the other's sub-batches run on the encoder.
-    """
+    """Text-endpoint instances that feed `gpu_texts_per_s` (ceil), at most the cores left to them (reserved: Triton's
+    front ends, batcher threads, the encoder's host work), at least `floor` (2: one tokenizes while one encodes)."""
     if texts_per_s_per_instance <= 0:
         raise ValueError(f"texts_per_s_per_instance={texts_per_s_per_instance}: must be > 0 (measure it first)")
-    need = math.ceil(gpu_texts_per_s / texts_per_s_per_instance)
-    return max(floor, min(need, host_cores - reserved_cores))
+    return max(floor, min(math.ceil(gpu_texts_per_s / texts_per_s_per_instance), host_cores - reserved_cores))
 
 
 def planned_rate(lengths: list[int], batch: int, cost: CostModel, plan: Callable, budget: int = 8192,
                  max_batch: int = 64, multiple: int = 8, overhead_tokens: int = 628, samples: int = 50) -> float:
     """Texts/s of the emulated GPU when text batches of `batch` texts (drawn from `lengths`, seeded) are split by
     `plan` (text_stages.plan_sub_batches): the ceiling the traffic's padding and per-call cost leave."""
-    rng = random.Random(0)
-    ms = texts = 0.0
+    rng, ms = random.Random(0), 0.0
     for _ in range(samples):
-        drawn = [rng.choice(lengths) for _ in range(batch)]
-        for rows, pad_len in plan(drawn, budget, max_batch, multiple, overhead_tokens):
-            ms += cost.batch_ms(len(rows), pad_len)
-        texts += batch
-    return 1000.0 * texts / ms
+        runs = plan([rng.choice(lengths) for _ in range(batch)], budget, max_batch, multiple, overhead_tokens)
+        ms += sum(cost.batch_ms(len(rows), pad) for rows, pad in runs)
+    return 1000.0 * batch * samples / ms
 
 
-# What the text endpoint's scheduler can reach on a length mix: `users` one-text callers, each sending its next text
-# (drawn from `lengths`, seeded) when the last one returns; `instances` pools (Triton hands each request to one
-# instance); the emulated GPU runs one sub-batch at a time, each chosen by the shipped policy (text_scheduler.choose)
-# from one pool. No server, no threads: the ceiling the scheduler's policy and the traffic leave.
 @dataclass
 class _Item:  # what choose() reads of a pooled text
     padded: int
@@ -146,7 +121,9 @@ class _Item:  # what choose() reads of a pooled text
 def closed_loop_rate(lengths: Sequence[int], users: int, cost: CostModel, choose: Callable, *, instances: int = 1,
                      budget: int = 8192, max_batch: int = 64, multiple: int = 8, overhead_tokens: int = 628,
                      texts: int = 20000, seed: int = 0) -> float:
-    """Texts/s of the emulated GPU in steady state (the first `users` texts are not counted)."""
+    """What the scheduler reaches on a length mix: `users` one-text callers, each sending its next text (drawn from
+    `lengths`, seeded) when the last returns, over `instances` pools; the emulated GPU runs one sub-batch at a time,
+    chosen by the shipped policy (text_scheduler.choose) from one pool. Texts/s in steady state (after `users`)."""
     if users < 1 or instances < 1:
         raise ValueError(f"users={users}, instances={instances}: both must be >= 1")
     rng = random.Random(seed)
@@ -157,13 +134,12 @@ def closed_loop_rate(lengths: Sequence[int], users: int, cost: CostModel, choose
     now_ms = counted_ms = 0.0
     done = counted = turn = 0
     while counted < texts:
-        pool = pools[turn % instances]
-        turn += 1
-        if not pool:
+        k, turn = turn % instances, turn + 1
+        if not pools[k]:
             continue
-        run = choose(pool, budget, max_batch, overhead_tokens)
+        run = choose(pools[k], budget, max_batch, overhead_tokens)
         taken = set(map(id, run))
-        pools[(turn - 1) % instances] = [it for it in pool if id(it) not in taken]
+        pools[k] = [it for it in pools[k] if id(it) not in taken]
         ms = cost.batch_ms(len(run), max(it.padded for it in run))
         now_ms += ms
         done += len(run)

@@ -68,12 +68,12 @@ def test_bucket_rows_and_tally() -> None:
     shots[6] = sa.Shot(shots[6].sched, shots[6].done, "Overloaded")
     samples = [{"t": 1.0, "server_rss_mb": 200.0, "client_rss_mb": 80.0, "loadavg1": 1.5, "server_pid": 7},
                {"t": 70.0, "server_rss_mb": 210.0, "client_rss_mb": 81.0, "loadavg1": 2.5, "server_pid": 7}]
-    rows = sa.bucket_rows(shots, samples, 60.0, end=90.0)
+    res = {"events": [], "end_s": 90.0, "window_s": 2.0, "restarts": [], "ready_again": [], "created": 902,
+           "unfinished": 2}
+    rows = sa.summarize(res, shots, samples)["buckets"]
     assert [(r["sent"], r["ok"], r["errors"], r["lost"]) for r in rows] == [(600, 598, 1, 1), (300, 300, 0, 0)]
     assert rows[0]["p99_ms"] == pytest.approx(20.0) and rows[1]["p99_ms"] == pytest.approx(200.0)
     assert (rows[0]["server_rss_mb"], rows[1]["loadavg1"]) == (200.0, 2.5)
-    res = {"events": [], "end_s": 90.0, "window_s": 2.0, "restarts": [], "ready_again": [], "created": 902,
-           "unfinished": 2}
     assert sa.summarize(res, shots, samples)["tally"] == {
         "sent": 902, "ok": 898, "failed": 1, "lost": 3, "errors_by_kind": {"Overloaded": 1}}  # 2 never recorded
 

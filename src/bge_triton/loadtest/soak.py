@@ -53,9 +53,8 @@ FAILED = 1e9  # the latency (s) a failed request stands for: beyond any threshol
 
 
 class Watcher:
-    """`python -m bge_triton.server up --executor costmodel --watch S` as a child process, started and ready, over
-    the committed configs and model.py files of bge_large_zh (+ _onnx) and a tokenizer.json over the generated
-    BGE-shaped vocab (no weights); its stdout lines kept with their arrival time ('watch: restarting (why)')."""
+    """`python -m bge_triton.server up --executor costmodel --watch S`, started and ready, over the committed configs
+    of bge_large_zh (+ _onnx) and a generated BGE-shaped vocab; its stdout lines kept with their arrival time."""
 
     def __init__(self, tmp: Path):
         from tokenizers.implementations import BertWordPieceTokenizer
@@ -123,20 +122,19 @@ class Watcher:
     def stop(self) -> dict:
         """SIGTERM the watcher (it stops its server), then kill the stubs of killed servers that outlived them and
         remove the shared-memory regions those servers left; returns what had to be cleaned up."""
-        out: dict[str, int | None] = {"watcher_rc": None, "orphan_stubs_killed": 0, "shm_regions_removed": 0}
         pid = self.server_pid()
         self.proc.send_signal(signal.SIGTERM)
         try:
-            out["watcher_rc"] = self.proc.wait(timeout=60)
+            rc = self.proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            out["watcher_rc"] = self.proc.wait(timeout=10)
+            rc = self.proc.wait(timeout=10)
             if pid:
                 stop_pid(pid)
-        out["orphan_stubs_killed"] = len(kill_orphan_stubs(self.stubs_seen))  # docs/reliability.md
+        orphans = len(kill_orphan_stubs(self.stubs_seen))  # docs/reliability.md
         time.sleep(0.5)
-        out["shm_regions_removed"] = remove_orphan_shm(self.stubs_seen)
-        return out
+        shm = remove_orphan_shm(self.stubs_seen)
+        return {"watcher_rc": rc, "orphan_stubs_killed": orphans, "shm_regions_removed": shm}
 
 
 # The arithmetic over plain records. Latency counts from the SCHEDULED send time; a failed or lost request counts as
@@ -215,21 +213,6 @@ def p99_back_after(shots: list[Shot], t: float, threshold_s: float, width: float
     return next((k * width for k in range(len(normal) - hold + 1) if all(normal[k:k + hold])), None)
 
 
-def bucket_rows(shots: list[Shot], samples: list[dict], bucket_s: float, end: float) -> list[dict]:
-    """Per bucket: sent / ok / errors / lost, p50 and p99 of the successes (ms), the last resource sample in it."""
-    rows = []
-    for k in range(max(1, math.ceil(end / bucket_s - 1e-9))):
-        mine = [s for s in shots if k * bucket_s <= s.sched < (k + 1) * bucket_s]
-        ok = [(s.done - s.sched) * 1e3 for s in mine if s.outcome == "ok"]
-        last = ([x for x in samples if k * bucket_s <= x["t"] < (k + 1) * bucket_s] or [{}])[-1]
-        rows.append({"bucket": k, "start_s": k * bucket_s, "sent": len(mine), "ok": len(ok),
-                     "errors": sum(s.outcome not in ("ok", "lost") for s in mine),
-                     "lost": sum(s.outcome == "lost" for s in mine), "p50_ms": percentile(ok, 50),
-                     "p99_ms": percentile(ok, 99), "server_pid": last.get("server_pid", 0),
-                     **{key: last.get(key, math.nan) for key in ("server_rss_mb", "client_rss_mb", "loadavg1")}})
-    return rows
-
-
 def rss_segments(samples: list[dict], restarts: list[float], ready_again: list[float],
                  warmup_s: float = 60.0) -> list[dict]:
     """Per server pid, over the samples taken while it served (none from a restart to its ready-again): its span,
@@ -275,15 +258,24 @@ def summarize(res: dict, shots: list[Shot], samples: list[dict]) -> dict[str, An
         row["recovered"] = "error" not in e and row["first_ok_s"] is not None and row["p99_normal_s"] is not None and (
             e["kind"] == "overload_spike" or row["ready_again_s"] is not None)
         events.append(row)
-    kinds = Counter(s.outcome for s in shots if s.outcome not in ("ok", "lost"))
-    tally = {"sent": res["created"], "ok": sum(s.outcome == "ok" for s in shots), "failed": sum(kinds.values()),
-             # + created but never recorded: no result and no error either
-             "lost": sum(s.outcome == "lost" for s in shots) + res["unfinished"], "errors_by_kind": dict(kinds)}
+    buckets = []  # per minute of scheduled time: the requests' outcomes, p50 and p99 of the successes, the last sample
+    for k in range(max(1, math.ceil(end / BUCKET_S - 1e-9))):
+        mine = [s for s in shots if k * BUCKET_S <= s.sched < (k + 1) * BUCKET_S]
+        ok = [(s.done - s.sched) * 1e3 for s in mine if s.outcome == "ok"]
+        last = ([x for x in samples if k * BUCKET_S <= x["t"] < (k + 1) * BUCKET_S] or [{}])[-1]
+        buckets.append({"bucket": k, "start_s": k * BUCKET_S, "sent": len(mine), "ok": len(ok),
+                        "errors": sum(s.outcome not in ("ok", "lost") for s in mine),
+                        "lost": sum(s.outcome == "lost" for s in mine), "p50_ms": percentile(ok, 50),
+                        "p99_ms": percentile(ok, 99), "server_pid": last.get("server_pid", 0),
+                        **{key: last.get(key, math.nan) for key in ("server_rss_mb", "client_rss_mb", "loadavg1")}})
+    kinds = Counter(s.outcome for s in shots)
+    ok_n, lost = kinds.pop("ok", 0), kinds.pop("lost", 0) + res["unfinished"]  # created, never recorded: lost too
+    tally = {"sent": res["created"], "ok": ok_n, "failed": sum(kinds.values()), "lost": lost, "errors_by_kind": kinds}
     return {"tally": tally, "baseline_p99_s": base, "threshold_s": thr, "window_s": width, "events": events,
             "all_recovered": [e["kind"] for e in events] == list(EVENT_KINDS) and all(e["recovered"] for e in events),
             "server_rss": rss_drift(samples, "server_rss_mb"), "client_rss": rss_drift(samples, "client_rss_mb"),
             "server_segments": rss_segments(samples, [r for r, _ in res["restarts"]], res["ready_again"]),
-            "end_s": end, "buckets": bucket_rows(shots, samples, BUCKET_S, end),
+            "end_s": end, "buckets": buckets,
             "loadavg_mean": sum(x["loadavg1"] for x in samples) / max(1, len(samples))}
 
 

@@ -1,14 +1,11 @@
-"""`bge-triton bench gateway [sdk|priority|stall] --repository DIR --model NAME`: the OpenAI gateway, three scenarios
-on one local tritonserver (the shipped text endpoint; encoder `costmodel` = zero cost, the hops alone,
-`gpu-costmodel` = the emulated A10G, `onnxruntime` = the real model on these CPUs) with the gateway in front.
+"""`bge-triton bench gateway [sdk|priority|stall] --repository DIR --model NAME`: the OpenAI gateway in front of one
+local tritonserver (the shipped text endpoint; --encoder costmodel = the hops alone, gpu-costmodel = an emulated
+A10G, onnxruntime = the real model on these CPUs).
 
-sdk (issue 15): the gateway against the SDK straight to Triton, one text in flight (p50 / p99, blocks taking turns)
-  and at saturation (--concurrency callers; also the SDK's own MicroBatcher); the gateway's CPU per request.
-priority: queries one at a time, quiet and under a bulk flood (--flood callers x --flood-batch passages, no pause),
-  through a gateway as shipped (queries level 1) and one with everything on one level (emulated GPU by default).
-stall (issue 25): probes (GET /health, a one-text query, a one-text passage) back to back while the worst bodies the
-  limits allow go again and again; the gateway's own event-loop lag histogram. --gateway-src DIR runs another
-  checkout's gateway (e.g. a `git worktree` of an older commit) for a before / after by the same instrument.
+sdk (issue 15): the gateway against the SDK straight to Triton (and its MicroBatcher), one in flight and saturated.
+priority: queries one at a time, quiet and under a bulk flood, through the shipped priority levels and one level.
+stall (issue 25): probes while the worst bodies the limits allow go again and again; the gateway's event-loop lag.
+--gateway-src DIR runs another checkout's gateway (e.g. a `git worktree` of an older commit) for a before / after.
 """
 from __future__ import annotations
 
@@ -41,6 +38,14 @@ PROBES: dict[str, dict[str, Any] | None] = {  # the event loop alone, then a one
     "small query": {"input": "小文本", "input_type": "query", "encoding_format": "base64"},
     "small passage": {"input": "小文本", "encoding_format": "base64"},
 }
+INT_FLAGS = {"serial": (400, "sdk: requests per path, one in flight"),  # --flag: (default, help)
+             "saturated": (1200, "sdk: requests per path and round at saturation"),
+             "concurrency": (32, "sdk: callers at saturation"), "block": (50, "sdk: requests per turn (one in flight)"),
+             "rounds": (4, "sdk: rounds at saturation (ABBA order)"),
+             "queries": (200, "priority: queries per measurement, one at a time"),
+             "flood": (16, "priority: bulk callers sending passages without pause"),
+             "flood-batch": (16, "priority: passages per bulk request"),
+             "repeats": (2, "stall: at least this many big requests per scenario")}
 TARGET_P99_MS = 50.0
 LAG_METRIC = "gateway_event_loop_lag_seconds"
 
@@ -129,8 +134,7 @@ def lag_buckets(metrics_text: str) -> dict[float, float]:
 
 
 def summarize_lag(before: dict[float, float], after: dict[float, float]) -> dict[str, Any]:
-    """The window's loop ticks (10 ms timers): how many, how many fired > 2 ms and > 10 ms late, and the upper bound
-    of the latest one's bucket (ms); None everywhere for a gateway that does not measure it."""
+    """The window's 10 ms loop ticks: count, > 2 ms / > 10 ms late, the latest one's bucket (None: not measured)."""
     if not after:
         return dict.fromkeys(("loop_ticks", "late_2ms", "late_10ms", "worst_lag_ms"))
     delta = {le: after[le] - before.get(le, 0.0) for le in after}
@@ -142,8 +146,7 @@ def summarize_lag(before: dict[float, float], after: dict[float, float]) -> dict
 
 
 async def _window(a: argparse.Namespace, url: str, big: tuple[str, bytes] | None) -> list[dict[str, Any]]:
-    """Probes (each back to back, 5 ms apart) while the big body goes again and again on another connection (at
-    least --repeats times and --window-s seconds), or for --window-s with none: a row per probe."""
+    """A row per probe: probes while the big body goes (--repeats times and --window-s at least), or --window-s."""
     stop, lat, answers = asyncio.Event(), {p: list[float]() for p in PROBES}, list[tuple[str, float]]()
     async with OpenAI(url, a.model) as probes, OpenAI(url, a.model) as bulk:
         async def probe(k: int) -> None:
@@ -155,7 +158,7 @@ async def _window(a: argparse.Namespace, url: str, big: tuple[str, bytes] | None
 
         lag0, start = lag_buckets(await bulk.get("/metrics")), time.perf_counter()
         task = asyncio.ensure_future(loadgen.closed_loop(probe, len(PROBES), stop.is_set))
-        while big is None and time.perf_counter() - start < a.window_s:
+        if big is None:
             await asyncio.sleep(a.window_s)
         while big and (len(answers) < a.repeats or time.perf_counter() - start < a.window_s):
             t0, status = time.perf_counter(), "200"
@@ -253,15 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gateway-arg", action="append", default=[], metavar="FLAG",
                    help="extra gateway flag, e.g. --gateway-arg=--no-micro-batch (repeatable)")
     p.add_argument("--gateway-src", type=Path, help="run the gateway from this src/ folder (PYTHONPATH)")
-    for flag, default, what in (("serial", 400, "sdk: requests per path, one in flight"),
-                                ("saturated", 1200, "sdk: requests per path and round at saturation"),
-                                ("concurrency", 32, "sdk: callers at saturation"),
-                                ("block", 50, "sdk: requests per turn (one in flight)"),
-                                ("rounds", 4, "sdk: rounds at saturation (ABBA order)"),
-                                ("queries", 200, "priority: queries per measurement, one at a time"),
-                                ("flood", 16, "priority: bulk callers sending passages without pause"),
-                                ("flood-batch", 16, "priority: passages per bulk request"),
-                                ("repeats", 2, "stall: at least this many big requests per scenario")):
+    for flag, (default, what) in INT_FLAGS.items():
         p.add_argument(f"--{flag}", type=int, default=default, help=f"{what} (default {default})")
     p.add_argument("--window-s", type=float, default=5.0, help="stall: seconds of probes per scenario (default 5)")
     return p

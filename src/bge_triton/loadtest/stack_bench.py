@@ -1,9 +1,7 @@
 """Stack benchmark: raw ONNX Runtime vs the full Triton stack through the text endpoint, side by side.
 
-(a) raw ORT in-process at its best batch size (same ONNX file, threads, texts and tokenizer; sorted by length, padded
-as the endpoint pads, session.run timed only); (b) the full stack at saturation (loadgen's closed loop), in rounds
-alternating with (a); (c) one request in flight, the kit's sync SDK (and tritonclient's) vs raw batch 1, split by
-Triton's statistics; (b)'s padding ratio beside FIFO pad-to-longest. `--text-param encoder=bls`: the GPU topology.
+(a) raw ORT in-process at its best batch size, (b) the full stack at saturation, in rounds alternating with (a), (c) one
+request in flight through the SDK vs raw batch 1, and (b)'s padding ratio; `--text-param encoder=bls`: the GPU topology.
 
     bge-triton bench stack [--quick] [--out reports/stack]
 """
@@ -19,13 +17,14 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from bge_triton.client.core import text_call
+from bge_triton.client.tokens import BucketTokenizer, pad_to_bucket
 from bge_triton.errors import KitError
 from bge_triton.extras import require
 from bge_triton.loadtest import corpus, harness, loadgen, report
@@ -42,46 +41,44 @@ SPLIT_PHASES = ("queue", "compute_input", "compute_infer", "compute_output")
 NAN = float("nan")
 
 
+def _flag(default: Any, what: str) -> Any:
+    """A StackSettings field that a flag sets: --field-name, the default's type, `what` its help."""
+    return field(default=default, metadata={"help": what})
+
+
 @dataclass
 class StackSettings:
-    """One run of the stack benchmark, built once from flags (FLAGS, QUICK)."""
+    """One run of the stack benchmark, built once from flags (_flag fields, QUICK)."""
 
+    out: Path = _flag(REPORTS_DIR / "stack", "report folder (default reports/stack)")
+    repository: Path = _flag(STATE_DIR / "stack_bench" / "repo", "model repository to use (exported there once if "
+                             "missing)")
+    threads: int = _flag(os.cpu_count() or 1, "ORT intra-op threads, both sides")
+    rounds: int = _flag(5, "rounds of (a)+(b)")
+    window_s: float = _flag(8.0, "measurement window of each side per round")
+    texts: int = _flag(384, "texts in the throughput set")
+    latency_texts: int = _flag(200, "texts for (c)")
+    latency_repeats: int = _flag(5, "passes over the (c) texts")  # the headline is the median over passes
+    concurrency: int = _flag(16, "requests in flight for (b)")
+    per_request: int = _flag(4, "texts per request for (b)")
+    text_instances: int = _flag(CPU_TEXT_INSTANCES, f"text endpoint instances (default {CPU_TEXT_INSTANCES})")
+    sweep_batches: tuple[int, ...] = _flag((1, 2, 4, 8, 16, 32), "raw batch sizes to sweep, comma separated "
+                                           "(default 1,2,4,8,16,32)")
     model: str = "synthetic:bge-small-zh"
     name: str = "bge_small_zh"
     precision: str = "fp32"
-    repository: Path = STATE_DIR / "stack_bench" / "repo"
-    out: Path = REPORTS_DIR / "stack"
-    threads: int = os.cpu_count() or 1
-    texts: int = 384
     sweep_texts: int = 192
-    rounds: int = 5
-    window_s: float = 8.0
     warm_s: float = 1.5
     sweep_window_s: float = 2.0
     sweep_repeats: int = 2
-    sweep_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
-    latency_texts: int = 200
     latency_block: int = 20  # texts per path in a row in (c)
-    latency_repeats: int = 5  # passes over the latency texts; the headline is the median over passes
-    per_request: int = 4
-    concurrency: int = 16
     pad_to_multiple: int = 8
     text_params: dict[str, str] = field(default_factory=lambda: dict(CPU_TEXT_PARAMS))  # what `server up` runs
-    text_instances: int = CPU_TEXT_INSTANCES
     spin: bool = CpuVariant.allow_spinning  # ORT spin-waiting (inside runs) in the stack, as the CPU variant
     seed: int = 0
     command: str = "bge-triton bench stack"
 
 
-FLAGS = {  # StackSettings field -> the help of its flag (--field-name, the field's type)
-    "out": "report folder (default reports/stack)",
-    "repository": "model repository to use (exported there once if missing)",
-    "threads": "ORT intra-op threads, both sides", "rounds": "rounds of (a)+(b)",
-    "window_s": "measurement window of each side per round", "texts": "texts in the throughput set",
-    "latency_texts": "texts for (c)", "latency_repeats": "passes over the (c) texts",
-    "concurrency": "requests in flight for (b)", "per_request": "texts per request for (b)",
-    "text_instances": f"text endpoint instances (default {CPU_TEXT_INSTANCES})",
-    "sweep_batches": "raw batch sizes to sweep, comma separated (default 1,2,4,8,16,32)"}
 QUICK = {"rounds": 2, "window_s": 3.0, "warm_s": 1.0, "texts": 256, "latency_texts": 40, "sweep_texts": 96,
          "latency_repeats": 2, "sweep_window_s": 0.5, "sweep_batches": (1, 4, 16)}  # --quick (flags still win)
 
@@ -101,11 +98,7 @@ class StackResults:
 
 def pad_rows(rows: list[list[int]], multiple: int) -> tuple[np.ndarray, np.ndarray]:
     """input_ids and attention_mask [B, L] (INT64), L = the longest row rounded up to `multiple`, as the endpoint."""
-    width = -(-max(len(r) for r in rows) // multiple) * multiple
-    ids, mask = np.zeros((len(rows), width), dtype=np.int64), np.zeros((len(rows), width), dtype=np.int64)
-    for k, row in enumerate(rows):
-        ids[k, :len(row)], mask[k, :len(row)] = row, 1
-    return ids, mask
+    return pad_to_bucket(rows, range(multiple, 512 + multiple, multiple))
 
 
 def sorted_batches(ids: list[list[int]], batch: int, multiple: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -144,8 +137,7 @@ def raw_encoder(onnx_path: Path, threads: int) -> Callable[[bool, np.ndarray, np
 
 def raw_throughput(run: Callable[..., Any], spinning: bool, order: str, batches: list[tuple[np.ndarray, np.ndarray]],
                    window_s: float, seed: int = 0) -> float:
-    """Texts/s over whole passes of `batches` lasting at least window_s, in `order` ("sorted": shortest first, as a
-    batch job, consecutive runs mostly repeating a shape; "shuffled": a seeded random order, as traffic)."""
+    """Texts/s over whole passes of `batches` lasting at least window_s, "sorted" (as a batch job) or "shuffled"."""
     idx = list(range(len(batches)))
     if order == "shuffled":
         random.Random(seed).shuffle(idx)
@@ -182,20 +174,15 @@ def server_knobs(s: StackSettings, rendered: Path) -> str:
 
 def prepare(s: StackSettings, all_texts: list[str]) -> tuple[Path, list[list[int]]]:
     """Export the model once (cached), refresh the endpoint code; the texts' token ids as the endpoint computes them."""
-    from tokenizers import Tokenizer
-
     onnx = harness.export(s.model, s.repository, s.name, s.precision)
     install_text_endpoint(s.repository / s.name / "1")  # this checkout's endpoint code, as the exporter writes it
-    tok = Tokenizer.from_file(str(s.repository / s.name / "1" / "tokenizer" / "tokenizer.json"))
-    tok.no_padding()
-    tok.enable_truncation(512)
-    return onnx, [enc.ids for enc in tok.encode_batch(all_texts)]
+    tok = BucketTokenizer(str(s.repository / s.name / "1" / "tokenizer"), (512,), max_length=512)
+    return onnx, tok.token_ids(all_texts)
 
 
 def raw_sweep(s: StackSettings, run: Callable[..., Any], ids: list[list[int]]
               ) -> tuple[tuple[str, bool, int, str], list[tuple[str, int, float]]]:
-    """Every raw configuration (batch, spin, order), passes interleaved: the best (label, spin, batch, order) and
-    (label, batch, median texts/s) of each."""
+    """Every raw configuration, passes interleaved: the best (label, spin, batch, order), (label, batch, texts/s)."""
     configs = [(f"B={b}, {s.threads} threads, spin {'on' if spin else 'off'}, {order}", spin, b, order)
                for b in s.sweep_batches for spin in (True, False) for order in ("sorted", "shuffled")]
     trials: dict[str, list[float]] = {cfg[0]: [] for cfg in configs}
@@ -211,8 +198,7 @@ def raw_sweep(s: StackSettings, run: Callable[..., Any], ids: list[list[int]]
 
 def one_in_flight(s: StackSettings, srv: LocalServer, run: Callable[..., Any], pairs: list[tuple[str, list[int]]]
                   ) -> tuple[dict[str, list[float]], list[dict[str, list[float]]], dict[str, float]]:
-    """(c): the SDK, tritonclient and raw batch 1 (spin off / on; pad + session.run) taking turns, one text in flight:
-    the latencies (all, and of each repeat) and Triton's statistics of those requests by phase."""
+    """(c), paths taking turns: latencies (all, each repeat) and Triton's statistics of its requests by phase."""
     print(f"latency, one request in flight, {s.latency_texts} texts in blocks of {s.latency_block} ...", flush=True)
     (sdk, sdk_close), (ref, ref_close) = sdk_caller(srv.http_url, s.name), tritonclient_caller(srv.grpc_url, s.name)
     paths = {"raw_off": lambda item: run(False, *pad_rows([item[1]], s.pad_to_multiple)),
@@ -249,26 +235,26 @@ def run(s: StackSettings) -> StackResults:
     rounds: list[dict[str, float]] = []
     with LocalServer(harness.server_settings(s.repository, STATE_DIR / "stack_bench" / "server", variant,
                                              port_range=None)) as srv:
-        def side_b(warm_s: float) -> tuple[float, float, float, dict[str, float]]:
+        def side_b(warm_s: float) -> dict[str, float]:
             before, meter = kit_counters(srv.metrics_url, s.name), CpuMeter(srv.pid)
             meter.start()
             res = loadgen.run(loadgen.LoadSpec("127.0.0.1", srv.settings.http_port, s.name, bodies, "closed",
                                                s.concurrency, warmup_s=warm_s, duration_s=s.window_s))
             d = {k: v - before.get(k, 0.0) for k, v in kit_counters(srv.metrics_url, s.name).items()}
-            return res.ok * s.per_request / res.window_s, meter.stop()[2], float(res.errors + res.late), d
+            real, n_batches = d.get("kit_real_tokens_total", 0.0), d.get("kit_text_batches_total", 0.0)
+            return {"stack": res.ok * s.per_request / res.window_s, "client_cores": meter.stop()[2],
+                    "errors": float(res.errors + res.late),
+                    "padding": d.get("kit_padded_tokens_total", 0.0) / real if real else NAN,
+                    "batch": d.get("kit_texts_total", 0.0) / n_batches if n_batches else NAN}
 
         side_b(0.5)  # warm
-        for r in range(s.rounds):
-            b, cores, errors, d = side_b(s.warm_s) if r % 2 else (NAN, NAN, NAN, {})
+        for r in range(s.rounds):  # (b) first in odd rounds
+            b = side_b(s.warm_s) if r % 2 else {}
             a = raw_throughput(raw, spin, order, best_batches, s.window_s, s.seed + r)
-            if r % 2 == 0:
-                b, cores, errors, d = side_b(s.warm_s)
-            real, n_batches = d.get("kit_real_tokens_total", 0.0), d.get("kit_text_batches_total", 0.0)
-            rounds.append({"raw": a, "stack": b, "ratio": b / a, "client_cores": cores, "errors": errors,
-                           "padding": d.get("kit_padded_tokens_total", 0.0) / real if real else NAN,
-                           "batch": d.get("kit_texts_total", 0.0) / n_batches if n_batches else NAN})
-            print(f"round {r + 1}/{s.rounds}: raw {a:.1f}  stack {b:.1f}  ratio {b / a:.3f}  padding "
-                  f"{rounds[-1]['padding']:.3f}  texts/batch {rounds[-1]['batch']:.1f}", flush=True)
+            b = b or side_b(s.warm_s)
+            rounds.append({"raw": a, "stack": b["stack"], "ratio": b["stack"] / a, **b})
+            print(f"round {r + 1}/{s.rounds}: raw {a:.1f}  stack {b['stack']:.1f}  ratio {b['stack'] / a:.3f}  "
+                  f"padding {b['padding']:.3f}  texts/batch {b['batch']:.1f}", flush=True)
         knobs = server_knobs(s, srv.state / "repository")
         latency, repeats, split = one_in_flight(s, srv, raw, list(zip(all_texts, ids, strict=True))[:s.latency_texts])
     mean_batch = statistics.median(rd["batch"] for rd in rounds)
@@ -298,15 +284,14 @@ def run(s: StackSettings) -> StackResults:
                         split)
 
 
-def _spread(xs: list[float]) -> str:
-    return f"{min(xs):.3g}..{max(xs):.3g}" if xs else "-"
-
-
 def summary_rows(res: StackResults) -> list[dict[str, str]]:
     """The headline table: measurement, value (median over rounds / repeats), noise, target, verdict."""
     lat, pad, verdict = res.latency, res.padding, {True: "PASS", False: "MISS"}
     raw, stack, ratio, padding = ([r[k] for r in res.rounds] for k in ("raw", "stack", "ratio", "padding"))
     raw_key = min(("raw_on", "raw_off"), key=lambda k: percentile(lat.get(k, []), 50))
+
+    def _spread(xs: list[float]) -> str:
+        return f"{min(xs):.3g}..{max(xs):.3g}" if xs else "-"
 
     def p(key: str, q: float = 50, xs: dict[str, list[float]] = lat) -> float:
         return percentile(xs.get(key, []), q)
@@ -399,9 +384,9 @@ def write_report(res: StackResults, out: Path, command: str) -> list[Path]:
 def parse_args(argv: list[str] | None = None) -> StackSettings:
     p = argparse.ArgumentParser(prog="bge-triton bench stack", description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="small run (about a minute): 2 rounds, short windows")
-    for key, what in FLAGS.items():
-        kind = type(getattr(StackSettings, key)) if key != "sweep_batches" else lambda v: tuple(map(int, v.split(",")))
-        p.add_argument("--" + key.replace("_", "-"), type=kind, help=what)
+    for f in (f for f in fields(StackSettings) if f.metadata):
+        kind = type(f.default) if f.name != "sweep_batches" else lambda v: tuple(map(int, v.split(",")))
+        p.add_argument("--" + f.name.replace("_", "-"), type=kind, help=f.metadata["help"])
     p.add_argument("--no-spin", dest="spin", action="store_false", default=None,
                    help="ORT spin-waiting off in the stack (default: on inside runs, as the CPU variant)")
     p.add_argument("--text-param", action="append", default=[], metavar="KEY=VALUE",

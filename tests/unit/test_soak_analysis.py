@@ -50,10 +50,19 @@ def test_recovery_after_an_outage() -> None:
         + steady(17, 40, 0.05)
     base, thr = sa.calm_p99(shots, 10)
     assert base == pytest.approx(0.05) and thr == pytest.approx(0.1)
-    assert sa.first_ok_after(shots, 10.0) == pytest.approx(3.4)  # the first request sent at 13 s, done at 13.4 s
     assert sa.p99_back_after(shots, 10.0, thr, 2.0, until=40.0) == pytest.approx(8.0)  # windows from 18 s are calm
     assert sa.p99_back_after(shots, 10.0, thr, 2.0, until=20.0) is None  # too little calm before `until`
-    assert sa.first_ok_after(steady(0, 5, 0.01, outcome="Overloaded"), 0.0) is None
+    kill = {"kind": "kill9_server", "planned_s": 10.0, "at_s": 10.0, "length_s": 0.0, "pid": 7}
+    res = {"events": [kill], "end_s": 40.0, "window_s": 2.0, "restarts": [(10.5, "tritonserver exited")],
+           "ready_again": [12.5], "created": len(shots), "unfinished": 0}
+    samples = [{"t": 1.0, "server_rss_mb": 200.0, "client_rss_mb": 80.0, "loadavg1": 1.5, "server_pid": 7}]
+    [row] = sa.summarize(res, shots, samples)["events"]
+    assert row["first_ok_s"] == pytest.approx(3.4)  # the first request sent at 13 s, done at 13.4 s
+    assert (row["detected_s"], row["reason"], row["ready_again_s"]) == (0.5, "tritonserver exited", 2.5)
+    assert row["p99_normal_s"] == pytest.approx(8.0) and row["errors_after"] == 150 and row["recovered"]
+    res["restarts"], res["ready_again"] = [], []
+    [row] = sa.summarize(res, steady(0, 40, 0.01, outcome="Overloaded"), samples)["events"]
+    assert row["first_ok_s"] is None and row["detected_s"] is None and not row["recovered"]
 
 
 def test_a_thin_window_is_not_normal() -> None:

@@ -188,20 +188,13 @@ def window_p99s(shots: list[Shot], t: float, width: float, n: int) -> list[tuple
     for s in shots:
         if s.sched >= t and (k := int((s.sched - t) // width)) < n:
             lat[k].append(s.done - s.sched if s.outcome == "ok" else FAILED)
-    p99s = [percentile(b, 99) for b in lat]
-    return [(math.inf if p99 >= FAILED / 1e3 else p99, len(b)) for p99, b in zip(p99s, lat, strict=True)]
+    return [(math.inf if (p99 := percentile(b, 99)) >= FAILED / 1e3 else p99, len(b)) for b in lat]
 
 
 def calm_p99(shots: list[Shot], end: float) -> tuple[float, float]:
     """p99 of the successes scheduled before `end` and 'back to normal': 2x that, never under 50 ms."""
     base = percentile([s.done - s.sched for s in shots if s.outcome == "ok" and s.sched < end], 99)
     return base, (math.inf if math.isnan(base) else max(2.0 * base, 0.05))
-
-
-def first_ok_after(shots: list[Shot], t: float) -> float | None:
-    """Seconds from t to the first success of a request sent at or after t (None: none)."""
-    done = [s.done for s in shots if s.outcome == "ok" and s.sched >= t]
-    return min(done) - t if done else None
 
 
 def p99_back_after(shots: list[Shot], t: float, threshold_s: float, width: float, until: float,
@@ -246,12 +239,12 @@ def summarize(res: dict, shots: list[Shot], samples: list[dict]) -> dict[str, An
     events = []
     for e, upto in zip(res["events"], [e["at_s"] for e in res["events"][1:]] + [end + 1.0], strict=False):
         t = e["at_s"]
-        restarted = [(r, why) for r, why in res["restarts"] if r >= t]
-        ready = [r for r in res["ready_again"] if r >= t]
+        detected, why = next(((r - t, why) for r, why in res["restarts"] if r >= t), (None, ""))
         after = [x for x in shots if t <= x.sched < upto]  # from this fault to the next one
-        row = {**e, "detected_s": restarted[0][0] - t if restarted else None,
-               "reason": restarted[0][1] if restarted else "", "ready_again_s": ready[0] - t if ready else None,
-               "first_ok_s": first_ok_after(shots, t), "p99_normal_s": p99_back_after(shots, t, thr, width, end),
+        row = {**e, "detected_s": detected, "reason": why,
+               "ready_again_s": next((r - t for r in res["ready_again"] if r >= t), None),
+               "first_ok_s": min((x.done - t for x in shots if x.outcome == "ok" and x.sched >= t), default=None),
+               "p99_normal_s": p99_back_after(shots, t, thr, width, end),
                "p99_normal_after_end_s": p99_back_after(shots, t + e["length_s"], thr, width, end),
                "errors_after": sum(x.outcome not in ("ok", "lost") for x in after),
                "lost_after": sum(x.outcome == "lost" for x in after)}
@@ -315,7 +308,7 @@ class Soak:
         only windows that ended at least one threshold ago are judged."""
         restarted = not restart or any(t - self.t0 > fault_t for t, _ in self.w.seen("ready again"))
         view = self.shots.view(index, fault_t)
-        first_ok = first_ok_after(view, fault_t) is not None
+        first_ok = any(s.outcome == "ok" for s in view)
         view += [Shot(t, math.inf, "pending") for t in list(self.pending) if t >= fault_t]
         back = restarted and first_ok and p99_back_after(
             view, fault_t, self.threshold, self.width, self.now() - min(self.threshold, 30.0)) is not None

@@ -212,24 +212,19 @@ def rss_segments(samples: list[dict], restarts: list[float], ready_again: list[f
     first and last MiB, and the drift per minute after its first warmup_s."""
     spans = [(r, min((t for t in ready_again if t >= r), default=math.inf)) for r in restarts]
     serving = [x for x in samples if not math.isnan(x["server_rss_mb"]) and not any(a <= x["t"] <= b for a, b in spans)]
-    out = []
-    for pid, run in itertools.groupby(serving, key=lambda x: x["server_pid"]):
-        pts = [(x["t"], x["server_rss_mb"]) for x in run]
-        warm = [p for p in pts if p[0] >= pts[0][0] + warmup_s]
-        base = warm[0] if len(warm) >= 2 else pts[0]
-        minutes = (pts[-1][0] - base[0]) / 60.0
-        out.append({"pid": pid, "from_s": pts[0][0], "to_s": pts[-1][0], "start_mb": pts[0][1], "end_mb": pts[-1][1],
-                    "drift_from_s": base[0], "per_min_mb": (pts[-1][1] - base[1]) / minutes if minutes else math.nan})
-    return out
+    return [{"pid": pid, **rss_drift(list(run), "server_rss_mb", warmup_s)}
+            for pid, run in itertools.groupby(serving, key=lambda x: x["server_pid"])]
 
 
-def rss_drift(samples: list[dict], key: str) -> dict:
-    """Start and end of one RSS series (MiB) and its drift per minute over the whole run."""
-    pts = [(x["t"], x[key]) for x in samples if not math.isnan(x.get(key, math.nan))]
-    if len(pts) < 2:
-        return {"start_mb": math.nan, "end_mb": math.nan, "per_min_mb": math.nan}
-    (t0, v0), (t1, v1) = pts[0], pts[-1]
-    return {"start_mb": v0, "end_mb": v1, "per_min_mb": (v1 - v0) / max((t1 - t0) / 60.0, 1e-9)}
+def rss_drift(samples: list[dict], key: str, warmup_s: float = 0.0) -> dict:
+    """First and last MiB of one RSS series (NaN left out), and its drift per minute from the first sample after
+    warmup_s (from the first sample when fewer than two are left)."""
+    pts = [(x["t"], x[key]) for x in samples if not math.isnan(x[key])] or [(math.nan, math.nan)]
+    warm = [p for p in pts if p[0] >= pts[0][0] + warmup_s]
+    base = warm[0] if len(warm) >= 2 else pts[0]
+    minutes = (pts[-1][0] - base[0]) / 60.0
+    return {"from_s": pts[0][0], "to_s": pts[-1][0], "start_mb": pts[0][1], "end_mb": pts[-1][1],
+            "drift_from_s": base[0], "per_min_mb": (pts[-1][1] - base[1]) / minutes if minutes else math.nan}
 
 
 def summarize(res: dict, shots: list[Shot], samples: list[dict]) -> dict[str, Any]:
@@ -505,8 +500,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--spike-factor", type=float, default=3.0, help="overload spike, x the capacity (default 3)")
     p.add_argument("--spike-s", type=float, default=30.0, help="spike length; a short soak shortens it to 8%% of it")
     p.add_argument("--stub-kill", choices=["one", "all"], default="one",
-                   help="the dead stub: one of the encoder's two instances (default; the canary finds it only when "
-                        "Triton routes the canary there) or every instance (found at the next canary)")
+                   help="the dead stub: one of the encoder's two instances (default; found when Triton routes a canary "
+                        "there) or every instance (found at the next canary)")
     p.add_argument("--seed", type=int, default=0)
     s = p.parse_args(argv)
     s.duration_s, s.argv = parse_duration(s.duration), tuple(argv)

@@ -83,7 +83,7 @@ async def sdk_scenario(a: argparse.Namespace, grpc_url: str, url: str, pid: int)
                    for name, rs in runs.items()]
 
 
-async def priority_scenario(a: argparse.Namespace, url: str) -> dict[str, Any]:
+async def priority_scenario(a: argparse.Namespace, _grpc_url: str, url: str, _pid: int) -> list[dict[str, Any]]:
     """Quiet query latency, then query latency under the bulk flood; passages/s of the flood."""
     async with OpenAI(url, a.model, a.flood * 2 + 4) as gw:
         triton_ms: list[float] = []
@@ -107,10 +107,10 @@ async def priority_scenario(a: argparse.Namespace, url: str) -> dict[str, Any]:
         rate = (done[0] - before) / (time.perf_counter() - t0)
         stop.set()
         await flood
-    return {"quiet_p50_ms": percentile(quiet, 50), "quiet_p99_ms": percentile(quiet, 99),
-            "flood_p50_ms": percentile(loaded, 50), "flood_p99_ms": percentile(loaded, 99),
-            "p99_ratio": percentile(loaded, 99) / percentile(quiet, 99),
-            "flood_triton_p50_ms": percentile(triton_ms, 50), "flood_passages_per_s": rate}
+    return [{"quiet_p50_ms": percentile(quiet, 50), "quiet_p99_ms": percentile(quiet, 99),
+             "flood_p50_ms": percentile(loaded, 50), "flood_p99_ms": percentile(loaded, 99),
+             "p99_ratio": percentile(loaded, 99) / percentile(quiet, 99),
+             "flood_triton_p50_ms": percentile(triton_ms, 50), "flood_passages_per_s": rate}]
 
 
 def stall_bodies(model: str, chars: int = 1_300_000) -> list[tuple[str, str, dict[str, Any]]]:
@@ -177,7 +177,7 @@ async def _window(a: argparse.Namespace, url: str, big: tuple[str, bytes] | None
             for name, s in ((name, summarize(values)) for name, values in lat.items())]
 
 
-async def stall_scenario(a: argparse.Namespace, url: str) -> list[dict[str, Any]]:
+async def stall_scenario(a: argparse.Namespace, _grpc_url: str, url: str, _pid: int) -> list[dict[str, Any]]:
     import orjson
 
     await _window(argparse.Namespace(**{**vars(a), "window_s": 1.0}), url, None)  # warm-up
@@ -277,10 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             with gateway(srv.grpc_url, Path(tmp) / f"gateway{len(rows)}.log", a.model, [*flags, *a.gateway_arg],
                          a.gateway_src) as (url, pid):
                 print(f"[bench gateway {a.scenario}] {label} ...", flush=True)
-                if a.scenario == "priority":
-                    rows.append({"gateway": label, **asyncio.run(priority_scenario(a, url))})
-                else:
-                    rows = asyncio.run(sdk_scenario(a, srv.grpc_url, url, pid) if a.scenario == "sdk"
-                                       else stall_scenario(a, url))
+                run = {"sdk": sdk_scenario, "priority": priority_scenario, "stall": stall_scenario}[a.scenario]
+                rows += [{"gateway": label, **r} if label else r for r in asyncio.run(run(a, srv.grpc_url, url, pid))]
     print(write_report(a, rows, command, load).read_text(encoding="utf-8"))
     return 0

@@ -79,8 +79,9 @@ class StackSettings:
     command: str = "bge-triton bench stack"
 
 
-QUICK = {"rounds": 2, "window_s": 3.0, "warm_s": 1.0, "texts": 256, "latency_texts": 40, "sweep_texts": 96,
-         "latency_repeats": 2, "sweep_window_s": 0.5, "sweep_batches": (1, 4, 16)}  # --quick (flags still win)
+QUICK: dict[str, Any] = {"rounds": 2, "window_s": 3.0, "warm_s": 1.0, "texts": 256, "latency_texts": 40,
+                         "sweep_texts": 96, "latency_repeats": 2, "sweep_window_s": 0.5,
+                         "sweep_batches": (1, 4, 16)}  # --quick (flags still win)
 
 
 @dataclass
@@ -300,7 +301,8 @@ def summary_rows(res: StackResults) -> list[dict[str, str]]:
         reps = [p(key, xs=r) - p(raw_key, xs=r) for r in res.latency_repeats]
         return (statistics.median(reps) if reps else p(key) - p(raw_key)), reps
 
-    med_ratio, (add, reps) = statistics.median(ratio) if ratio else NAN, added("stack")
+    (add, reps), (ref, ref_reps) = added("stack"), added("stack_tritonclient")
+    med_ratio = statistics.median(ratio) if ratio else NAN
     diffs = [x - y for x, y in zip(lat.get("stack", []), lat.get(raw_key, []), strict=False)]
     rows = [
         ("(a) raw ONNX Runtime, best batch", f"{statistics.median(raw):.1f} texts/s", f"rounds {_spread(raw)}"),
@@ -316,17 +318,14 @@ def summary_rows(res: StackResults) -> list[dict[str, str]]:
         ("(c) added p50 (stack - raw)" + (f", median of {len(reps)} repeats" if reps else ""), f"{add:+.2f} ms",
          (f"repeats {_spread(reps)}; " if reps else "") + f"median of per-text differences "
          f"{percentile(diffs, 50):+.2f} ms", f"<= +{TARGET_ADDED_P50_MS} ms", verdict[add <= TARGET_ADDED_P50_MS]),
-    ]
-    if lat.get("stack_tritonclient"):  # a reference: no target
-        ref, ref_reps = added("stack_tritonclient")
-        rows.append(("(c) the same stack through tritonclient's sync gRPC client, p50 / added p50",
-                     f"{p('stack_tritonclient'):.2f} ms / {ref:+.2f} ms",
-                     f"repeats {_spread(ref_reps)}; same blocks as the row above"))
-    rows += [("padding ratio of (b) (kit metrics)", f"{pad.get('stack', NAN):.3f}", f"rounds {_spread(padding)}",
-              f"<= {TARGET_PADDING}", verdict[pad.get("stack", 9.0) <= TARGET_PADDING]),
-             (f"padding ratio, FIFO pad-to-longest (B={pad.get('fifo_batch', 0):.0f}, same traffic)",
-              f"{pad.get('fifo', NAN):.3f}", "computed"),
-             ("padding ratio, FIFO pad-to-longest (B=32)", f"{pad.get('fifo_32', NAN):.3f}", "computed")]
+        *[("(c) the same stack through tritonclient's sync gRPC client, p50 / added p50",  # a reference: no target
+           f"{p('stack_tritonclient'):.2f} ms / {ref:+.2f} ms", f"repeats {_spread(ref_reps)}; same blocks as the row "
+           "above")] * bool(lat.get("stack_tritonclient")),
+        ("padding ratio of (b) (kit metrics)", f"{pad.get('stack', NAN):.3f}", f"rounds {_spread(padding)}",
+         f"<= {TARGET_PADDING}", verdict[pad.get("stack", 9.0) <= TARGET_PADDING]),
+        (f"padding ratio, FIFO pad-to-longest (B={pad.get('fifo_batch', 0):.0f}, same traffic)",
+         f"{pad.get('fifo', NAN):.3f}", "computed"),
+        ("padding ratio, FIFO pad-to-longest (B=32)", f"{pad.get('fifo_32', NAN):.3f}", "computed")]
     return [dict(zip(("row", "value", "noise", "target", "verdict"), (*r, "-", "-")[:5], strict=True)) for r in rows]
 
 
@@ -393,10 +392,10 @@ def parse_args(argv: list[str] | None = None) -> StackSettings:
                    help="text endpoint config parameter (e.g. encoder=bls); sub_batch_max=auto: the sweep's best batch")
     args = list(sys.argv[1:] if argv is None else argv)
     a = vars(p.parse_args(args))
-    given = {k: v for k, v in a.items() if v is not None and k not in ("quick", "text_param")}
-    s = StackSettings(**{**(QUICK if a["quick"] else {}), **given}, command=shlex.join(["bge-triton", "bench", "stack",
-                                                                                        *args]))
-    s.text_params.update(item.partition("=")[::2] for item in a["text_param"])
+    params, quick = a.pop("text_param"), a.pop("quick")
+    s = StackSettings(**(QUICK if quick else {}) | {k: v for k, v in a.items() if v is not None},
+                      command=shlex.join(["bge-triton", "bench", "stack", *args]))
+    s.text_params.update(item.partition("=")[::2] for item in params)
     return s
 
 

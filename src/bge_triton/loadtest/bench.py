@@ -264,18 +264,9 @@ TABLE = ("scenario | peak req/s | x batch-1 | peak p50 / p99 ms | peak batch | p
 PANEL_TITLES = {"costmodel": "EMULATED GPU (cost model)", "onnxruntime": "real model, ONNX Runtime on CPU"}
 
 
-def _table_row(pk: dict, lo: dict, base: float) -> list:
-    f = report.fmt
-    return [pk["scenario"], f"{pk['throughput']:.0f}", f(pk["throughput"] / base, 2),
-            f"{f(pk['p50_ms'])} / {f(pk['p99_ms'])}", pk["avg_batch"], pk["front_batch"], lo.get("load", "-"),
-            lo.get("avg_ms"), lo.get("p50_ms"), lo.get("p99_ms"), lo.get("avg_batch"), lo.get("queue_ms"),
-            lo.get("compute_ms"), f"{f(100 * pk['server_cores'], 0)} / {f(100 * pk['gen_cores'], 0)}",
-            pk["errors"] + lo.get("errors", 0)]
-
-
 def write_report(run: BenchRun, out: Path) -> list[Path]:
     """bench.md, bench.csv, bench.png in `out`."""
-    s, m, rows = run.settings, run.machine, run.rows
+    s, m, rows, f = run.settings, run.machine, run.rows, report.fmt
     peak_max = max((r["throughput"] for r in rows if r["phase"] == "peak"), default=0.0)
     lines = [f"Machine: {m['cores']}-core {m['cpu']} CPU, no GPU, Python {m['python']}, {m['server']}; load average "
              f"at start {m['loadavg_at_start']} (shared machine: compare rows of one run side by side).  ",
@@ -300,7 +291,12 @@ def write_report(run: BenchRun, out: Path) -> list[Path]:
         peaks = {r["scenario"]: r for r in rows if r["executor"] == ex and r["phase"] == "peak"}
         lows = {r["scenario"]: r for r in rows if r["executor"] == ex and r["phase"] == "low"}
         base = peaks.get("no_batching", {}).get("throughput") or math.nan
-        lines += report.table(TABLE, [_table_row(pk, lows.get(sc, {}), base) for sc, pk in peaks.items()]) + [""]
+        lines += report.table(TABLE, [
+            [pk["scenario"], f"{pk['throughput']:.0f}", f(pk["throughput"] / base, 2),
+             f"{f(pk['p50_ms'])} / {f(pk['p99_ms'])}", pk["avg_batch"], pk["front_batch"], lo.get("load", "-"),
+             lo.get("avg_ms"), lo.get("p50_ms"), lo.get("p99_ms"), lo.get("avg_batch"), lo.get("queue_ms"),
+             lo.get("compute_ms"), f"{f(100 * pk['server_cores'], 0)} / {f(100 * pk['gen_cores'], 0)}",
+             pk["errors"] + lo.get("errors", 0)] for sc, pk in peaks.items() for lo in [lows.get(sc, {})]]) + [""]
     lines += ["Columns: peak = closed loop, low = open loop; `x batch-1` = peak / no_batching peak; queue = the called "
               "model's; compute and batch = the encoder's (/v2/models/<m>/stats deltas; req batch = the called "
               "model's); CPU % = CPU seconds per second x 100 of the tritonserver tree / this generator (machine-wide "

@@ -45,15 +45,6 @@ def module_at(rev: str, path: str, name: str) -> types.ModuleType:
     return module
 
 
-def clients(http_url: str, rev: str) -> dict[str, HttpSync]:
-    """Two HttpSync transports to the same server: urllib3 (as shipped) and the old hand-written connection."""
-    host, _, port = http_url.rpartition(":")
-    old = HttpSync(http_url)
-    old_module = module_at(rev, "src/bge_triton/client/http1.py", "bge_triton_old_http1")
-    old.conn = old_module.Http1Connection(host, int(port))  # the same request() contract
-    return {"urllib3 (HttpSync now)": HttpSync(http_url), f"hand-written http1 ({rev})": old}
-
-
 def measure(calls: Mapping[str, Callable[[int], Any]], block: int, rounds: int) -> list[dict[str, Any]]:
     """Per-call wall time and client CPU (this thread's) of each caller, blocks of `block` calls taking turns."""
     lat, cpu = asyncio.run(turns(calls, range(block * rounds), block, time.thread_time))
@@ -93,7 +84,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         h.load(harness.NOOP)
         ids = np.arange(1, a.seq_len + 1, dtype=np.int64).reshape(1, a.seq_len)
         call = tensor_call(harness.NOOP, ids, np.ones_like(ids))
-        transports = clients(h.live.http_url, a.old_rev)
+        # two HttpSync transports to the same server: urllib3 (as shipped) and the old hand-written connection
+        old = HttpSync(h.live.http_url)
+        old.conn = module_at(a.old_rev, "src/bge_triton/client/http1.py", "bge_triton_old_http1").Http1Connection(
+            *h.host_port)  # the same request() contract
+        transports = {"urllib3 (HttpSync now)": HttpSync(h.live.http_url), f"hand-written http1 ({a.old_rev})": old}
         calls = {name: (lambda _i, t=t: t.infer(call, 10.0)) for name, t in transports.items()}
         measure(calls, 50, 2)  # warm-up: connections open, code paths hot
         rows = measure(calls, a.block, max(2, round(a.calls / a.block)))

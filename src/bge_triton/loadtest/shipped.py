@@ -70,9 +70,8 @@ class Candidate:
                                        ("max_in_flight", self.max_in_flight)) if v is not None}
 
     def batching(self) -> Batching | None:
-        if self.delay_us is None and self.preferred is None:
-            return None
-        return Batching(preferred_batch_sizes=self.preferred, max_queue_delay_us=self.delay_us)
+        unset = self.delay_us is None and self.preferred is None
+        return None if unset else Batching(preferred_batch_sizes=self.preferred, max_queue_delay_us=self.delay_us)
 
 
 @dataclass
@@ -102,27 +101,22 @@ def _text_stub_cpu(h: harness.Harness) -> dict[int, float]:
     return out
 
 
-def _bodies(tokenizer: Path, texts: list[str]) -> tuple[dict, dict]:
-    """Request bodies per path, and the token-length profile of the texts."""
-    buckets = BucketTokenizer(str(tokenizer), DEFAULT_BUCKETS, max_length=512)
-    own8 = BucketTokenizer(str(tokenizer), tuple(range(8, 513, 8)), max_length=512)  # the endpoint's padding
-    lens = [len(ids) for ids in own8.token_ids(texts)]
-    bodies = {"text": tuple(loadgen.text_request(t) for t in texts),
-              "tensor_buckets": tuple(loadgen.request_body(tensor_call("", *buckets.encode([t]))) for t in texts),
-              "direct_delay0": tuple(loadgen.request_body(tensor_call("", *own8.encode([t]))) for t in texts)}
-    return bodies, {"median": statistics.median(lens), "mean": statistics.fmean(lens), "max": max(lens), "all": lens}
-
-
 def run_shipped(s: bench.BenchSettings, candidates: tuple[Candidate, ...],
                 concurrencies: tuple[int, ...] = (128,)) -> ShippedRun:
     """Reference rows once, then each candidate's text and tensor rows (quiet hours + the peak sweep), on one server."""
     run = ShippedRun(s.command, candidates, concurrencies, machine=report.machine_info())
     bench.ensure_real_repo(s)  # the export's tokenizer; a fresh checkout has none yet
-    bodies, run.lengths = _bodies(s.real_repo / s.real_name / "1" / "tokenizer",
-                                  corpus.sample("reviews", 512, seed=1, max_chars=s.max_chars))
+    texts, tokenizer = corpus.sample("reviews", 512, seed=1, max_chars=s.max_chars), s.real_repo / s.real_name / "1"
+    buckets = BucketTokenizer(str(tokenizer / "tokenizer"), DEFAULT_BUCKETS, max_length=512)
+    own8 = BucketTokenizer(str(tokenizer / "tokenizer"), tuple(range(8, 513, 8)), max_length=512)  # the endpoint's
+    lens = [len(ids) for ids in own8.token_ids(texts)]
+    run.lengths = {"median": statistics.median(lens), "mean": statistics.fmean(lens), "max": max(lens), "all": lens}
+    bodies = {"text": tuple(loadgen.text_request(t) for t in texts),
+              "tensor_buckets": tuple(loadgen.request_body(tensor_call("", *buckets.encode([t]))) for t in texts),
+              "direct_delay0": tuple(loadgen.request_body(tensor_call("", *own8.encode([t]))) for t in texts)}
     cost = {"cost_a_us": s.cost.a_us, "cost_b_us": s.cost.b_us}
     batch1 = s.cost.capacity_qps(1, run.lengths["median"])
-    low_rate, probe = s.low_fraction * batch1, lambda: _text_stub_cpu(h)
+    low_rate = s.low_fraction * batch1
 
     def label(rows: list[dict], cand: str, path: str, cfg) -> list[dict]:
         """The rows' candidate, path and the called model's queue policy (the text endpoint's pools keep it)."""
@@ -144,7 +138,7 @@ def run_shipped(s: bench.BenchSettings, candidates: tuple[Candidate, ...],
         return sweep.peak_sweep(closed, h.live.http_url, model, peak_at, batch1, s.warmup_s, s.duration_s)
 
     with bench.stand(s, "shipped_repo", True, max(concurrencies), max(concurrencies) / sweep.CONNECTS_PER_S) as h:
-        check = h.self_check_result
+        check, probe = h.self_check_result, functools.partial(_text_stub_cpu, h)
         run.selfcheck_rps, run.selfcheck_unanswered = (check.throughput, check.late) if check else (0.0, 0)
         # the quiet-hour reference, loaded for the whole run beside each candidate's encoder (its own emulated GPU)
         enc_variant = h.variant_for("costmodel")

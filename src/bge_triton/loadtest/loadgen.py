@@ -26,21 +26,15 @@ def request_body(call: InferCall) -> bytes:
     return header_len.to_bytes(8, "little") + body
 
 
-def tensor_request(seq_len: int, ids: np.ndarray) -> bytes:
-    """One encoder request as the SDK's tensor mode sends it: input_ids and attention_mask INT64 [1, L]."""
-    row = np.asarray(ids, dtype=np.int64).reshape(1, seq_len)
-    return request_body(tensor_call("", row, np.ones_like(row)))
-
-
 def text_request(text: str, truncate: bool = True) -> bytes:
     """One text-endpoint request as the SDK's text mode sends it: text BYTES [1, 1] plus `truncate`."""
     return request_body(text_call("", [text], truncate))
 
 
 def tensor_bodies(seq_len: int, n: int = 128, vocab: int = 1000, seed: int = 0) -> list[bytes]:
-    """n distinct fixed-length token requests (same shape, so Triton can batch them)."""
-    rng = np.random.default_rng(seed)
-    return [tensor_request(seq_len, rng.integers(1, vocab, seq_len)) for _ in range(n)]
+    """n distinct encoder requests as the SDK's tensor mode sends them: input_ids and attention_mask INT64 [1, L]."""
+    rows = np.random.default_rng(seed).integers(1, vocab, (n, 1, seq_len), dtype=np.int64)
+    return [request_body(tensor_call("", row, np.ones_like(row))) for row in rows]
 
 
 @dataclass(frozen=True)
@@ -98,7 +92,8 @@ class _Conn:
     writer: asyncio.StreamWriter | None = None
 
     def __init__(self, spec: LoadSpec):
-        self.spec, self.prefix = spec, (f"POST /v2/models/{spec.model}/infer HTTP/1.1\r\nHost: {spec.host}\r\n"
+        self.spec = spec
+        self.prefix = (f"POST /v2/models/{spec.model}/infer HTTP/1.1\r\nHost: {spec.host}\r\n"
                        "Content-Type: application/octet-stream\r\n").encode()
 
     async def infer(self, body: bytes) -> str:
@@ -132,12 +127,11 @@ def ensure_open_files(connections: int, margin: int = 256) -> None:
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     need = connections + margin
-    if soft == resource.RLIM_INFINITY or soft >= need:
-        return
-    if hard != resource.RLIM_INFINITY and hard < need:
-        raise InputError(f"{connections} connections need {need} open files but the hard limit is {hard}: raise it "
-                         f"(`ulimit -Hn {need}` as root, or LimitNOFILE) or split the load (processes > 1)")
-    resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+    if soft != resource.RLIM_INFINITY and soft < need:
+        if hard != resource.RLIM_INFINITY and hard < need:
+            raise InputError(f"{connections} connections need {need} open files but the hard limit is {hard}: raise "
+                             f"it (`ulimit -Hn {need}` as root, or LimitNOFILE) or split the load (processes > 1)")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
 
 
 async def poisson(rng: random.Random, rate: Callable[[], float], now: Callable[[], float], start: float,
@@ -145,12 +139,8 @@ async def poisson(rng: random.Random, rate: Callable[[], float], now: Callable[[
     """THE open-loop Poisson schedule: send times in [start, until) on the `now` clock at `rate()` per second, each
     yielded when it comes (behind schedule: at once, after one loop turn unless yield_when_late is False)."""
     t = start
-    while True:
-        t += rng.expovariate(rate())
-        if t >= until:
-            return
-        delay = t - now()
-        if delay > 0 or yield_when_late:
+    while (t := t + rng.expovariate(rate())) < until:
+        if (delay := t - now()) > 0 or yield_when_late:
             await asyncio.sleep(max(0.0, delay))
         yield t
 
@@ -211,8 +201,16 @@ async def _run_async(spec: LoadSpec) -> LoadResult:
     def clock() -> float:  # the loop clock on the shared wall scale
         return spec.t0 + (loop.time() - base)
 
-    async def send(conn: _Conn, sched: float, i: int) -> None:
-        err = await conn.infer(spec.bodies[i % len(spec.bodies)])
+    idle: list[_Conn] = []  # keep-alive connections not in use (closed loop: one per user)
+    sem = asyncio.Semaphore(spec.concurrency)
+
+    async def send(sched: float, i: int) -> None:
+        async with sem:
+            conn = idle.pop() if idle else _Conn(spec)
+            try:
+                err = await conn.infer(spec.bodies[i % len(spec.bodies)])
+            finally:
+                idle.append(conn)
         done = clock()
         in_window = begin <= (sched if spec.mode == "open" else done) <= end
         if err:
@@ -234,15 +232,12 @@ async def _run_async(spec: LoadSpec) -> LoadResult:
 
     if spec.mode == "closed":
         async def user(k: int) -> None:
-            conn, i = _Conn(spec), k
             if (start := spec.t0 + spec.ramp_s * k / spec.concurrency - clock()) > 0:
                 await asyncio.sleep(start)  # a ramp: Triton 2.51's HTTP front end stalled on 1100 connects at once
-            try:
-                while (now := clock()) < end:
-                    await send(conn, now, i)
-                    i += spec.concurrency
-            finally:
-                conn.close()
+            for i in itertools.count(k, spec.concurrency):
+                if (now := clock()) >= end:
+                    return
+                await send(now, i)
 
         async def lag_probe() -> None:  # a busy loop leaves answers unread: they are out of the server, not in it
             lags = []
@@ -258,23 +253,13 @@ async def _run_async(spec: LoadSpec) -> LoadResult:
             res.first_error = res.first_error or (f"{stuck} requests unanswered {spec.grace_s:g} s after the "
                                                   "window (the server stopped answering)")
         await probe
-        return res
-
-    idle: list[_Conn] = []
-    sem = asyncio.Semaphore(spec.concurrency)
-    pending: set[asyncio.Task] = set()
-
-    async def one(sched: float, i: int) -> None:
-        async with sem:
-            conn = idle.pop() if idle else _Conn(spec)
-            await send(conn, sched, i)
-            idle.append(conn)
-
-    n = itertools.count()
-    async for sched in poisson(random.Random(spec.seed), lambda: spec.rate, clock, clock(), end, False):
-        pending.add(task := asyncio.create_task(one(sched, next(n))))
-        task.add_done_callback(pending.discard)
-    await settle(set(pending))
+    else:
+        pending: set[asyncio.Task] = set()
+        n = itertools.count()
+        async for sched in poisson(random.Random(spec.seed), lambda: spec.rate, clock, clock(), end, False):
+            pending.add(task := asyncio.create_task(send(sched, next(n))))
+            task.add_done_callback(pending.discard)
+        await settle(set(pending))
     for conn in idle:
         conn.close()
     return res
@@ -290,16 +275,15 @@ def run(spec: LoadSpec) -> LoadResult:
     t0 = time.time() + (0.3 if n == 1 else 1.5)  # spawned children need time to import
     parts = [LoadSpec(**{**spec.__dict__, "concurrency": max(1, spec.concurrency // n), "rate": spec.rate / n,
                          "processes": 1, "seed": spec.seed + k, "t0": t0}) for k in range(n)]
+    total = LoadResult(window_s=spec.duration_s, window_start=t0 + spec.warmup_s)
     if n == 1:
-        res = asyncio.run(_run_async(parts[0]))
-        res.window_start = t0 + spec.warmup_s
-        return res
+        total.merge(asyncio.run(_run_async(parts[0])))
+        return total
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     procs = [ctx.Process(target=_child, args=(p, queue), daemon=True) for p in parts]
     for p in procs:
         p.start()
-    total = LoadResult(window_s=spec.duration_s, window_start=t0 + spec.warmup_s)
     for _ in procs:
         total.merge(queue.get(timeout=spec.warmup_s + spec.duration_s + spec.grace_s + 60))
     for p in procs:

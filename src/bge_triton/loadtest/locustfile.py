@@ -112,21 +112,10 @@ WINDOW_FIELDS = ("t_s", "model", "users", "client_rps", "client_p50_ms", "client
                  "triton_requests", "avg_batch", "queue_ms", "compute_ms")
 
 
-def _client_window(stats: Any, state: dict) -> dict:
-    """Client view of the last window from cumulative Locust stats (works on a distributed master too)."""
-    total = stats.total
-    now, hist, fails = time.monotonic(), dict(total.response_times), total.num_failures
-    win = histogram_delta(state.get("hist", {}), hist)
-    dt = max(now - state.get("t", now - 1.0), 1e-9)
-    out = {"client_rps": f"{sum(win.values()) / dt:.1f}", "client_p50_ms": histogram_percentile(win, 50),
-           "client_p99_ms": histogram_percentile(win, 99), "fail_per_s": f"{(fails - state.get('fails', 0)) / dt:.1f}"}
-    state.update(t=now, hist=hist, fails=fails)
-    return out
-
-
 @events.test_start.add_listener
 def _start_windows(environment, **_kw) -> None:
-    """On the master (or a local run), once: a greenlet that logs Triton stats deltas per window (and the CSV)."""
+    """On the master (or a local run), once: a greenlet that logs Triton's stats deltas per window beside the client's
+    view (from cumulative Locust stats: a distributed master works too), rewriting --window-csv each window."""
     if isinstance(environment.runner, WorkerRunner) or _WINDOWS:
         return
     opts = environment.parsed_options
@@ -139,22 +128,26 @@ def _start_windows(environment, **_kw) -> None:
     except KitError as exc:
         log.warning("no Triton stats windows: %s", exc)
         return
-    state: dict = {}
-    rows: list[dict] = []
-    t0 = time.monotonic()
-    _client_window(environment.runner.stats, state)
 
     def loop() -> None:
+        rows: list[dict] = []
+        t0 = t = time.monotonic()
+        hist, fails = dict(environment.runner.stats.total.response_times), environment.runner.stats.total.num_failures
         while True:
             gevent.sleep(opts.window_s)
-            client = {"users": environment.runner.user_count, **_client_window(environment.runner.stats, state)}
+            now = time.monotonic()
+            total, dt = environment.runner.stats.total, max(now - t, 1e-9)
+            win = histogram_delta(hist, dict(total.response_times))
+            client = {"users": environment.runner.user_count, "client_rps": f"{sum(win.values()) / dt:.1f}",
+                      "client_p50_ms": histogram_percentile(win, 50), "client_p99_ms": histogram_percentile(win, 99),
+                      "fail_per_s": f"{(total.num_failures - fails) / dt:.1f}"}
+            t, hist, fails = now, dict(total.response_times), total.num_failures
             try:
                 for m in models:
-                    now = fetch_stats(host, m)
-                    d, last[m] = stats_delta(last[m], now), now
-                    rows.append({"t_s": f"{time.monotonic() - t0:.1f}", "model": m, **client,
-                                 "triton_requests": d.requests, "avg_batch": d.avg_batch, "queue_ms": d.queue_ms,
-                                 "compute_ms": d.compute_ms})
+                    after = fetch_stats(host, m)
+                    d, last[m] = stats_delta(last[m], after), after
+                    rows.append({"t_s": f"{now - t0:.1f}", "model": m, **client, "triton_requests": d.requests,
+                                 "avg_batch": d.avg_batch, "queue_ms": d.queue_ms, "compute_ms": d.compute_ms})
                     log.info("window %s: %d req, batch %.1f, queue %.1f ms, compute %.1f ms | client %s req/s, "
                              "p50 %s ms, p99 %s ms", m, d.requests, d.avg_batch, d.queue_ms, d.compute_ms,
                              client["client_rps"], client["client_p50_ms"], client["client_p99_ms"])

@@ -7,10 +7,11 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import time
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,9 +24,7 @@ _COUNTERS = ("inference_count", "execution_count", *(f"{p}_{u}" for p in _PHASES
 
 def percentile(values, q: float) -> float:
     """q-th percentile (0..100), numpy's default linear interpolation; nan when empty. The kit's only one."""
-    if len(values) == 0:
-        return math.nan
-    return float(np.percentile(np.asarray(values, dtype=float), q))
+    return float(np.percentile(np.asarray(values, dtype=float), q)) if len(values) else math.nan
 
 
 def histogram_percentile(hist: Mapping[Any, int], q: float) -> float:
@@ -80,9 +79,6 @@ class StatsDelta:
     avg_batch: float
     queue_ms: float  # average per successful request
     compute_ms: float  # input + infer + output, average per successful request (its batch's time)
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def stats_delta(before: dict[str, float], after: dict[str, float]) -> StatsDelta:
@@ -148,24 +144,21 @@ def stub_pids(pid: int) -> dict[int, str]:
 
 
 class CpuMeter:
-    """CPU use over a window: the whole machine (%), the server process tree and this generator (cores busy).
-    Per-pid deltas: a python stub that starts mid-window counts from zero; one that exits loses its time."""
+    """CPU use over a window: the machine (%), the server's process tree and this generator (cores busy). Per-pid
+    deltas: a stub that starts mid-window counts from zero; one that exits loses its time."""
 
     def __init__(self, pid: int | None = None):
         import psutil
 
-        self._ps = psutil
-        self.server = psutil.Process(pid) if pid else None
-        self.me = psutil.Process()
-        self._t0, self._start = 0.0, dict[int, float]()
+        self._ps, self.pid, self._t0, self._start = psutil, pid, 0.0, dict[int, float]()
 
     def _both(self) -> dict[int, float]:
         """Server tree under +pid, the generator (this process and its children minus the server) under -pid."""
-        def tree(root: Any) -> dict[int, float]:
-            return _read([root, *root.children(recursive=True)], lambda p: sum(p.cpu_times()[:2])) if root else {}
+        def cpu(pid: int | None) -> dict[int, float]:
+            return _read(process_tree(pid), lambda p: sum(p.cpu_times()[:2])) if pid else {}
 
-        server = tree(self.server)
-        return {**server, **{-pid: v for pid, v in tree(self.me).items() if pid not in server}}
+        server = cpu(self.pid)
+        return {**server, **{-pid: v for pid, v in cpu(os.getpid()).items() if pid not in server}}
 
     def start(self) -> None:
         self._ps.cpu_percent(None)

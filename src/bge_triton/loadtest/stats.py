@@ -10,7 +10,7 @@ import math
 import os
 import time
 import urllib.request
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,8 +101,7 @@ def phase_means_ms(before: dict[str, float], after: dict[str, float]) -> dict[st
 
 def fetch_stats(http_url: str, model: str, timeout_s: float = 5.0) -> dict[str, float]:
     """GET /v2/models/<model>/stats from host:port (or http://host:port) and flatten it."""
-    base = http_url if http_url.startswith("http") else f"http://{http_url}"
-    url = f"{base}/v2/models/{model}/stats"
+    url = f"{http_url if http_url.startswith('http') else 'http://' + http_url}/v2/models/{model}/stats"
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as resp:
             return flatten_stats(json.loads(resp.read()))
@@ -121,12 +120,12 @@ def process_tree(pid: int) -> list[Any]:
         return []
 
 
-def _read(procs: Iterable[Any], read: Callable[[Any], Any]) -> dict[int, Any]:
-    """pid -> read(process) of each process still there when it is read."""
+def _read(pid: int | None, read: Callable[[Any], Any]) -> dict[int, Any]:
+    """pid -> read(process) over the process tree of `pid`, of each process still there when it is read."""
     import psutil
 
     out = {}
-    for proc in procs:
+    for proc in process_tree(pid) if pid else []:
         with contextlib.suppress(psutil.NoSuchProcess):
             out[proc.pid] = read(proc)
     return out
@@ -134,13 +133,12 @@ def _read(procs: Iterable[Any], read: Callable[[Any], Any]) -> dict[int, Any]:
 
 def tree_rss_mb(pid: int) -> float:
     """Resident memory of tritonserver + its stub children, in MiB."""
-    return sum(_read(process_tree(pid), lambda p: p.memory_info().rss).values()) / 2**20
+    return sum(_read(pid, lambda p: p.memory_info().rss).values()) / 2**20
 
 
 def stub_pids(pid: int) -> dict[int, str]:
     """pid -> command line of the python backend stubs under a tritonserver pid."""
-    cmds = _read(process_tree(pid)[1:], lambda p: " ".join(p.cmdline()))
-    return {p: cmd for p, cmd in cmds.items() if "triton_python_backend_stub" in cmd}
+    return {p: c for p, c in _read(pid, lambda p: " ".join(p.cmdline())).items() if "triton_python_backend_stub" in c}
 
 
 class CpuMeter:
@@ -154,11 +152,9 @@ class CpuMeter:
 
     def _both(self) -> dict[int, float]:
         """Server tree under +pid, the generator (this process and its children minus the server) under -pid."""
-        def cpu(pid: int | None) -> dict[int, float]:
-            return _read(process_tree(pid), lambda p: sum(p.cpu_times()[:2])) if pid else {}
-
-        server = cpu(self.pid)
-        return {**server, **{-pid: v for pid, v in cpu(os.getpid()).items() if pid not in server}}
+        server = _read(self.pid, lambda p: sum(p.cpu_times()[:2]))
+        mine = _read(os.getpid(), lambda p: sum(p.cpu_times()[:2]))
+        return {**server, **{-pid: v for pid, v in mine.items() if pid not in server}}
 
     def start(self) -> None:
         self._ps.cpu_percent(None)

@@ -71,7 +71,7 @@ def test_a_thin_window_is_not_normal() -> None:
     assert sa.p99_back_after(sparse, 0.0, 1.0, 2.0, until=20.0, min_n=2) == 0.0
 
 
-def test_bucket_rows_and_tally() -> None:
+def test_per_minute_rows_and_tally() -> None:
     shots = steady(0, 60, 0.02, rate=10) + steady(60, 90, 0.2, rate=10)
     shots[5] = sa.Shot(shots[5].sched, shots[5].done, "lost")
     shots[6] = sa.Shot(shots[6].sched, shots[6].done, "Overloaded")
@@ -120,7 +120,7 @@ def test_windows_from_t() -> None:
     assert [n for _, n in sa.window_p99s(shots, 2.0, 3.0, 3)] == [3, 3, 3]
 
 
-def test_serving_samples_leave_out_restarts() -> None:
+def test_server_segments_leave_out_restarts() -> None:
     samples = [{"t": float(t), "server_rss_mb": 100.0 + t, "server_pid": 1 if t < 20 else 2} for t in range(0, 60, 5)]
     segments = sa.rss_segments(samples, restarts=[12.0, 41.0], ready_again=[33.0])  # the second never came back
     assert [(g["pid"], g["from_s"], g["to_s"]) for g in segments] == [(1, 0.0, 10.0), (2, 35.0, 40.0)]

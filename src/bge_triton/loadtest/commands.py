@@ -7,25 +7,24 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-# scenario -> (module, its main(argv) function, what it measures)
+# scenario -> (module in bge_triton.loadtest, its main(argv) function, what it measures)
 BENCH: dict[str, tuple[str, str, str]] = {
-    "seed": ("bge_triton.loadtest.bench", "main",
+    "seed": ("bench", "main",
              "the seed table: no batching, static 32, dynamic 5 ms, delay 0, text endpoint; peak and low load"),
-    "shipped": ("bge_triton.loadtest.shipped", "main",
-                "the committed config pair as shipped against issue 14's targets (emulated GPU)"),
-    "stack": ("bge_triton.loadtest.stack_bench", "main", "raw ONNX Runtime against the full Triton stack"),
-    "gateway": ("bge_triton.loadtest.gateway_bench", "main",
+    "shipped": ("shipped", "main", "the committed config pair as shipped against issue 14's targets (emulated GPU)"),
+    "stack": ("stack_bench", "main", "raw ONNX Runtime against the full Triton stack"),
+    "gateway": ("gateway_bench", "main",
                 "the OpenAI gateway: against the SDK (sdk), queries under a bulk flood (priority), stalls (stall)"),
-    "soak": ("bge_triton.loadtest.soak", "main", "a long run at 70% of capacity with a kill -9, a dead stub, a spike"),
-    "client": ("bge_triton.loadtest.client_cost", "main", "the sync HTTP transport's one-in-flight cost, old vs new"),
-    "plan-cost": ("bge_triton.loadtest.plan_cost", "main", "the text scheduler's planning cost per dispatch"),
-    "probe": ("bge_triton.loadtest.sweep", "probe_main", "how many closed-loop users this machine's server answers"),
-    "gpu": ("bge_triton.loadtest.gpu.bench_gpu", "main",
+    "soak": ("soak", "main", "a long run at 70% of capacity with a kill -9, a dead stub, a spike"),
+    "client": ("client_cost", "main", "the sync HTTP transport's one-in-flight cost, old vs new"),
+    "plan-cost": ("plan_cost", "main", "the text scheduler's planning cost per dispatch"),
+    "probe": ("sweep", "probe_main", "how many closed-loop users this machine's server answers"),
+    "gpu": ("gpu.bench_gpu", "main",
             "the GPU host's bench (torch encoder, five scenarios + text endpoint); on a GPU host run gpu/run.sh"),
 }
 TUNE: dict[str, tuple[str, str, str]] = {
-    "delay": ("bge_triton.loadtest.tune", "main", "the encoder's queue delay and preferred sizes (default)"),
-    "pair": ("bge_triton.loadtest.tune", "pair_main", "the encoder's batching and the text endpoint together"),
+    "delay": ("tune", "main", "the encoder's queue delay and preferred sizes (default)"),
+    "pair": ("tune", "pair_main", "the encoder's batching and the text endpoint together"),
 }
 
 
@@ -47,7 +46,7 @@ def _run(command: str, table: dict[str, tuple[str, str, str]], argv: Sequence[st
         print(f"bge-triton {command}: unknown scenario {name!r}\n\n{usage(command, table)}", file=sys.stderr)
         return 2
     module, function, _ = table[name]
-    return int(getattr(importlib.import_module(module), function)(rest) or 0)
+    return int(getattr(importlib.import_module(f"bge_triton.loadtest.{module}"), function)(rest) or 0)
 
 
 def bench_main(argv: Sequence[str]) -> int:

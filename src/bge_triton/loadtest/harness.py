@@ -147,10 +147,9 @@ class Harness:
         """Our HTTP connection closes first: Triton waits 30 s for open ones before it unloads the models."""
         if self.client is not None:
             self.client.close()
-            self.client = None
         if self.server is not None:
             self.server.stop()
-            self.server = None
+        self.client = self.server = None
 
     @property
     def live(self) -> LocalServer:

@@ -53,12 +53,6 @@ def _preload(environment, **_kw) -> None:  # the corpus is read before users sta
         corpus.load(environment.parsed_options.corpus)
 
 
-def _bodies(opts) -> list[bytes]:
-    if opts.triton_model.endswith("_onnx"):
-        return loadgen.tensor_bodies(opts.seq_len, 256)
-    return [loadgen.text_request(t) for t in corpus.sample(opts.corpus, 1024, seed=7, max_chars=opts.max_chars)]
-
-
 class TritonUser(FastHttpUser):
     """One client of Triton's HTTP/REST API (binary tensors); every request is reported, none raises."""
 
@@ -71,7 +65,8 @@ class TritonUser(FastHttpUser):
         opts = self.environment.parsed_options
         self.model = opts.triton_model
         self.path = f"/v2/models/{self.model}/infer"
-        self.bodies = _bodies(opts)
+        self.bodies = loadgen.tensor_bodies(opts.seq_len, 256) if self.model.endswith("_onnx") else [
+            loadgen.text_request(t) for t in corpus.sample(opts.corpus, 1024, seed=7, max_chars=opts.max_chars)]
         self.i = random.randrange(len(self.bodies))
         if opts.mode == "paced":  # at most --rate-per-user tasks a second, whatever the latency
             self._pace = constant_throughput(opts.rate_per_user)

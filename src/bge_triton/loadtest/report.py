@@ -122,8 +122,7 @@ def plot_p99(rows: Sequence[Mapping[str, Any]], path: Path, command: str, titles
             pts = sorted((r["throughput"], r["p99_ms"]) for r in rows if r["executor"] == ex and r["scenario"] == sc)
             ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=sc)
         if marks and ex in marks:
-            xs, ys, label = marks[ex]
-            ax.scatter(xs, ys, marker="x", color="k", label=label)
+            ax.scatter(*marks[ex][:2], marker="x", color="k", label=marks[ex][2])
         ax.set(yscale="log", xlabel="throughput (req/s)", ylabel="p99 latency (ms)", title=titles.get(ex, ex))
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)

@@ -23,6 +23,7 @@ import numpy as np
 
 from bge_triton.errors import KitError
 from bge_triton.loadtest import corpus
+from bge_triton.loadtest.bench import add_flags
 from bge_triton.loadtest.client_cost import module_at
 from bge_triton.loadtest.report import machine_line, table, write_csv, write_md
 from bge_triton.loadtest.stats import percentile
@@ -205,17 +206,13 @@ def run(backlogs: list[int], out: Path, dispatches: int, old_budget_s: float, se
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backlogs", default="64,1024,4096,16384", help="texts waiting (comma-separated)")
-    parser.add_argument("--dispatches", type=int, default=300, help="timed takes per backlog (shipped policy)")
-    parser.add_argument("--old-budget-s", type=float, default=4.0,
-                        help="seconds per backlog for the replaced policy (at least 3 dispatches)")
-    parser.add_argument("--drains", default="256,4096,16384",
-                        help="backlogs drained into one emulated GPU (comma-separated; '' = none)")
-    parser.add_argument("--before", default="9fcf26e",
-                        help="git commit whose text_scheduler.py drains the same backlogs beside the shipped one "
-                             "('' = none; 9fcf26e = the whole-level DP policy this work replaced)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=REPORTS_DIR / "text_endpoint")
+    add_flags(parser, ("backlogs", "64,1024,4096,16384", "texts waiting (comma-separated)"),
+              ("dispatches", 300, "timed takes per backlog (shipped policy)"),
+              ("old-budget-s", 4.0, "seconds per backlog for the replaced policy (at least 3 dispatches)"),
+              ("drains", "256,4096,16384", "backlogs drained into one emulated GPU (comma-separated; '' = none)"),
+              ("before", "9fcf26e", "git commit whose text_scheduler.py drains the same backlogs beside the shipped "
+               "one ('' = none; 9fcf26e = the whole-level DP policy this work replaced)"),
+              ("seed", 0, None), ("out", REPORTS_DIR / "text_endpoint", None))
     args = parser.parse_args(argv)
     drains = [int(b) for b in args.drains.split(",") if b.strip()]
     paths = run([int(b) for b in args.backlogs.split(",")], args.out, args.dispatches, args.old_budget_s, args.seed,

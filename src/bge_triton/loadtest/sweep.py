@@ -10,7 +10,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from bge_triton.loadtest import bench
 from bge_triton.loadtest.stats import fetch_stats
@@ -26,17 +25,14 @@ CONNECTS_PER_S = 700.0
 def parse_concurrency(text: str) -> tuple[int, ...]:
     """'128,512,1024' -> (128, 512, 1024), ascending; an argparse type (bad input: a message naming the fix)."""
     values = []
-    for item in text.split(","):
-        try:
-            c = int(item.strip())
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r}: {item.strip()!r} is not a whole number; give closed-loop "
-                                             "user counts as a comma list, e.g. 128,512,1024") from None
-        if c < 1:
-            raise argparse.ArgumentTypeError(f"{text!r}: concurrency {c} must be >= 1 user")
-        values.append(c)
-    if len(set(values)) != len(values):
-        raise argparse.ArgumentTypeError(f"{text!r}: a concurrency is listed twice; list each C once")
+    for item in map(str.strip, text.split(",")):
+        if not item.isdecimal():
+            raise argparse.ArgumentTypeError(f"{text!r}: {item!r} is not a whole number; give closed-loop user counts "
+                                             "as a comma list, e.g. 128,512,1024")
+        values.append(int(item))
+    if min(values) < 1 or len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"{text!r}: concurrency {min(values)} must be >= 1 user" if min(values) < 1
+                                         else f"{text!r}: a concurrency is listed twice; list each C once")
     return tuple(sorted(values))
 
 
@@ -108,14 +104,12 @@ def probe_main(argv: list[str] | None = None) -> int:
     """`bge-triton bench probe`: how many closed-loop users this machine's tritonserver answers,
     against the no-op model (the harness self-check), one fresh server per C so a stall cannot carry over."""
     p = argparse.ArgumentParser(prog="bge-triton bench probe", description=probe_main.__doc__)
-    p.add_argument("--concurrency", type=parse_concurrency, default=DEFAULT_SWEEP, help="users per probe")
-    p.add_argument("--ramp-s", type=float,
-                   help=f"seconds over which the users connect (default C / {CONNECTS_PER_S:g}; 0 = all at once)")
-    p.add_argument("--duration", type=float, default=2.0, help="seconds per probe window (at least 2)")
-    p.add_argument("--state-dir", type=Path, default=STATE_DIR / "loadtest" / "sweep_probe")
+    bench.add_flags(p, ("concurrency", DEFAULT_SWEEP, "users per probe", parse_concurrency),
+                    ("ramp-s", None, f"seconds over which the users connect (default C / {CONNECTS_PER_S:g}; 0 = all "
+                                     "at once)", float), ("duration", 2.0, "seconds per probe window (at least 2)"),
+                    ("state-dir", STATE_DIR / "loadtest" / "sweep_probe", None))
     a = p.parse_args(sys.argv[1:] if argv is None else argv)
-    s = bench.BenchSettings(state_dir=a.state_dir / "state", duration_s=2 * a.duration,
-                            command="bge-triton bench probe")
+    s = bench.BenchSettings(state_dir=a.state_dir / "state", duration_s=2 * a.duration, command=p.prog)
     for c in a.concurrency:
         ramp = c / CONNECTS_PER_S if a.ramp_s is None else a.ramp_s
         with bench.stand(s, "repo", False, c, ramp) as h:  # prints the probe's line

@@ -8,14 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from bge_triton.loadtest.chaos_faults import OverloadSettings, broken_start, kill9_under_load, kill_stub, run_overload
+from bge_triton.loadtest.chaos_faults import RETRY, broken_start, kill9_under_load, kill_stub, run_overload
 
 pytestmark = pytest.mark.integration
 
 
 def test_overload_3x_every_request_answered_and_recovered(minilm_repo: Path, tmp_path: Path) -> None:
-    s = OverloadSettings(minilm_repo, tmp_path / "state", overload_s=8.0, baseline_s=3.0, recovery_s=4.0)
-    r = run_overload(s)
+    r = run_overload(minilm_repo, tmp_path / "state", overload_s=8.0, baseline_s=3.0, recovery_s=4.0)
     assert r["lost"] == 0 and r["requests"] == len(r["shots"]), r["outcomes"]  # nothing lost, nothing hangs
     assert set(r["outcomes"]) <= {"ok", "Overloaded"}, r["outcomes"]  # a result or a 503/UNAVAILABLE
     assert r["overload_outcomes"].get("Overloaded", 0) > 0 and r["overload_outcomes"].get("ok", 0) > 0
@@ -25,8 +24,8 @@ def test_overload_3x_every_request_answered_and_recovered(minilm_repo: Path, tmp
     assert len(recovery) >= 5 and recovery[-5:] == ["ok"] * 5, recovery
     assert r["server_alive_after"] and r["server_ready_after"]
     # retries are bounded per request (jitter is unit-tested in tests/unit/test_reliability_retry.py)
-    assert r["retry_max_attempts_seen"] <= s.retry.max_attempts, r
-    assert r["retry_attempts"] <= s.retry.max_attempts * r["retry_requests"]
+    assert r["retry_max_attempts_seen"] <= RETRY.max_attempts, r
+    assert r["retry_attempts"] <= RETRY.max_attempts * r["retry_requests"]
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])

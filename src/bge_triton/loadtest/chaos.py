@@ -3,10 +3,9 @@ tritonservers it starts itself (ports 18200-18299), then chaos.md + chaos.csv + 
 requests sent and lost (must be 0), errors by kind (errors.kind_of), max recovery time, RSS growth. The overload run's
 encoder is the costmodel executor (emulated); overload and faults are in chaos_faults.
 
-The bad-input catalogue covers the text endpoint (NAME) and the encoder (NAME_onnx): each case says what the server
-must answer, "ok" (over-long text is truncated, the documented default) or the errors.kind_of of its status and a
-substring of the message. Requests go through the SDK's transport below the kit client (which would refuse to build
-most of them), so the server's own checks are what is tested.
+Each bad-input case (text endpoint NAME, encoder NAME_onnx) says what the server must answer: "ok" or the
+errors.kind_of of its status and a substring of the message. Requests go through the SDK's transport below the kit
+client (which would refuse to build most of them), so the server's own checks are what is tested.
 """
 from __future__ import annotations
 
@@ -18,9 +17,9 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import numpy as np
 from tritonclient.utils import InferenceServerException
@@ -36,16 +35,10 @@ from bge_triton.loadtest.stats import tree_rss_mb
 require("loadtest", "bge-triton chaos")
 
 COMMAND = "bge-triton chaos"
-
-
-# -- the bad-input catalogue and the flood ----------------------------------------------------------------------
 Inputs = list[tuple[str, str, np.ndarray]]  # (name, datatype, array) per input
 
 
-@dataclass
-class RawOutcome:
-    """What one raw request ended in: ok (rows), or an error with its status and message."""
-
+class RawOutcome(NamedTuple):
     ok: bool
     status: str = ""
     message: str = ""
@@ -57,12 +50,11 @@ def raw_client(protocol: str, url: str) -> GrpcSync | HttpSync:
     return GrpcSync(url) if protocol == "grpc" else HttpSync(url)
 
 
-def raw_infer(client: GrpcSync | HttpSync, model: str, inputs: Inputs, parameters: dict | None = None,
-              timeout_s: float = 30.0) -> RawOutcome:
+def raw_infer(client: GrpcSync | HttpSync, model: str, inputs: Inputs, parameters: dict | None = None) -> RawOutcome:
     """Send named inputs; never raises for a server answer."""
     call = InferCall(model, tuple(inputs), dict(parameters or {}), rows=len(inputs[0][2]) if inputs else 0)
     try:
-        emb = client.infer(call, timeout_s).as_numpy("embedding")
+        emb = client.infer(call, 30.0).as_numpy("embedding")
         return RawOutcome(True, rows=0 if emb is None else int(emb.shape[0]))
     except InferenceServerException as exc:
         return RawOutcome(False, str(exc.status() or ""), exc.message() or str(exc))
@@ -74,80 +66,72 @@ def text_array(texts: Sequence[str | bytes]) -> np.ndarray:
     return np.array(items, dtype=np.object_).reshape(-1, 1)
 
 
-@dataclass(frozen=True)
-class Case:
-    """One bad (or unusual) input and what the server must answer: "ok", or the errors.kind_of of its status and a
-    substring of its message (case-insensitive)."""
+class Case(NamedTuple):
+    """A bad (or unusual) input and the answer it must get: "ok", or a kind and a message substring (any case)."""
 
     name: str
     target: str  # "text" (NAME), "tensor" (NAME_onnx) or "unknown" (a model that does not exist)
-    build: Callable[[], Inputs]
+    payload: Any  # text: the texts; tensor: (ids, mask[, Triton datatype, default INT64])
     expect: str
     message: str = ""
     parameters: dict | None = None
 
-
-def _text(*texts: str | bytes) -> Callable[[], Inputs]:
-    return lambda: [("text", "BYTES", text_array(texts))]
-
-
-def _tensor(ids, mask=None, dtype: str = "INT64", np_dtype=np.int64) -> Callable[[], Inputs]:
-    def build() -> Inputs:
-        a = np.asarray(ids, dtype=np_dtype)
-        m = np.ones_like(a) if mask is None else np.asarray(mask, dtype=np_dtype)
-        return [("input_ids", dtype, a), ("attention_mask", dtype, m)]
-    return build
+    def inputs(self) -> Inputs:
+        if self.target != "tensor":
+            return [("text", "BYTES", text_array(self.payload))]
+        ids, mask, dtype = (*self.payload, "INT64")[:3]  # mask None: all ones; False: no mask input at all
+        a = np.asarray(ids, dtype={"INT64": np.int64, "INT32": np.int32, "FP32": np.float32}[dtype])
+        named = [("input_ids", a), ("attention_mask", np.ones_like(a) if mask is None else np.asarray(mask, a.dtype))]
+        return [(name, dtype, arr) for name, arr in named[:1 if mask is False else 2]]
 
 
-GOOD_IDS = [[101, 7592, 2088, 102]]
-ALL_CASES = [
-    Case("empty", "text", _text(""), "InputError", "empty or whitespace"),
-    Case("whitespace", "text", _text(" \t\n\u3000 "), "InputError", "empty or whitespace"),
-    Case("nul_byte", "text", _text("abc\x00def"), "InputError", "NUL byte"),
-    Case("invalid_utf8", "text", _text(b"\xff\xfe\xfdabc"), "InputError", "not valid UTF-8"),
-    Case("lone_surrogate", "text", _text("x\ud800y"), "InputError", "not valid UTF-8"),
-    Case("text_100k_truncated", "text", _text("向量检索" * 25_000), "ok"),
-    Case("text_100k_truncate_false", "text", _text("向量检索" * 25_000), "InputError", "over the limit",
-         {"truncate": False}),
-    Case("cjk_extension_b", "text", _text("𠀀𠀁𠀂𪚥𠮷野家"), "ok"),
-    Case("emoji", "text", _text("😀🚀👍🏽 家族👨‍👩‍👧"), "ok"),
-    Case("good_and_bad_in_one_request", "text", _text("今天天气很好", "", "ok"), "InputError", "text 1 is empty"),
-    Case("text_batch_over_max_batch_size", "text", _text(*["短文本"] * 200), "InputError", "batch-size must be <="),
-    Case("int32_ids", "tensor", _tensor(GOOD_IDS, dtype="INT32", np_dtype=np.int32), "InputError", "data-type"),
-    Case("fp32_ids", "tensor", _tensor(GOOD_IDS, dtype="FP32", np_dtype=np.float32), "InputError", "data-type"),
-    Case("rank3_shape", "tensor", _tensor(np.ones((1, 1, 4))), "InputError", "unexpected shape"),
-    Case("ids_mask_shape_mismatch", "tensor", _tensor(GOOD_IDS, [[1, 1, 1, 1, 1]]), "InputError", "!= attention_mask"),
-    Case("token_id_over_vocab", "tensor", _tensor([[101, 10_000_000, 102]]), "InputError", "outside the vocabulary"),
-    Case("negative_token_id", "tensor", _tensor([[101, -7, 102]]), "InputError", "outside the vocabulary"),
-    Case("mask_all_zero", "tensor", _tensor(GOOD_IDS, [[0, 0, 0, 0]]), "InputError", "no real token"),
-    Case("mask_not_binary", "tensor", _tensor(GOOD_IDS, [[1, 5, 1, 1]]), "InputError", "only 0 and 1"),
-    Case("zero_length", "tensor", _tensor(np.zeros((1, 0))), "InputError", "seq_len >= 1"),
-    Case("missing_mask", "tensor", lambda: [("input_ids", "INT64", np.asarray(GOOD_IDS, np.int64))],
-         "InputError", "missing required input"),
-    Case("tensor_batch_over_max_batch_size", "tensor", _tensor(np.repeat(GOOD_IDS, 100, axis=0)), "InputError",
-         "batch-size must be <="),
-    Case("good_tensor", "tensor", _tensor(GOOD_IDS), "ok"),
-    Case("unknown_model", "unknown", _text("hello"), "ModelConfigError", "unknown model"),
+GOOD = [[101, 7592, 2088, 102]]
+LONG = "向量检索" * 25_000
+CASES: list[tuple[Any, ...]] = [  # the Case fields, in order
+    ("empty", "text", [""], "InputError", "empty or whitespace"),
+    ("whitespace", "text", [" \t\n\u3000 "], "InputError", "empty or whitespace"),
+    ("nul_byte", "text", ["abc\x00def"], "InputError", "NUL byte"),
+    ("invalid_utf8", "text", [b"\xff\xfe\xfdabc"], "InputError", "not valid UTF-8"),
+    ("lone_surrogate", "text", ["x\ud800y"], "InputError", "not valid UTF-8"),
+    ("text_100k_truncated", "text", [LONG], "ok"),
+    ("text_100k_truncate_false", "text", [LONG], "InputError", "over the limit", {"truncate": False}),
+    ("cjk_extension_b", "text", ["𠀀𠀁𠀂𪚥𠮷野家"], "ok"),
+    ("emoji", "text", ["😀🚀👍🏽 家族👨‍👩‍👧"], "ok"),
+    ("good_and_bad_in_one_request", "text", ["今天天气很好", "", "ok"], "InputError", "text 1 is empty"),
+    ("text_batch_over_max_batch_size", "text", ["短文本"] * 200, "InputError", "batch-size must be <="),
+    ("int32_ids", "tensor", (GOOD, None, "INT32"), "InputError", "data-type"),
+    ("fp32_ids", "tensor", (GOOD, None, "FP32"), "InputError", "data-type"),
+    ("rank3_shape", "tensor", (np.ones((1, 1, 4)), None), "InputError", "unexpected shape"),
+    ("ids_mask_shape_mismatch", "tensor", (GOOD, [[1, 1, 1, 1, 1]]), "InputError", "!= attention_mask"),
+    ("token_id_over_vocab", "tensor", ([[101, 10_000_000, 102]], None), "InputError", "outside the vocabulary"),
+    ("negative_token_id", "tensor", ([[101, -7, 102]], None), "InputError", "outside the vocabulary"),
+    ("mask_all_zero", "tensor", (GOOD, [[0, 0, 0, 0]]), "InputError", "no real token"),
+    ("mask_not_binary", "tensor", (GOOD, [[1, 5, 1, 1]]), "InputError", "only 0 and 1"),
+    ("zero_length", "tensor", (np.zeros((1, 0)), None), "InputError", "seq_len >= 1"),
+    ("missing_mask", "tensor", (GOOD, False), "InputError", "missing required input"),
+    ("tensor_batch_over_max_batch_size", "tensor", (GOOD * 100, None), "InputError", "batch-size must be <="),
+    ("good_tensor", "tensor", (GOOD, None), "ok"),
+    ("unknown_model", "unknown", ["hello"], "ModelConfigError", "unknown model"),
 ]
+ALL_CASES = [Case(*c) for c in CASES]
 
 
 def send_case(client: GrpcSync | HttpSync, case: Case, model: str) -> tuple[RawOutcome, str | None]:
-    """Send one case to its model; the outcome and None when the server answered as the case requires, else what
-    was wrong."""
+    """Send one case to its model: the outcome, and what was wrong with it (None when it is as the case requires)."""
     target = {"text": model, "tensor": f"{model}_onnx", "unknown": f"{model}_does_not_exist"}[case.target]
-    out = raw_infer(client, target, case.build(), case.parameters)
+    out = raw_infer(client, target, case.inputs(), case.parameters)
     got = "ok" if out.ok else kind_of(out.status)
     if got != case.expect or case.message.lower() not in out.message.lower():
         return out, f"{case.name}: expected {case.expect} '{case.message}', got {got} ({out.status}) '{out.message}'"
     return out, None
 
 
-def run_catalogue(urls: dict[str, str], model: str, cases: Sequence[Case] = ALL_CASES) -> list[dict]:
+def run_catalogue(urls: dict[str, str], model: str) -> list[dict]:
     """Every case over every protocol in `urls` ({"grpc": url, "http": url}); one row per (case, protocol)."""
     rows = []
     for protocol, url in urls.items():
         client = raw_client(protocol, url)
-        for case in cases:
+        for case in ALL_CASES:
             out, problem = send_case(client, case, model)
             rows.append({"case": case.name, "protocol": protocol, "ok": out.ok, "status": out.status,
                          "message": out.message[:160], "problem": problem})
@@ -156,8 +140,8 @@ def run_catalogue(urls: dict[str, str], model: str, cases: Sequence[Case] = ALL_
 
 
 def flood(grpc_url: str, model: str, pid: int, requests: int, workers: int = 4) -> dict:
-    """`requests` bad requests (cycling through the error cases) from `workers` closed-loop users (loadgen); the
-    server's RSS before and after."""
+    """`requests` bad requests (cycling through the error cases) from `workers` closed-loop users; the server's RSS
+    before and after."""
     cases = [c for c in ALL_CASES if c.expect != "ok" and c.name != "text_100k_truncate_false"]
     clients = [raw_client("grpc", grpc_url) for _ in range(workers)]
     for case in cases * 3:  # first touches allocate caches: not a leak
@@ -182,19 +166,6 @@ def flood(grpc_url: str, model: str, pid: int, requests: int, workers: int = 4) 
             "rss_before_mb": rss_before, "rss_after_mb": rss_after, "rss_growth_mb": rss_after - rss_before}
 
 
-# -- the command -------------------------------------------------------------------------------------------------
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=COMMAND, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--repository", type=Path, default=None,
-                   help="exported repository with NAME + NAME_onnx (default: export MiniLM into a temp dir)")
-    p.add_argument("--model", default="minilm", help="model NAME in the repository (default minilm)")
-    p.add_argument("--out", type=Path, default=Path("reports/chaos"))
-    p.add_argument("--quick", action="store_true", help="CI-sized: 1500 bad requests, 8 s of overload, 4 breakages")
-    p.add_argument("--flood", type=int, default=None, help="bad requests in the RSS flood (default 10000)")
-    p.add_argument("--overload-s", type=float, default=None, help="seconds at 3x capacity (default 60)")
-    return p
-
-
 def run(a: argparse.Namespace, repo: Path, work: Path) -> dict:
     """Every scenario in turn; returns all figures."""
     res: dict = {}
@@ -208,7 +179,7 @@ def run(a: argparse.Namespace, repo: Path, work: Path) -> dict:
         srv.stop()
     print("[2/5] overload at 3x capacity", flush=True)
     over_s = a.overload_s or (8.0 if a.quick else 60.0)
-    res["overload"] = faults.run_overload(faults.OverloadSettings(repo, work / "overload", a.model, overload_s=over_s))
+    res["overload"] = faults.run_overload(repo, work / "overload", a.model, overload_s=over_s)
     print("[3/5] kill -9 of tritonserver under load (gRPC, HTTP)", flush=True)
     res["kill9"] = [faults.kill9_under_load(repo, work / f"kill9_{p}", a.model, protocol=p) for p in ("grpc", "http")]
     print("[4/5] kill -9 of a python backend stub", flush=True)
@@ -221,17 +192,16 @@ def run(a: argparse.Namespace, repo: Path, work: Path) -> dict:
 
 def summary(res: dict) -> dict:
     """The headline figures."""
-    cat, fl, ov = res["catalogue"], res["flood"], res["overload"]
+    cat, fl, ov, k9s = res["catalogue"], res["flood"], res["overload"], res["kill9"]
     kinds = Counter("ok" if r["ok"] else kind_of(r["status"]) for r in cat) + Counter(fl["statuses"])
-    kinds += Counter({f"overload:{k}": v for k, v in ov["outcomes"].items()})
-    for k9 in res["kill9"]:
-        kinds += Counter({f"kill9:{k}": v for k, v in k9["outcomes"].items()})
-    recov = [k["max_recovery_s"] for k in res["kill9"] if k["max_recovery_s"] is not None] + [ov["recovery_s"]]
+    for section, x in [("overload", ov), *(("kill9", k) for k in k9s)]:
+        kinds += Counter({f"{section}:{k}": v for k, v in x["outcomes"].items()})
+    recov = [k["max_recovery_s"] for k in k9s if k["max_recovery_s"] is not None] + [ov["recovery_s"]]
     return {
         "bad_input_cases": len({r["case"] for r in cat}), "catalogue_requests": len(cat),
         "catalogue_problems": sum(1 for r in cat if r["problem"]),
         "requests_sent": len(cat) + fl["requests"] + ov["requests"] + ov["retry_requests"]
-        + sum(k["requests"] for k in res["kill9"]),
+        + sum(k["requests"] for k in k9s),
         "requests_lost": fl["lost"] + ov["lost"],  # every other request is counted from its own outcome
         "errors_by_kind": dict(kinds), "max_recovery_s": max(recov), "rss_growth_mb_flood": fl["rss_growth_mb"],
         "flood_requests": fl["requests"], "rss_growth_mb_overload": ov["rss_growth_mb"],
@@ -244,37 +214,35 @@ def _figure(ov: dict, path: Path, command: str) -> None:
     for outcome, colour in (("ok", "tab:blue"), ("Overloaded", "tab:red")):
         pts = [(s.sched, s.latency * 1000) for s in ov["shots"] if s.outcome == outcome]
         if pts:
-            ax.scatter([x for x, _ in pts], [y for _, y in pts], s=4, c=colour, label=outcome)
+            ax.scatter(*zip(*pts, strict=True), s=4, c=colour, label=outcome)
     ax.axhline(ov["latency_bound_s"] * 1000, ls="--", c="grey", label="queue-policy bound")
-    ax.set_xlabel("scheduled send time (s); overload between the baseline and recovery phases")
-    ax.set_ylabel("latency (ms)")
-    ax.set_title(f"3x overload (emulated encoder): capacity {ov['capacity_rps']:.0f} rps, offered "
-                 f"{ov['offered_rps']:.0f} rps")
+    ax.set(xlabel="scheduled send time (s); overload between the baseline and recovery phases", ylabel="latency (ms)",
+           title=f"3x overload (emulated encoder): capacity {ov['capacity_rps']:.0f} rps, offered "
+           f"{ov['offered_rps']:.0f} rps")
     ax.legend(loc="upper right")
     report.save_figure(fig, path, command)
 
 
-def _cell(v: object) -> object:
-    return json.dumps(v, ensure_ascii=False)[:400] if isinstance(v, (dict, list, tuple)) else v
+def _csv(res: dict, s: dict, out: Path, command: str) -> None:
+    def cell(v: object) -> object:
+        return json.dumps(v, ensure_ascii=False)[:400] if isinstance(v, (dict, list, tuple)) else v
+
+    rows: list[tuple[object, ...]] = [("summary", k, "", cell(v), "") for k, v in s.items()]
+    rows += [("bad_input", r["case"], r["protocol"], "ok" if r["ok"] else kind_of(r["status"]),
+              f"{r['status']} {r['message']}".strip()) for r in res["catalogue"]]
+    rows += [("overload", k, "grpc", cell(v), "") for k, v in res["overload"].items() if k != "shots"]
+    rows += [("kill9", k, k9["protocol"], cell(v), "") for k9 in res["kill9"] for k, v in k9.items()]
+    rows += [("stub_kill", k, "grpc", cell(v), "") for k, v in res["stub"].items()]
+    rows += [("broken_start", b["case"], "", b["rc"], cell(b["stderr"].splitlines()[:4])) for b in res["broken"]]
+    fields = ("section", "name", "protocol", "value", "detail")
+    report.write_csv([dict(zip(fields, r, strict=True)) for r in rows], fields, out / "chaos.csv", command)
 
 
 def write_report(res: dict, command: str, model: str, machine: str) -> Path:
     out = Path(res["out"])
-    out.mkdir(parents=True, exist_ok=True)
     s, ov, fl, st = summary(res), res["overload"], res["flood"], res["stub"]
-    rows: list[tuple[object, ...]] = [("summary", k, "", _cell(v), "") for k, v in s.items()]
-    rows += [("bad_input", r["case"], r["protocol"], "ok" if r["ok"] else kind_of(r["status"]),
-              f"{r['status']} {r['message']}".strip()) for r in res["catalogue"]]
-    rows += [("overload", k, "grpc", _cell(v), "") for k, v in ov.items() if k != "shots"]
-    rows += [("kill9", k, k9["protocol"], _cell(v), "") for k9 in res["kill9"] for k, v in k9.items()]
-    rows += [("stub_kill", k, "grpc", _cell(v), "") for k, v in st.items()]
-    rows += [("broken_start", b["case"], "", b["rc"], _cell(b["stderr"].splitlines()[:4])) for b in res["broken"]]
-    fields = ("section", "name", "protocol", "value", "detail")
-    report.write_csv([dict(zip(fields, r, strict=True)) for r in rows], fields, out / "chaos.csv", command)
+    _csv(res, s, out, command)
     _figure(ov, out / "chaos_overload.png", command)
-    gone = {k["protocol"]: f"{k['stubs_exited_after_kill_s']:.2f} s" if k["stubs_exited_after_kill_s"] is not None
-            else "not within 15 s: " + ", ".join(k["stubs_outliving_server"] or ["?"]) + " (killed)"
-            for k in res["kill9"]}
     by: dict[str, dict[str, dict]] = {}
     for r in res["catalogue"]:
         by.setdefault(r["case"], {})[r["protocol"]] = r
@@ -313,7 +281,9 @@ def write_report(res: dict, command: str, model: str, machine: str) -> Path:
                       "stubs gone after kill | /dev/shm regions left",
                       [(k["protocol"], f"{k['max_time_to_error_s']:.3f} s", k["error_kinds_after_kill"],
                         f"{k['restart_s']:.1f} s", report.fmt(k["same_clients_ok_after_restart_s"], 2) + " s",
-                        gone[k["protocol"]], k["shm_regions_left"]) for k in res["kill9"]]),
+                        f"{k['stubs_exited_after_kill_s']:.2f} s" if k["stubs_exited_after_kill_s"] is not None
+                        else "not within 15 s: " + ", ".join(k["stubs_outliving_server"] or ["?"]) + " (killed)",
+                        k["shm_regions_left"]) for k in res["kill9"]]),
         "", "Recovery counts from the restart to every old client succeeding. Triton 2.51's python stubs exit when "
         "they notice their server is gone, but in some runs one does not within 15 s; the harness then kills it "
         "(named in the table) before the restart.",
@@ -338,13 +308,19 @@ def write_report(res: dict, command: str, model: str, machine: str) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    a = _parser().parse_args(argv)
-    load = os.getloadavg()
+    p = argparse.ArgumentParser(prog=COMMAND, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--repository", type=Path, default=None,
+                   help="exported repository with NAME + NAME_onnx (default: export MiniLM into a temp dir)")
+    p.add_argument("--model", default="minilm", help="model NAME in the repository (default minilm)")
+    p.add_argument("--out", type=Path, default=Path("reports/chaos"))
+    p.add_argument("--quick", action="store_true", help="CI-sized: 1500 bad requests, 8 s of overload, 4 breakages")
+    p.add_argument("--flood", type=int, default=None, help="bad requests in the RSS flood (default 10000)")
+    p.add_argument("--overload-s", type=float, default=None, help="seconds at 3x capacity (default 60)")
+    a, load = p.parse_args(argv), os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="kit-chaos-") as tmp:
         work = Path(tmp)
-        repo = a.repository
-        if repo is None:
-            repo = work / "repo"
+        repo = a.repository or work / "repo"
+        if a.repository is None:
             harness.export("sentence-transformers/all-MiniLM-L6-v2", repo, "minilm", "fp32", "--quiet")
         try:
             res = run(a, repo, work)

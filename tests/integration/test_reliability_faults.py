@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bge_triton.loadtest.chaos_faults import RETRY, broken_start, kill9_under_load, kill_stub, run_overload
+from bge_triton.loadtest.chaos import RETRY, broken_start, kill9_under_load, kill_stub, run_overload
 
 pytestmark = pytest.mark.integration
 

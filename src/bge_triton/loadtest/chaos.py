@@ -1,43 +1,56 @@
-"""`bge-triton chaos [--quick] [--out reports/chaos]`: bad input, overload and faults against real local
-tritonservers it starts itself (ports 18200-18299), then chaos.md + chaos.csv + chaos_overload.png: bad inputs tried,
-requests sent and lost (must be 0), errors by kind (errors.kind_of), max recovery time, RSS growth. The overload run's
-encoder is the costmodel executor (emulated); overload and faults are in chaos_faults.
-
-Each bad-input case (text endpoint NAME, encoder NAME_onnx) says what the server must answer: "ok" or the
-errors.kind_of of its status and a substring of the message. Requests go through the SDK's transport below the kit
-client (which would refuse to build most of them), so the server's own checks are what is tested.
+"""`bge-triton chaos [--quick] [--out reports/chaos]`: bad input, 3x overload of an emulated (costmodel) encoder,
+kill -9 of tritonserver under load and of one python stub, broken model files at `server up`, all on tritonservers it
+starts itself (ports 18200-18299); then chaos.md + chaos.csv + chaos_overload.png. Each bad-input case says what the
+server must answer: "ok", or the errors.kind_of of its status and a message substring; it is sent through the SDK's
+transport below the kit client (which would refuse most of them), so the server's own checks are what is tested.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextvars
 import json
 import os
+import random
+import shutil
+import signal
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
+import psutil
 from tritonclient.utils import InferenceServerException
 
+from bge_triton.client import AsyncEmbeddingClient, EmbeddingClient, RetryPolicy
 from bge_triton.client.core import InferCall
 from bge_triton.client.transport import GrpcSync, HttpSync
-from bge_triton.errors import KitError, kind_of
+from bge_triton.errors import KitError, ServerUnavailable, kind_of
 from bge_triton.extras import require
-from bge_triton.loadtest import chaos_faults as faults
 from bge_triton.loadtest import harness, loadgen, report
-from bge_triton.loadtest.stats import tree_rss_mb
+from bge_triton.loadtest.chaos_faults import PORT_RANGE, capacity, kill_orphan_stubs, remove_orphan_shm, wait_until
+from bge_triton.loadtest.stats import percentile, process_tree, stub_pids, tree_rss_mb
+from bge_triton.server.cpu_variant import CpuVariant
+from bge_triton.server.launcher import LocalServer, free_ports, http_ready, stop_pid
+from bge_triton.server.repository import Batching
 
 require("loadtest", "bge-triton chaos")
 
 COMMAND = "bge-triton chaos"
 Inputs = list[tuple[str, str, np.ndarray]]  # (name, datatype, array) per input
+COST = CpuVariant(executor="costmodel", cost_a_us=5000.0, cost_b_us=10.0)  # the fault scenarios': light on 2 CPUs
+TEXT = "hello world"  # [CLS] hello world [SEP]: 4 tokens, padded to 8 -> a fixed cost per text
+_ATTEMPTS = contextvars.ContextVar[list[int]]("attempts")  # each overload request's task: the attempts really sent
 
 
+# -- bad input -------------------------------------------------------------------------------------------------------
 class RawOutcome(NamedTuple):
     ok: bool
     status: str = ""
@@ -166,12 +179,240 @@ def flood(grpc_url: str, model: str, pid: int, requests: int, workers: int = 4) 
             "rss_before_mb": rss_before, "rss_after_mb": rss_after, "rss_growth_mb": rss_after - rss_before}
 
 
+# -- overload -------------------------------------------------------------------------------------------------------
+FACTOR, LOW, DEADLINE_S = 3.0, 0.3, 5.0  # the storm and its calm phases (x the capacity); each request's deadline
+RETRY = RetryPolicy(max_attempts=3, initial_backoff_s=0.05, max_backoff_s=0.5, total_s=5.0)  # the second storm's
+QUEUE = Batching(max_batch_size=8, preferred_batch_sizes=(), max_queue_delay_us=0, max_queue_size=64,
+                 queue_timeout_us=500_000)  # on both models: a bounded queue and a REJECT timeout
+COST_US = (1000.0, 2500.0)  # costmodel a, b: 8 padded tokens x 2.5 ms = 20 ms per text, ~50 texts/s on one instance
+# what the queue policy allows an ACCEPTED request: both queue timeouts + one batch each + slack
+BOUND_S = 2 * 0.5 + 2 * (COST_US[0] + COST_US[1] * 8 * 8) / 1e6 + 0.5
+
+
+class Shot(NamedTuple):
+    phase: str
+    sched: float  # seconds since the run began
+    latency: float
+    outcome: str  # "ok", errors.kind_of(error), or "lost"
+    attempts: int = 1
+
+
+async def _storm(client: AsyncEmbeddingClient, phases: list[tuple[str, float, float]], rng: random.Random
+                 ) -> list[Shot]:
+    """Poisson arrivals, phases = [(name, rate_rps, seconds)] back to back; one Shot per request, none left out."""
+    t0, shots, attempts = time.monotonic(), list[Shot](), dict[float, list[int]]()  # send time -> [attempts sent]
+    ends = [t0 + sum(s for _, _, s in phases[:k + 1]) for k in range(len(phases))]
+    infer = client._transport.infer
+
+    async def counting(call, timeout_s):
+        _ATTEMPTS.get([0])[0] += 1
+        return await infer(call, timeout_s)
+
+    async def times() -> AsyncIterator[float]:
+        for (_, rate, _), start, end in zip(phases, [t0, *ends], ends, strict=False):
+            async for t in loadgen.poisson(rng, partial(float, rate), time.monotonic, start, end, False):
+                yield t
+
+    async def call(t: float) -> None:
+        _ATTEMPTS.set(attempts.setdefault(t, [0]))
+        await client.embed_documents([TEXT], timeout_s=DEADLINE_S)
+
+    def record(t: float, done: float, kind: str, _error: BaseException | None) -> None:
+        phase = phases[next(k for k, end in enumerate(ends) if t < end)][0]
+        shots.append(Shot(phase, t - t0, done - t, kind, attempts.pop(t, [1])[0]))
+
+    client._transport.infer = counting
+    await loadgen.open_loop(call, times(), time.monotonic, record, DEADLINE_S + 2.0)
+    return shots
+
+
+def run_overload(repository: Path, state_dir: Path, model: str = "minilm", overload_s: float = 60.0,
+                 baseline_s: float = 4.0, recovery_s: float = 6.0) -> dict:
+    """Start a costmodel server we own, run the phases, stop it; returns the figures (and every shot)."""
+    variant = CpuVariant(executor="costmodel", cost_a_us=COST_US[0], cost_b_us=COST_US[1],
+                         batching={model: QUEUE, f"{model}_onnx": QUEUE}, text_params={"sub_batch_max": "8"})
+    srv = harness.start_server(repository, state_dir, variant, port_range=PORT_RANGE)
+
+    async def storms() -> tuple[float, float, list[Shot], list[Shot]]:
+        warm, rng = Counter[str](), random.Random(0)
+        async with AsyncEmbeddingClient(srv.grpc_url, model=model, retry=RetryPolicy.off(), timeout_s=DEADLINE_S) as c:
+            # the first calls are slow (stub start-up) and may hit the queue timeout
+            await loadgen.closed_loop(lambda _k: c.embed_documents([TEXT]), 1, lambda: warm["ok"] >= 5
+                                      or warm.total() >= 50, lambda *r: warm.update([r[2]]), 0.2)
+            cap = await capacity(lambda _k: c.embed_documents([TEXT]), 3.0, 16, 0.01)
+            rss = tree_rss_mb(srv.pid)
+            shots = await _storm(c, [("baseline", LOW * cap, baseline_s), ("overload", FACTOR * cap, overload_s),
+                                     ("recovery", LOW * cap, recovery_s)], rng)
+        # the same storm with retries on: attempts per request must stay bounded by max_attempts
+        async with AsyncEmbeddingClient(srv.grpc_url, model=model, retry=RETRY, timeout_s=DEADLINE_S) as c:
+            return cap, rss, shots, await _storm(c, [("retry", FACTOR * cap, min(overload_s, 10.0))], rng)
+
+    try:
+        cap, rss_before, shots, retried = asyncio.run(storms())
+        rss_growth = tree_rss_mb(srv.pid) - rss_before
+        alive, ready = srv.running.poll() is None, http_ready(srv.settings.http_port)
+    finally:
+        srv.stop()
+    base = [x.latency for x in shots if x.phase == "baseline" and x.outcome == "ok"] or [0.05]
+    normal_s = max(3 * percentile(base, 50), percentile(base, 99) * 1.5, 0.1)
+    over = [x for x in shots if x.phase == "overload"]
+    accepted = [x.latency for x in over if x.outcome == "ok"] or [0.0]
+    rejected = [x.latency for x in over if x.outcome == "Overloaded"] or [0.0]
+    # recovery: from the load drop until the last abnormal answer (error, or latency above normal_s)
+    recovery_s = max((x.sched + x.latency - baseline_s - overload_s for x in shots
+                      if x.phase == "recovery" and (x.outcome != "ok" or x.latency > normal_s)), default=0.0)
+    return {
+        "capacity_rps": cap, "offered_rps": FACTOR * cap, "factor": FACTOR, "overload_s": overload_s,
+        "deadline_s": DEADLINE_S, "requests": len(shots), "outcomes": dict(Counter(x.outcome for x in shots)),
+        "overload_outcomes": dict(Counter(x.outcome for x in over)), "lost": sum(x.outcome == "lost" for x in shots),
+        "baseline_p50_s": percentile(base, 50), "normal_s": normal_s, "accepted_p99_s": percentile(accepted, 99),
+        "accepted_max_s": max(accepted), "latency_bound_s": BOUND_S, "rejected_p99_s": percentile(rejected, 99),
+        "rejected_max_s": max(rejected), "recovery_s": recovery_s, "rss_growth_mb": rss_growth,
+        "retry_requests": len(retried), "retry_attempts": sum(x.attempts for x in retried),
+        "retry_max_attempts_seen": max((x.attempts for x in retried), default=0),
+        "retry_policy_max_attempts": RETRY.max_attempts, "retry_outcomes": dict(Counter(x.outcome for x in retried)),
+        "shots": shots, "server_alive_after": alive, "server_ready_after": ready,
+    }
+
+
+# -- kill -9 --------------------------------------------------------------------------------------------------------
+def kill9_under_load(repository: Path, state_dir: Path, model: str = "minilm", threads: int = 3,
+                     protocol: str = "grpc") -> dict:
+    """SIGKILL our tritonserver under closed-loop callers; restart it on the same ports; reuse the same clients."""
+    settings = harness.server_settings(repository, state_dir, COST, port_range=PORT_RANGE)
+    srv = LocalServer(settings).start()
+    url = srv.grpc_url if protocol == "grpc" else srv.http_url
+    retry = RetryPolicy(max_attempts=3, initial_backoff_s=0.05, max_backoff_s=0.2, total_s=2.0)
+    clients = [EmbeddingClient(url, model=model, protocol=protocol, timeout_s=5.0, retry=retry).connect()
+               for _ in range(threads)]  # long-lived: the same objects before the kill and after the restart
+    log: list[tuple[float, int, str]] = []  # (time, worker, outcome)
+    odd: list[str] = []  # messages of errors that are not ServerUnavailable
+    stop = threading.Event()
+
+    def record(k: float, done: float, kind: str, error: BaseException | None) -> None:
+        log.append((done, int(k), kind))
+        if error is not None and not isinstance(error, ServerUnavailable) and len(odd) < 5:
+            odd.append(str(error)[:300])
+
+    def every_worker(since: float, ok: bool, timeout_s: float) -> float | None:
+        workers = set(range(threads))
+        return wait_until(lambda: {w for t, w, o in list(log) if t > since and (o == "ok") == ok} >= workers, timeout_s)
+
+    def call(k: int) -> Awaitable[object]:
+        return asyncio.to_thread(clients[k].embed_documents, ["今天天气很好 hello"])
+
+    loop = threading.Thread(target=lambda: asyncio.run(loadgen.closed_loop(call, threads, stop.is_set, record, 0.05)))
+    loop.start()
+    out: dict = {"protocol": protocol, "threads": threads}
+    try:
+        every_worker(0.0, True, 60)
+        time.sleep(1.0)
+        stubs = stub_pids(srv.pid)
+        out["ok_before_kill"] = sum(1 for _, _, o in log if o == "ok")
+        killed_at = time.monotonic()
+        os.kill(srv.pid, signal.SIGKILL)  # the server this function started, by its pid
+        srv.running.wait(timeout=10)
+        srv.proc = None
+        out["all_workers_errored"] = every_worker(killed_at, False, 120) is not None
+        errs = {w: (t - killed_at, o) for t, w, o in reversed(log) if t > killed_at and o != "ok"}  # first per worker
+        out["error_kinds_after_kill"] = dict(Counter(o for _, o in errs.values()))
+        out["max_time_to_error_s"] = max((d for d, _ in errs.values()), default=None)
+        out["stubs_exited_after_kill_s"] = wait_until(lambda: not any(
+            psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in stubs), 15)
+        out["stubs_outliving_server"] = kill_orphan_stubs(stubs)  # our server's children only
+        out["shm_regions_left"] = remove_orphan_shm(stubs)
+        restart_t = time.monotonic()
+        srv = LocalServer(settings).start()  # same ports, same state dir
+        out["restart_s"] = (ready_at := time.monotonic()) - restart_t
+        # from ready to every old client succeeding (120 s: a safety net, not a target)
+        out["same_clients_ok_after_restart_s"] = back = every_worker(ready_at, True, 120)
+        # recovery once a restart is issued; the wait for stubs to exit is reported apart (stubs_exited_after_kill_s)
+        out["max_recovery_s"] = None if back is None else out["restart_s"] + back
+    finally:
+        stop.set()
+        loop.join(timeout=60)
+        for c in clients:
+            c.close()
+        out.update(outcomes=dict(Counter(o for _, _, o in log)), requests=len(log), other_error_messages=odd)
+        srv.stop()
+    return out
+
+
+def kill_stub(repository: Path, state_dir: Path, model: str = "minilm", watch_s: float = 20.0) -> dict:
+    """SIGKILL the python stub of the encoder (a child of our server) and watch what Triton does."""
+    srv = harness.start_server(repository, state_dir, COST, port_range=PORT_RANGE)
+    try:
+        client = EmbeddingClient(srv.grpc_url, model=model, timeout_s=10.0, retry=RetryPolicy.off()).connect()
+        client.embed_documents(["warm"])
+        out: dict = {"listening": sorted({(c.laddr.ip, c.laddr.port) for p in process_tree(srv.pid)
+                                          for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN})}
+        target = next(p for p, cmd in stub_pids(srv.pid).items() if f"{model}_onnx" in cmd)
+        killed_at = time.monotonic()
+        os.kill(target, signal.SIGKILL)  # a child of the server we started
+        outcomes: list[tuple[str, float, str]] = []
+        first_ok = None
+        while time.monotonic() - killed_at < watch_s and sum(o == "ok" for o, _, _ in outcomes) < 3:
+            t = time.monotonic()
+            try:
+                client.embed_documents(["after the stub died"])
+                outcomes.append(("ok", time.monotonic() - t, ""))
+                first_ok = first_ok or time.monotonic() - killed_at
+            except KitError as exc:
+                outcomes.append((type(exc).__name__, time.monotonic() - t, str(exc)[:300]))
+                time.sleep(0.2)
+        http = HttpSync(srv.http_url)
+        out.update(server_alive=srv.running.poll() is None, server_ready=http.ready(model, 2.0),
+                   encoder_ready=http.ready(f"{model}_onnx", 2.0),
+                   errors=[(o, round(d, 3), m) for o, d, m in outcomes if o != "ok"], first_ok_after_kill_s=first_ok,
+                   new_stub=any(p != target for p, c in stub_pids(srv.pid).items() if f"{model}_onnx" in c))
+        log = srv.log_path.read_text(errors="replace").splitlines()
+        out["log_lines"] = [ln for ln in log if any(w in ln.lower() for w in ("stub", "unhealthy", "not healthy"))][-6:]
+        client.close()
+        http.close()
+    finally:
+        srv.stop()
+    return out
+
+
+# -- broken model files at start ------------------------------------------------------------------------------------
+BREAKAGES: dict[str, Callable[[Path, str], object]] = {
+    "onnx_missing": lambda r, m: (r / f"{m}_onnx" / "1" / "model.onnx").unlink(),
+    "onnx_corrupt": lambda r, m: (r / f"{m}_onnx" / "1" / "model.onnx").write_bytes(b"\x00garbage" * 64),
+    "tokenizer_missing": lambda r, m: shutil.rmtree(r / m / "1" / "tokenizer"),
+    "config_corrupt": lambda r, m: (r / m / "config.pbtxt").write_text("name: \"x\"\nmax_batch_sise: 3\n"),
+    "onnx_truncated": lambda r, m: (p := r / f"{m}_onnx" / "1" / "model.onnx").write_bytes(
+        p.read_bytes()[: p.stat().st_size // 3]),
+    "tokenizer_corrupt": lambda r, m: (r / m / "1" / "tokenizer" / "tokenizer.json").write_text("{not json"),
+}
+
+
+def broken_start(repository: Path, work_dir: Path, case: str, model: str = "minilm",
+                 ready_timeout_s: float = 90.0) -> dict:
+    """`python -m bge_triton.server up` on a copy of the repository with one breakage; returns rc, time, message."""
+    repo, state = work_dir / f"repo_{case}", work_dir / f"state_{case}"
+    shutil.rmtree(repo, ignore_errors=True)
+    shutil.copytree(repository, repo, symlinks=False)
+    BREAKAGES[case](repo, model)
+    ports = [f"--{k}-port={p}" for k, p in zip(("http", "grpc", "metrics"), free_ports(3, PORT_RANGE), strict=True)]
+    cmd = [sys.executable, "-m", "bge_triton.server", "up", "--repository", str(repo), "--state-dir", str(state),
+           "--ready-timeout", str(ready_timeout_s), *ports]
+    t = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=ready_timeout_s + 60)
+    out = {"case": case, "rc": proc.returncode, "seconds": time.monotonic() - t, "stderr": proc.stderr.strip()}
+    if proc.returncode == 0 and (pid_file := state / "server.pid").exists():  # it came up anyway: stop its pid
+        stop_pid(int(pid_file.read_text()))
+        pid_file.unlink(missing_ok=True)
+    shutil.rmtree(repo, ignore_errors=True)
+    return out
+
+
+# -- the command -----------------------------------------------------------------------------------------------------
 def run(a: argparse.Namespace, repo: Path, work: Path) -> dict:
     """Every scenario in turn; returns all figures."""
     res: dict = {}
     t = time.monotonic()
     print("[1/5] bad-input catalogue + flood", flush=True)
-    srv = harness.start_server(repo, work / "inputs", port_range=faults.PORT_RANGE)
+    srv = harness.start_server(repo, work / "inputs", port_range=PORT_RANGE)
     try:
         res["catalogue"] = run_catalogue({"grpc": srv.grpc_url, "http": srv.http_url}, a.model)
         res["flood"] = flood(srv.grpc_url, a.model, srv.pid, a.flood or (1500 if a.quick else 10_000))
@@ -179,13 +420,13 @@ def run(a: argparse.Namespace, repo: Path, work: Path) -> dict:
         srv.stop()
     print("[2/5] overload at 3x capacity", flush=True)
     over_s = a.overload_s or (8.0 if a.quick else 60.0)
-    res["overload"] = faults.run_overload(repo, work / "overload", a.model, overload_s=over_s)
+    res["overload"] = run_overload(repo, work / "overload", a.model, overload_s=over_s)
     print("[3/5] kill -9 of tritonserver under load (gRPC, HTTP)", flush=True)
-    res["kill9"] = [faults.kill9_under_load(repo, work / f"kill9_{p}", a.model, protocol=p) for p in ("grpc", "http")]
+    res["kill9"] = [kill9_under_load(repo, work / f"kill9_{p}", a.model, protocol=p) for p in ("grpc", "http")]
     print("[4/5] kill -9 of a python backend stub", flush=True)
-    res["stub"] = faults.kill_stub(repo, work / "stub", a.model, watch_s=5.0 if a.quick else 30.0)
+    res["stub"] = kill_stub(repo, work / "stub", a.model, watch_s=5.0 if a.quick else 30.0)
     print("[5/5] broken model files at start", flush=True)
-    res["broken"] = [faults.broken_start(repo, work, c, a.model) for c in list(faults.BREAKAGES)[:4 if a.quick else 6]]
+    res["broken"] = [broken_start(repo, work, c, a.model) for c in list(BREAKAGES)[:4 if a.quick else 6]]
     res["seconds"] = time.monotonic() - t
     return res
 

@@ -1,8 +1,6 @@
-"""`bge-triton chaos [--quick] [--out reports/chaos]`: bad input, 3x overload of an emulated (costmodel) encoder,
-kill -9 of tritonserver under load and of one python stub, broken model files at `server up`, all on tritonservers it
-starts itself (ports 18200-18299); then chaos.md + chaos.csv + chaos_overload.png. Each bad-input case says what the
-server must answer: "ok", or the errors.kind_of of its status and a message substring; it is sent through the SDK's
-transport below the kit client (which would refuse most of them), so the server's own checks are what is tested.
+"""`bge-triton chaos [--quick] [--out reports/chaos]`: bad input (through the SDK's transport, below the client's
+checks), 3x overload of an emulated (costmodel) encoder, kill -9 of tritonserver under load and of one python stub,
+broken model files at `server up`, on tritonservers it starts itself; then chaos.md + chaos.csv + chaos_overload.png.
 """
 from __future__ import annotations
 
@@ -156,16 +154,16 @@ def flood(grpc_url: str, model: str, pid: int, requests: int, workers: int = 4) 
     """`requests` bad requests (cycling through the error cases) from `workers` closed-loop users; the server's RSS
     before and after."""
     cases = [c for c in ALL_CASES if c.expect != "ok" and c.name != "text_100k_truncate_false"]
-    clients = [raw_client("grpc", grpc_url) for _ in range(workers)]
+    client = raw_client("grpc", grpc_url)  # thread-safe: one for all the users
     for case in cases * 3:  # first touches allocate caches: not a leak
-        send_case(clients[0], case, model)
+        send_case(client, case, model)
     time.sleep(0.5)
     rss_before, kinds, problems, sent = tree_rss_mb(pid), Counter[str](), list[str](), [0]
 
-    async def send(k: int) -> None:
+    async def send(_k: int) -> None:
         case = cases[sent[0] % len(cases)]
         sent[0] += 1
-        out, bad = await asyncio.to_thread(send_case, clients[k], case, model)
+        out, bad = await asyncio.to_thread(send_case, client, case, model)
         kinds[kind_of(out.status)] += 1
         if bad and len(problems) < 5:
             problems.append(bad)
@@ -173,8 +171,7 @@ def flood(grpc_url: str, model: str, pid: int, requests: int, workers: int = 4) 
     asyncio.run(loadgen.closed_loop(send, workers, lambda: sent[0] >= requests))
     time.sleep(0.5)
     rss_after = tree_rss_mb(pid)
-    for c in clients:
-        c.close()
+    client.close()
     return {"requests": sent[0], "lost": sent[0] - sum(kinds.values()), "statuses": dict(kinds), "problems": problems,
             "rss_before_mb": rss_before, "rss_after_mb": rss_after, "rss_growth_mb": rss_after - rss_before}
 
@@ -407,32 +404,7 @@ def broken_start(repository: Path, work_dir: Path, case: str, model: str = "mini
 
 
 # -- the command -----------------------------------------------------------------------------------------------------
-def run(a: argparse.Namespace, repo: Path, work: Path) -> dict:
-    """Every scenario in turn; returns all figures."""
-    res: dict = {}
-    t = time.monotonic()
-    print("[1/5] bad-input catalogue + flood", flush=True)
-    srv = harness.start_server(repo, work / "inputs", port_range=PORT_RANGE)
-    try:
-        res["catalogue"] = run_catalogue({"grpc": srv.grpc_url, "http": srv.http_url}, a.model)
-        res["flood"] = flood(srv.grpc_url, a.model, srv.pid, a.flood or (1500 if a.quick else 10_000))
-    finally:
-        srv.stop()
-    print("[2/5] overload at 3x capacity", flush=True)
-    over_s = a.overload_s or (8.0 if a.quick else 60.0)
-    res["overload"] = run_overload(repo, work / "overload", a.model, overload_s=over_s)
-    print("[3/5] kill -9 of tritonserver under load (gRPC, HTTP)", flush=True)
-    res["kill9"] = [kill9_under_load(repo, work / f"kill9_{p}", a.model, protocol=p) for p in ("grpc", "http")]
-    print("[4/5] kill -9 of a python backend stub", flush=True)
-    res["stub"] = kill_stub(repo, work / "stub", a.model, watch_s=5.0 if a.quick else 30.0)
-    print("[5/5] broken model files at start", flush=True)
-    res["broken"] = [broken_start(repo, work, c, a.model) for c in list(BREAKAGES)[:4 if a.quick else 6]]
-    res["seconds"] = time.monotonic() - t
-    return res
-
-
 def summary(res: dict) -> dict:
-    """The headline figures."""
     cat, fl, ov, k9s = res["catalogue"], res["flood"], res["overload"], res["kill9"]
     kinds = Counter("ok" if r["ok"] else kind_of(r["status"]) for r in cat) + Counter(fl["statuses"])
     for section, x in [("overload", ov), *(("kill9", k) for k in k9s)]:
@@ -557,18 +529,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="CI-sized: 1500 bad requests, 8 s of overload, 4 breakages")
     p.add_argument("--flood", type=int, default=None, help="bad requests in the RSS flood (default 10000)")
     p.add_argument("--overload-s", type=float, default=None, help="seconds at 3x capacity (default 60)")
-    a, load = p.parse_args(argv), os.getloadavg()
+    a, load, t = p.parse_args(argv), os.getloadavg(), time.monotonic()
+    res: dict = {"out": a.out}
     with tempfile.TemporaryDirectory(prefix="kit-chaos-") as tmp:
         work = Path(tmp)
         repo = a.repository or work / "repo"
         if a.repository is None:
             harness.export("sentence-transformers/all-MiniLM-L6-v2", repo, "minilm", "fp32", "--quiet")
-        try:
-            res = run(a, repo, work)
+        try:  # every scenario in turn
+            print("[1/5] bad-input catalogue + flood", flush=True)
+            srv = harness.start_server(repo, work / "inputs", port_range=PORT_RANGE)
+            try:
+                res["catalogue"] = run_catalogue({"grpc": srv.grpc_url, "http": srv.http_url}, a.model)
+                res["flood"] = flood(srv.grpc_url, a.model, srv.pid, a.flood or (1500 if a.quick else 10_000))
+            finally:
+                srv.stop()
+            print("[2/5] overload at 3x capacity", flush=True)
+            over_s = a.overload_s or (8.0 if a.quick else 60.0)
+            res["overload"] = run_overload(repo, work / "overload", a.model, overload_s=over_s)
+            print("[3/5] kill -9 of tritonserver under load (gRPC, HTTP)", flush=True)
+            res["kill9"] = [kill9_under_load(repo, work / f"kill9_{p}", a.model, protocol=p) for p in ("grpc", "http")]
+            print("[4/5] kill -9 of a python backend stub", flush=True)
+            res["stub"] = kill_stub(repo, work / "stub", a.model, watch_s=5.0 if a.quick else 30.0)
+            print("[5/5] broken model files at start", flush=True)
+            res["broken"] = [broken_start(repo, work, c, a.model) for c in list(BREAKAGES)[:4 if a.quick else 6]]
         except KitError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-    res["out"] = a.out
+    res["seconds"] = time.monotonic() - t
     path = write_report(res, " ".join([COMMAND, *argv]), a.model, report.machine_line(load))
     s = summary(res)
     print(f"wrote {path}: {s['requests_sent']} requests, lost {s['requests_lost']}, max recovery "

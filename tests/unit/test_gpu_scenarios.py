@@ -10,7 +10,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from bge_triton.loadtest.gpu import bench_gpu, scenarios
+from bge_triton.loadtest.gpu import bench_gpu
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -19,18 +19,18 @@ def _load_bert_model_module():
     """bert_model.py imports triton_python_backend_utils, which only exists inside the stub."""
     stub = type(sys)("triton_python_backend_utils")
     sys.modules.setdefault("triton_python_backend_utils", stub)
-    spec = importlib.util.spec_from_file_location("bench_bert_model", scenarios.MODEL_SOURCE)
+    spec = importlib.util.spec_from_file_location("bench_bert_model", bench_gpu.MODEL_SOURCE)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
 def test_every_rendered_config_parses_with_tritons_schema(tmp_path: Path) -> None:
-    scs = scenarios.build_scenarios(32, 1_000_000, 5000)
+    scs = bench_gpu.build_scenarios(32, 1_000_000, 5000)
     assert [s.key for s in scs] == ["s1_batch1", "s2_static", "s3_dynamic", "s4_delay0",
                                     "s5a_mixed_padded", "s5b_mixed_length_aware"]
-    root = scenarios.write_repository(tmp_path / "repo", scs, {"fixed": 64, "mixed": 256},
-                                      dims=scenarios.MODEL_SIZES["large"], device="cuda", dtype="fp16",
+    root = bench_gpu.write_repository(tmp_path / "repo", scs, {"fixed": 64, "mixed": 256},
+                                      dims=bench_gpu.MODEL_SIZES["large"], device="cuda", dtype="fp16",
                                       seed=0, token_budget=4096, instances=1)
     for sc in scs:
         cfg = text_format.Parse((root / sc.model_name / "config.pbtxt").read_text(),
@@ -54,7 +54,7 @@ def test_every_rendered_config_parses_with_tritons_schema(tmp_path: Path) -> Non
 
 
 def test_large_size_is_bge_large_zh_architecture() -> None:
-    d = scenarios.MODEL_SIZES["large"]
+    d = bench_gpu.MODEL_SIZES["large"]
     assert (d.layers, d.hidden, d.heads, d.intermediate, d.vocab) == (24, 1024, 16, 4096, 21128)
     # ~2 x 302M encoder weights per token, plus attention: 64 tokens ~ 39 GFLOP
     assert 35e9 < d.flops_per_sequence(64, 64 * 64) < 45e9

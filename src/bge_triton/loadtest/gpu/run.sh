@@ -9,30 +9,25 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 py="${PYTHON:-python3}"
 cd "$here/../../../.."
 fetch="run 'bash src/bge_triton/loadtest/gpu/fetch_wheels.sh' where PyPI is reachable"
-"$py" - <<'PY'
-import importlib.util, sys, sysconfig
-if missing := [m for m in ("torch", "transformers", "numpy") if importlib.util.find_spec(m) is None]:
-    sys.exit(f"run.sh: missing Python packages: {', '.join(missing)} (pip install them, or set PYTHON=)")
-if not sysconfig.get_config_var("Py_ENABLE_SHARED"):
-    print("run.sh: warning: no shared libpython; the python backend stub may not start", file=sys.stderr)
-PY
+"$py" -c "import importlib.util as u, sys; m = [m for m in ('torch', 'transformers', 'numpy') if not u.find_spec(m)]
+sys.exit(f'run.sh: missing Python packages: {\", \".join(m)} (pip install them, or set PYTHON=)' if m else 0)" || exit 2
+"$py" -c "import sysconfig as c, sys; sys.exit(not c.get_config_var('Py_ENABLE_SHARED'))" \
+  || echo "run.sh: warning: no shared libpython; the python backend stub may not start" >&2
 if ! "$py" -c "import importlib.util,sys; sys.exit(importlib.util.find_spec('pytriton') is None)" \
    && ! ls "$here"/wheels/nvidia_pytriton-*.whl >/dev/null 2>&1; then
   echo "run.sh: no nvidia-pytriton: $fetch" >&2; exit 2
 fi
 # wheels only for what the host lacks: the grpc stack for the bench code, tokenizers for the text endpoint
 # (transformers usually brought one; a second copy in front could break transformers' pin)
-site="$here/.work/site" installed=""
-if ! "$py" -c "import google.protobuf, grpc, tritonclient.grpc.model_config_pb2" 2>/dev/null; then
-  whls=$(ls "$here"/wheels/*.whl 2>/dev/null | grep -v -e nvidia_pytriton -e /tokenizers- || true)
-  [ -n "$whls" ] || { echo "run.sh: no grpc wheels: $fetch" >&2; exit 2; }
-  "$py" -m pip install --quiet --no-index --no-deps --target "$site" $whls && installed=1
-fi
-if ! "$py" -c "import tokenizers" 2>/dev/null; then
-  whls=$(ls "$here"/wheels/tokenizers-*.whl 2>/dev/null || true)
-  [ -n "$whls" ] || { echo "run.sh: no tokenizers wheels: $fetch" >&2; exit 2; }
-  "$py" -m pip install --quiet --no-index --no-deps --target "$site" $whls && installed=1
-fi
-[ -n "$installed" ] && export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+site="$here/.work/site"
+for need in "grpc:google.protobuf, grpc, tritonclient.grpc.model_config_pb2" "tokenizers:tokenizers"; do
+  "$py" -c "import ${need#*:}" 2>/dev/null && continue
+  if [ "${need%%:*}" = grpc ]; then
+    whls=$(ls "$here"/wheels/*.whl 2>/dev/null | grep -v -e nvidia_pytriton -e /tokenizers- || true)
+  else whls=$(ls "$here"/wheels/tokenizers-*.whl 2>/dev/null || true); fi
+  [ -n "$whls" ] || { echo "run.sh: no ${need%%:*} wheels: $fetch" >&2; exit 2; }
+  "$py" -m pip install --quiet --no-index --no-deps --target "$site" $whls
+  [[ ":${PYTHONPATH:-}:" == *":$site:"* ]] || export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+done
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total,utilization.gpu --format=csv
 exec "$py" "$here/bench_gpu.py" "$@"

@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 import urllib.request
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -218,65 +218,56 @@ def check(server_url: str, sc: Scenario, hidden: int, seq_len: int, tokenizer_js
     return cosine
 
 
-def _flag(default: Any, what: str = "") -> Any:
-    return field(default=default, metadata={"help": what})
+FLAGS = {  # --name: (type, default or (cuda default, cpu default), help)
+    "device": (str, "cuda", "cuda, cuda:N or cpu (cpu: tiny defaults)"),
+    "dtype": (str, ("fp16", "fp32"), "fp16, bf16 or fp32 (default fp16 on cuda, fp32 on cpu)"),
+    "size": (str, ("large", "tiny"), f"one of {sorted(MODEL_SIZES)} (default large on cuda, tiny on cpu)"),
+    "seq_len": (int, 64, "tokens per text, fixed-length scenarios"),
+    "mixed_max_len": (int, 256, "cap of the mixed-length workload"),
+    "max_batch": (int, (32, 8), "max_batch_size (default 32 on cuda, 8 on cpu)"),
+    "token_budget": (int, 4096, "length-aware padded tokens per sub-batch"),
+    "static_delay_ms": (float, 1000.0, "queue delay of the static scenario"),
+    "dynamic_delay_ms": (float, 5.0, "queue delay of the dynamic scenario"),
+    "instances": (int, 1, "model instances per scenario"),
+    "concurrency": (int, None, "closed-loop clients at peak (default 4 x max batch)"),
+    "procs": (int, None, "load processes at peak (default cpus/4, 1..8)"),
+    "warmup": (float, (3.0, 1.0), "seconds of load before each window (3 cuda, 1 cpu)"),
+    "peak_seconds": (float, (15.0, 3.0), "peak window (15 cuda, 3 cpu)"),
+    "low_seconds": (float, (15.0, 3.0), "low-load window (15 cuda, 3 cpu)"),
+    "low_fraction": (float, 0.2, "low load = this x batch-1 peak QPS"),
+    "matmul_size": (int, (8192, 512), "matmul side for the compute yardstick (8192 cuda, 512 cpu)"),
+    "only": (str, "", "comma-separated scenario keys, text_endpoint among them (s1_batch1 always runs)"),
+    "host": (str, "127.0.0.1", None),
+    "http_port": (int, 18310, None),
+    "metrics_port": (int, 18312, None),
+    "ready_timeout": (float, 600.0, "seconds the starting server may go without progress (its log) before failing"),
+    "out": (Path, Path("reports/gpu"), None),
+    "work_dir": (Path, HERE / ".work", None),
+    "wheel_dir": (Path, HERE / "wheels", "fetch_wheels.sh's folder: pytriton wheel, tokenizer/tokenizer.json, "
+                                         "reviews.txt"),
+    "seed": (int, 0, None),
+}
 
 
-@dataclass(frozen=True)
-class Settings:
-    """Everything the bench needs, built once from the flags (one flag per field; None: the device's default)."""
-
-    device: str = _flag("cuda", "cuda, cuda:N or cpu (cpu: tiny defaults)")
-    dtype: str = _flag(None, "fp16, bf16 or fp32 (default fp16 on cuda, fp32 on cpu)")
-    size: str = _flag(None, f"one of {sorted(MODEL_SIZES)} (default large on cuda, tiny on cpu)")
-    seq_len: int = _flag(64, "tokens per text, fixed-length scenarios")
-    mixed_max_len: int = _flag(256, "cap of the mixed-length workload")
-    max_batch: int = _flag(None, "max_batch_size (default 32 on cuda, 8 on cpu)")
-    token_budget: int = _flag(4096, "length-aware padded tokens per sub-batch")
-    static_delay_ms: float = _flag(1000.0, "queue delay of the static scenario")
-    dynamic_delay_ms: float = _flag(5.0, "queue delay of the dynamic scenario")
-    instances: int = _flag(1, "model instances per scenario")
-    concurrency: int = _flag(None, "closed-loop clients at peak (default 4 x max batch)")
-    procs: int = _flag(None, "load processes at peak (default cpus/4, 1..8)")
-    warmup: float = _flag(None, "seconds of load before each window (3 cuda, 1 cpu)")
-    peak_seconds: float = _flag(None, "peak window (15 cuda, 3 cpu)")
-    low_seconds: float = _flag(None, "low-load window (15 cuda, 3 cpu)")
-    low_fraction: float = _flag(0.2, "low load = this x batch-1 peak QPS")
-    matmul_size: int = _flag(None, "matmul side for the compute yardstick (8192 cuda, 512 cpu)")
-    only: str = _flag("", "comma-separated scenario keys, text_endpoint among them (s1_batch1 always runs)")
-    host: str = _flag("127.0.0.1")
-    http_port: int = _flag(18310)
-    metrics_port: int = _flag(18312)
-    ready_timeout: float = _flag(600.0, "seconds the starting server may go without progress (its log) before failing")
-    out: Path = _flag(Path("reports/gpu"))
-    work_dir: Path = _flag(HERE / ".work")
-    wheel_dir: Path = _flag(HERE / "wheels", "fetch_wheels.sh's folder: pytriton wheel, tokenizer/tokenizer.json, "
-                                             "reviews.txt")
-    seed: int = _flag(0)
-
-
-DEVICE_DEFAULTS = {True: {"dtype": "fp16", "size": "large", "max_batch": 32, "warmup": 3.0, "peak_seconds": 15.0,
-                          "low_seconds": 15.0, "matmul_size": 8192},
-                   False: {"dtype": "fp32", "size": "tiny", "max_batch": 8, "warmup": 1.0, "peak_seconds": 3.0,
-                           "low_seconds": 3.0, "matmul_size": 512}}
-
-
-def parse_args(argv: list[str] | None = None) -> Settings:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The flags of FLAGS; a default pair is (cuda, cpu)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    types = {"int": int, "float": float, "str": str, "Path": Path}
-    for f in fields(Settings):
-        p.add_argument("--" + f.name.replace("_", "-"), type=types[str(f.type)], default=f.default,
-                       help=f.metadata["help"] or None)
-    a = {k: v for k, v in vars(p.parse_args(argv)).items() if v is not None}
-    s = Settings(**{**DEVICE_DEFAULTS[a["device"].startswith("cuda")], **a})
-    return replace(s, concurrency=s.concurrency or 4 * s.max_batch,
-                   procs=s.procs or max(1, min(8, (os.cpu_count() or 4) // 4)))
+    for name, (kind, default, what) in FLAGS.items():
+        p.add_argument("--" + name.replace("_", "-"), type=kind, default=None if isinstance(default, tuple)
+                       else default, help=what)
+    s = p.parse_args(argv)
+    for name, (_, default, _) in FLAGS.items():
+        if isinstance(default, tuple) and getattr(s, name) is None:
+            setattr(s, name, default[not s.device.startswith("cuda")])
+    s.concurrency = s.concurrency or 4 * s.max_batch
+    s.procs = s.procs or max(1, min(8, (os.cpu_count() or 4) // 4))
+    return s
 
 
 Load = tuple[tuple[bytes, ...], float, float]  # request bodies, mean tokens, mean tokens^2 (for the FLOPs)
 
 
-def token_load(s: Settings, sc: Scenario, n: int = 256) -> Load:
+def token_load(s: argparse.Namespace, sc: Scenario, n: int = 256) -> Load:
     """n requests of input_ids INT32 [1, L] (0 = padding): fixed seq_len, or mixed lognormal lengths (p50 ~50)."""
     width = s.seq_len if sc.workload == "fixed" else s.mixed_max_len
     rng = np.random.default_rng(s.seed)
@@ -288,7 +279,7 @@ def token_load(s: Settings, sc: Scenario, n: int = 256) -> Load:
             float(lengths.mean()), float((lengths.astype(float) ** 2).mean()))
 
 
-def run_phase(s: Settings, sc: Scenario, load: Load, url: str, sampler: GpuSampler, mode: str, rate: float,
+def run_phase(s: argparse.Namespace, sc: Scenario, load: Load, url: str, sampler: GpuSampler, mode: str, rate: float,
               seconds: float, users: int = 0) -> dict[str, Any]:
     """One loadgen window: latency, QPS, the encoder's stats deltas, GPU util, model FLOP/s."""
     users = users or s.concurrency
@@ -383,7 +374,7 @@ def evaluate_goals(rows: list[dict]) -> list[tuple[str, str, bool]]:
     return out
 
 
-def write_report(s: Settings, rows: list[dict], machine: dict, command: str) -> list[Path]:
+def write_report(s: argparse.Namespace, rows: list[dict], machine: dict, command: str) -> list[Path]:
     """gpu_bench.md / .csv / .png in s.out (report.py): machine, settings, the table, the goals."""
     md, dims = s.out / "gpu_bench.md", MODEL_SIZES[s.size]
     where = machine["gpu"] if s.device.startswith("cuda") else "CPU (dry run)"
@@ -392,7 +383,7 @@ def write_report(s: Settings, rows: list[dict], machine: dict, command: str) -> 
     png = None if importlib.util.find_spec("matplotlib") is None else report.plot_p99(  # a bare host may lack it
         points, md.with_suffix(".png"), command, {"gpu": f"{dims.name} ({s.dtype}) on {where}"},
         f"{where}, {machine['cores']} CPUs")
-    settings = {k: v for k, v in asdict(s).items() if k not in ("out", "work_dir", "wheel_dir", "only")}
+    settings = {k: v for k, v in vars(s).items() if k not in ("out", "work_dir", "wheel_dir", "only")}
 
     def ms3(r: dict, ph: str) -> str:
         return " / ".join(f"{r[f'{ph}_{k}_ms']:.2f}" for k in ("avg", "p50", "p99"))
@@ -417,7 +408,7 @@ def write_report(s: Settings, rows: list[dict], machine: dict, command: str) -> 
                             "the shipped text endpoint", lines), csv, *([png] if png else [])]
 
 
-def measure(s: Settings, url: str, chosen: list[Scenario], loads: dict[str, Load], sampler: GpuSampler,
+def measure(s: argparse.Namespace, url: str, chosen: list[Scenario], loads: dict[str, Load], sampler: GpuSampler,
             matmul: float, tokenizer: Path | None, machine: dict) -> list[dict]:
     """Check each model's answer, then each scenario at peak and at low load: one row per scenario."""
     dims, rows, low_rate = MODEL_SIZES[s.size], [], math.nan

@@ -17,8 +17,8 @@ def plan_sub_batches(lengths: np.ndarray, padding: str, multiple: int, budget: i
         return []
     if padding != "length_aware":
         return [(np.arange(len(lengths)), None if padding == "as_given" else max(int(lengths.max()), 1))]
-    order, plans = np.argsort(lengths, kind="stable"), []
-    for i in order:  # sorted: a row's padded width is the sub-batch's
+    plans: list[tuple[list, int]] = []
+    for i in np.argsort(lengths, kind="stable"):  # sorted: a row's padded width is the sub-batch's
         width = max(-(-int(lengths[i]) // multiple) * multiple, multiple)
         if plans and (len(plans[-1][0]) + 1) * width <= budget:
             plans[-1] = ([*plans[-1][0], i], width)

@@ -18,12 +18,12 @@ import subprocess
 import sys
 import sysconfig
 import time
-import urllib.request
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
 from bge_triton.errors import InputError, ServerNotReady
+from bge_triton.verify.standalone import HttpJson
 
 BUDGET_BYTES = 64 * 2**20  # what travels with the working tree to the GPU host
 TOKENIZER = Path("tokenizer") / "tokenizer.json"
@@ -90,8 +90,7 @@ def load_reviews(asset_dir: Path, n: int, seed: int) -> list[str]:
 def triton_root(wheel_dir: Path, work_dir: Path) -> Path:
     """Folder holding pytriton/tritonserver: the installed package, else the wheel unpacked once."""
     spec = importlib.util.find_spec("pytriton")  # does not import pytriton or its dependencies
-    if spec and spec.submodule_search_locations:
-        pkg = Path(list(spec.submodule_search_locations)[0])
+    for pkg in map(Path, (spec and spec.submodule_search_locations) or []):
         if (pkg / "tritonserver" / "bin" / "tritonserver").exists():
             return pkg.parent
     if not (wheels := sorted(wheel_dir.glob("nvidia_pytriton-*.whl"))):
@@ -143,7 +142,7 @@ def tritonserver(wheel_dir: Path, work_dir: Path, repository: Path, host: str, h
     try:
         deadline, logged = time.monotonic() + ready_timeout, 0
         bound = f"Started HTTPService at {host}:{http_port}"  # this server's, not another process's on the port
-        while not (bound in (text := log.read_text(errors="replace")) and _ready(url)):
+        while not (bound in (text := log.read_text(errors="replace")) and HttpJson(url, timeout_s=2.0).ready()):
             why = (f"a port is taken (--http-port {http_port}, --metrics-port {metrics_port}): pick free ones"
                    if "already in use" in text else None if proc.poll() is None else
                    f"tritonserver exited with code {proc.returncode}")
@@ -162,14 +161,6 @@ def tritonserver(wheel_dir: Path, work_dir: Path, repository: Path, host: str, h
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
-
-
-def _ready(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=2) as r:
-            return r.status == 200
-    except OSError:  # URLError is one: not up yet
-        return False
 
 
 def main(argv: list[str] | None = None) -> int:

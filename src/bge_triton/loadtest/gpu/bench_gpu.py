@@ -38,6 +38,7 @@ from bge_triton.loadtest import loadgen, report
 from bge_triton.loadtest.gpu import assets
 from bge_triton.loadtest.stats import fetch_stats, stats_delta, summarize
 from bge_triton.paths import CANONICAL_REPOSITORY
+from bge_triton.verify.standalone import HttpJson
 
 HERE = Path(__file__).resolve().parent
 MODEL_SOURCE = HERE / "bert_model.py"
@@ -197,8 +198,6 @@ def _tokenizer(tokenizer_json: Path) -> Any:
 
 def check(server_url: str, sc: Scenario, hidden: int, seq_len: int, tokenizer_json: Path | None) -> float:
     """Each model answers a unit vector; the text endpoint's for a text equals the encoder's for its tokens: cosine."""
-    from bge_triton.verify.standalone import HttpJson
-
     http = HttpJson(server_url, timeout_s=120.0)
     if sc.key != TEXT or tokenizer_json is None:  # the bench models take input_ids INT32 alone
         body = {"inputs": [{"name": "input_ids", "shape": [1, seq_len], "datatype": "INT32",
@@ -413,8 +412,7 @@ def measure(s: argparse.Namespace, url: str, chosen: list[Scenario], loads: dict
     """Check each model's answer, then each scenario at peak and at low load: one row per scenario."""
     dims, rows, low_rate = MODEL_SIZES[s.size], [], math.nan
     for sc in chosen:
-        seq_len = s.seq_len if sc.workload == "fixed" else s.mixed_max_len
-        cosine = check(url, sc, dims.hidden, seq_len, tokenizer)
+        cosine = check(url, sc, dims.hidden, s.seq_len if sc.workload == "fixed" else s.mixed_max_len, tokenizer)
         if sc.key == TEXT:
             machine["text endpoint check"] = (f"a text embeds through the committed model.py: cosine {cosine:.5f} "
                                               "to the encoder called with its tokens")

@@ -453,17 +453,15 @@ def main(argv: list[str] | None = None) -> int:
     if gpu:
         torch.cuda.empty_cache()
     machine = {**report.machine_info(s.device), f"measured matmul rate ({s.dtype}, torch.matmul)": f"{matmul:.1f} "
-               "TFLOP/s", "gpu utilisation source": "nvidia-smi" if gpu and shutil.which("nvidia-smi") else "n/a"}
-    if not gpu:
-        machine["gpu"] = "none (CPU run: tiny model, ratios only, absolute numbers mean nothing)"
+               "TFLOP/s", "gpu utilisation source": "nvidia-smi" if gpu and shutil.which("nvidia-smi") else "n/a",
+               **({} if gpu else {"gpu": "none (CPU run: tiny model, ratios only, absolute numbers mean nothing)"})}
     keys = [k for k in s.only.split(",") if k]
-    chosen = [sc for sc in build_scenarios(s.max_batch, int(s.static_delay_ms * 1000),
-                                                     int(s.dynamic_delay_ms * 1000))
+    chosen = [sc for sc in build_scenarios(s.max_batch, int(s.static_delay_ms * 1000), int(s.dynamic_delay_ms * 1000))
               if not keys or sc.key in keys or sc.key == "s1_batch1"]
     tokenizer = assets.tokenizer_path(s.wheel_dir) if not keys or TEXT in keys else None  # before any work
     dims = MODEL_SIZES[s.size]
-    repo = write_repository(s.work_dir / "model_repository", chosen, {"fixed": s.seq_len, "mixed":
-                                      s.mixed_max_len}, dims, s.device, s.dtype, s.seed, s.token_budget, s.instances)
+    repo = write_repository(s.work_dir / "model_repository", chosen, {"fixed": s.seq_len, "mixed": s.mixed_max_len},
+                            dims, s.device, s.dtype, s.seed, s.token_budget, s.instances)
     loads = {sc.key: token_load(s, sc) for sc in chosen}
     if tokenizer is not None:
         texts = assets.load_reviews(s.wheel_dir, 512, s.seed)

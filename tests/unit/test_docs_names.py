@@ -25,6 +25,9 @@ CLI = re.compile(r"(?<![\w/.:-])(?<!-n )(?<!namespace )bge-triton ([a-z][\w-]*)(
 HANDED_OVER = re.compile(r"--scenarios shipped|tune --pair|chaos --soak")
 TICKED = re.compile(r"`([^`\n]+)`")
 DOTTED = re.compile(r"^(bge_triton(?:\.\w+)+|(?:{})(?:\.\w+)+)(?:\(\))?$".format("|".join(STAGES)))
+# a file named in backticks by its tail (`gpu/bench_gpu.py`, `text_core.py`): some file of the tree ends so
+OUTSIDE = {"bge_triton_verify.py"}  # the name standalone.py gets inside an image (docs/export.md)
+TICKED_FILE = re.compile(r"^[\w][\w/.-]*\.(?:py|sh)$")
 SOURCE_PATH = re.compile(r"(?<![\w./-])((?:src/|deploy/|tests/|docs/)?(?:bge_triton/)?(?:{}|deploy|tests)/[\w/.-]*"
                          r"\.(?:py|sh))\b".format("|".join(STAGES)))
 
@@ -89,6 +92,8 @@ def names_in(text: str) -> set[tuple[str, str]]:
         m = DOTTED.match(tick.strip())
         if m:
             found.add(("dotted", m.group(1)))
+        elif TICKED_FILE.match(tick.strip()) and not re.search(r"NAME|_X\b|/X\b", tick) and tick not in OUTSIDE:
+            found.add(("file", tick.strip()))
     found |= {("path", p) for p in SOURCE_PATH.findall(text) if not re.search(r"[<>*{}]|NAME|/X", p)}
     found |= {("command", " ".join(filter(None, m))) for m in CLI.findall(text)}
     found |= {("hand-over", m) for m in HANDED_OVER.findall(text)}
@@ -114,6 +119,13 @@ def command_exists(words: str) -> bool:
     return cmd in cli.COMMANDS and (not sub or cmd not in tables or sub in tables[cmd])
 
 
+@functools.cache
+def tree_files() -> tuple[Path, ...]:
+    """The kit's source and script files (not the virtual environment's)."""
+    return tuple(f for top in ("src", "tests", "deploy", "docs", ".ci") for f in (ROOT / top).rglob("*")
+                 if f.suffix in (".py", ".sh") and "egg-info" not in f.as_posix()) + tuple(ROOT.glob("*.py"))
+
+
 def missing(kind: str, name: str) -> bool:
     if kind == "hand-over":
         return True
@@ -123,6 +135,8 @@ def missing(kind: str, name: str) -> bool:
         return not runnable(name)
     if kind == "dotted":
         return not resolves(name if name.startswith("bge_triton.") else "bge_triton." + name)
+    if kind == "file":
+        return not any(f.as_posix().endswith("/" + name) for f in tree_files())
     candidates = [ROOT / name, SRC / name, SRC / "bge_triton" / name]
     return not any(c.is_file() for c in candidates)
 
@@ -131,10 +145,12 @@ def test_the_checker_finds_a_name_that_is_gone() -> None:
     text = ("run `python -m bge_triton.nope` or python -m bge_triton.export; `server.repository.render_cpu_variant` "
             "moved, `server.cpu_variant.render_cpu_variant` is it; see loadtest/nothere.py and src/bge_triton/cli.py; "
             "`python -m bge_triton.loadtest.bench` is `bge-triton bench seed` now; `kit.errors` is gone; "
-            "`bge-triton tune --pair` is `bge-triton tune pair`; `bge-triton bench nope`, `bge-triton stack`")
+            "`bge-triton tune --pair` is `bge-triton tune pair`; `bge-triton bench nope`, `bge-triton stack`; "
+            "`gpu/scenarios.py` was folded into `gpu/bench_gpu.py`")
     bad = sorted(n for n in names_in(text) if missing(*n))
     assert bad == [("command", "bench nope"), ("command", "stack"),
                    ("dotted", "kit.errors"), ("dotted", "server.repository.render_cpu_variant"),
+                   ("file", "gpu/scenarios.py"),
                    ("hand-over", "tune --pair"),
                    ("module", "bge_triton.loadtest.bench"), ("module", "bge_triton.nope"),
                    ("path", "loadtest/nothere.py")]

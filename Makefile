@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test lint test-unit bench tune stack-bench chaos help compose-check gpu-wheels gpu-bench deploy-test images
+.PHONY: setup demo test lint test-unit bench tune stack-bench chaos locust help compose-check gpu-wheels gpu-bench deploy-test images
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -42,6 +42,9 @@ stack-bench: setup  ## full stack vs raw ONNX Runtime + padding ratio (reports/s
 
 chaos: setup  ## bad input, overload, faults (reports/chaos)
 	$(PY) -m bge_triton.cli chaos --out reports/chaos
+
+locust: setup  ## shaped Locust load on a running server: LOCUST_ARGS="--host http://127.0.0.1:8000 -u 32 -r 8 -t 120s ..." (docs/loadtest.md)
+	$(PY) -m locust -f src/bge_triton/loadtest/locustfile.py --headless $(LOCUST_ARGS)
 
 compose-check: setup  ## validate docker-compose.yml (+ override, + the CPU override) and the GPU configs (Triton schema + ORT backend keys)
 	docker-compose --env-file deploy/.env.example config -q

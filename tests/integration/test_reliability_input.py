@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures as cf
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -41,7 +42,10 @@ def _repo_with_held_endpoint(src: Path, out: Path) -> Path:
 @pytest.fixture(scope="module")
 def server(minilm_repo: Path, tmp_path_factory: pytest.TempPathFactory):
     repo = _repo_with_held_endpoint(minilm_repo, tmp_path_factory.mktemp("rel_repo"))
-    variant = CpuVariant(batching={HELD: Batching(preferred_batch_sizes=(6,), max_queue_delay_us=5_000_000)})
+    # the batcher fires when the sixth request is queued (preferred size 6): the 60 s delay and queue timeout only
+    # bound a run that never gets there, so a slow machine spreads the six arrivals without splitting the batch
+    held = Batching(preferred_batch_sizes=(6,), max_queue_delay_us=60_000_000, queue_timeout_us=60_000_000)
+    variant = CpuVariant(batching={HELD: held})
     srv = start_server(repo, tmp_path_factory.mktemp("rel_state"), variant, port_range=PORT_RANGE)
     yield srv
     srv.stop()
@@ -50,7 +54,7 @@ def server(minilm_repo: Path, tmp_path_factory: pytest.TempPathFactory):
 def _healthy(srv) -> bool:
     client = raw_client("http", srv.http_url)
     out = raw_infer(client, NAME, [("text", "BYTES", text_array(["still alive"]))])
-    return client.ready(None, 5.0) and client.ready(f"{NAME}_onnx", 5.0) and out.ok
+    return client.ready(None, 30.0) and client.ready(f"{NAME}_onnx", 30.0) and out.ok
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
@@ -139,11 +143,17 @@ def test_bad_requests_fail_alone_in_one_triton_batch(server) -> None:
 
     before = batches()
 
-    def send(texts):
-        return raw_infer(raw_client("grpc", server.grpc_url), HELD, [("text", "BYTES", text_array(texts))])
+    # every client connected before any request goes, so the six arrivals are not spread by channel set-up
+    clients = [raw_client("grpc", server.grpc_url) for _ in payloads]
+    assert all(c.ready(HELD, 30.0) for c in clients)
+    go = threading.Barrier(len(payloads))
+
+    def send(client, texts):
+        go.wait()
+        return raw_infer(client, HELD, [("text", "BYTES", text_array(texts))])
 
     with cf.ThreadPoolExecutor(len(payloads)) as pool:
-        outs = list(pool.map(send, payloads))
+        outs = list(pool.map(send, clients, payloads))
     after = batches()
     assert sum(after.values()) - sum(before.values()) == 1, (before, after)  # ONE Triton batch
     assert [o.ok for o in outs] == [True, False, False, False, True, True], [o.message for o in outs]

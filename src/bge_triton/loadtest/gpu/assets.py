@@ -22,7 +22,7 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from bge_triton.errors import InputError, ServerNotReady
+from bge_triton.errors import InputError, PortInUse, ServerNotReady
 from bge_triton.verify.standalone import HttpJson
 
 BUDGET_BYTES = 64 * 2**20  # what travels with the working tree to the GPU host
@@ -141,8 +141,11 @@ def tritonserver(wheel_dir: Path, work_dir: Path, repository: Path, host: str, h
 
     try:
         deadline, logged = time.monotonic() + ready_timeout, 0
-        bound = f"Started HTTPService at {host}:{http_port}"  # this server's, not another process's on the port
-        while not (bound in (text := log.read_text(errors="replace")) and HttpJson(url, timeout_s=2.0).ready()):
+        # this server's own listeners, both bound (not another process's on the port; a taken metrics port stops
+        # the server right after its HTTP service started)
+        bound = (f"Started HTTPService at {host}:{http_port}", f"Started Metrics Service at {host}:{metrics_port}")
+        while not (all(b in (text := log.read_text(errors="replace")) for b in bound)
+                   and HttpJson(url, timeout_s=2.0).ready()):
             why = (f"a port is taken (--http-port {http_port}, --metrics-port {metrics_port}): pick free ones"
                    if "already in use" in text else None if proc.poll() is None else
                    f"tritonserver exited with code {proc.returncode}")
@@ -151,9 +154,16 @@ def tritonserver(wheel_dir: Path, work_dir: Path, repository: Path, host: str, h
             elif time.monotonic() > deadline:
                 why = f"tritonserver not ready: its log did not move for {ready_timeout:.0f} s (raise --ready-timeout)"
             if why:
-                raise ServerNotReady(f"{why}; log {log}:\n" + "\n".join(text.splitlines()[-40:]))
+                error = PortInUse if "already in use" in text else ServerNotReady
+                raise error(f"{why}; log {log}:\n" + "\n".join(text.splitlines()[-40:]))
             time.sleep(0.5)
-        yield url
+        try:
+            yield url
+        except Exception as exc:  # Triton logs the metrics listener's failure just after HTTP answered ready
+            if "already in use" in log.read_text(errors="replace"):
+                raise PortInUse(f"a port is taken (--http-port {http_port}, --metrics-port {metrics_port}): pick "
+                                f"free ones; log {log}") from exc
+            raise
     finally:
         proc.terminate()
         try:

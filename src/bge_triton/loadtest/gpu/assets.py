@@ -141,28 +141,27 @@ def tritonserver(wheel_dir: Path, work_dir: Path, repository: Path, host: str, h
 
     try:
         deadline, logged = time.monotonic() + ready_timeout, 0
-        # this server's own listeners, both bound (not another process's on the port; a taken metrics port stops
-        # the server right after its HTTP service started)
+        # this server's own listeners started (not another process's on the port); Triton logs a taken metrics port
+        # just after these lines and then stops, so a failure while serving is checked against the log below
         bound = (f"Started HTTPService at {host}:{http_port}", f"Started Metrics Service at {host}:{metrics_port}")
+        taken = f"a port is taken (--http-port {http_port}, --metrics-port {metrics_port}): pick free ones; log {log}"
         while not (all(b in (text := log.read_text(errors="replace")) for b in bound)
                    and HttpJson(url, timeout_s=2.0).ready()):
-            why = (f"a port is taken (--http-port {http_port}, --metrics-port {metrics_port}): pick free ones"
-                   if "already in use" in text else None if proc.poll() is None else
-                   f"tritonserver exited with code {proc.returncode}")
+            if "already in use" in text:
+                raise PortInUse(taken)
+            why = None if proc.poll() is None else f"tritonserver exited with code {proc.returncode}"
             if (size := log.stat().st_size) > logged:  # progress (a model loaded, an instance started): wait on
                 deadline, logged = time.monotonic() + ready_timeout, size
             elif time.monotonic() > deadline:
                 why = f"tritonserver not ready: its log did not move for {ready_timeout:.0f} s (raise --ready-timeout)"
             if why:
-                error = PortInUse if "already in use" in text else ServerNotReady
-                raise error(f"{why}; log {log}:\n" + "\n".join(text.splitlines()[-40:]))
+                raise ServerNotReady(f"{why}; log {log}:\n" + "\n".join(text.splitlines()[-40:]))
             time.sleep(0.5)
         try:
             yield url
-        except Exception as exc:  # Triton logs the metrics listener's failure just after HTTP answered ready
+        except Exception as exc:
             if "already in use" in log.read_text(errors="replace"):
-                raise PortInUse(f"a port is taken (--http-port {http_port}, --metrics-port {metrics_port}): pick "
-                                f"free ones; log {log}") from exc
+                raise PortInUse(taken) from exc
             raise
     finally:
         proc.terminate()

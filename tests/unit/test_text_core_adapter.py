@@ -103,6 +103,14 @@ def execute(model, requests: list[Request], timeout_s: float = 10.0) -> list[Inf
     return [r.sender.responses[0] for r in requests]
 
 
+def idle(model, timeout_s: float = 10.0) -> None:
+    """Wait (bounded) until no dispatcher runs and nothing waits: a sender's response comes before its dispatcher
+    leaves, so a test that needs the inline path waits for this by progress, not by time."""
+    s = model.scheduler
+    with s.cond:
+        assert s.cond.wait_for(lambda: not s.running and not s.pending, timeout_s), "the scheduler never went idle"
+
+
 def fake_pb_utils(encoder_answer):
     """A module with the pb_utils names model.py uses; BLS calls answer with encoder_answer(ids)."""
     pb = types.ModuleType("triton_python_backend_utils")
@@ -297,6 +305,7 @@ def test_a_sent_response_holds_only_the_requested_outputs_referenced_through_sen
     assert both.sender.names == ["embedding", "token_count"]
     assert none.sender.names == ["embedding", "token_count", "timing_us"]  # none named: every output
     assert alive == [True, True, True]  # the adapter still holds every tensor while send() runs
+    idle(model)  # a dispatcher that has sent may not yet have left: then execute() would not run inline
     (inline,) = model.execute([Request(["hello"], outputs=("embedding",))])  # returned from execute: the same rule
     assert [t.name for t in inline.output_tensors] == ["embedding"]
     model.finalize()

@@ -1,6 +1,7 @@
 """The GPU bench's pieces that need no server: configs (Triton's schema), sub-batch plans, FLOPs, goals."""
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import sys
 from pathlib import Path
@@ -10,7 +11,8 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from bge_triton.loadtest.gpu import bench_gpu
+from bge_triton.errors import PortInUse
+from bge_triton.loadtest.gpu import assets, bench_gpu
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -118,3 +120,33 @@ def test_text_endpoint_goals_compare_model_flops_not_requests() -> None:
     text["peak_model_tflops"] = 9.9
     assert not dict((g, ok) for g, _, ok in bench_gpu.evaluate_goals([base, text]))[
         "text_endpoint: peak model FLOP/s / batch-1's >= 10.0x"]
+
+
+@pytest.mark.parametrize(("flags", "taken", "starts"), [
+    ([], 1, [(20000, 20001), (20002, 20003)]),  # a picked port taken at the first start: new picks, served
+    ([], 3, [(20000, 20001), (20002, 20003), (20004, 20005)]),  # taken at every start: PortInUse after 3
+    (["--http-port", "8000"], 1, [(8000, 20001)]),  # a port given by flag: taken is an error, no new pick
+])
+def test_serve_picks_ports_again_only_when_it_picked_them(monkeypatch: pytest.MonkeyPatch, capsys, tmp_path: Path,
+                                                          flags: list[str], taken: int,
+                                                          starts: list[tuple[int, int]]) -> None:
+    picks, tried = iter(range(20000, 20100)), []
+    monkeypatch.setattr(assets, "free_ports", lambda host, n=2: [next(picks) for _ in range(n)])
+
+    @contextlib.contextmanager
+    def tritonserver(wheel_dir, work_dir, repo, host, http, metrics, ready_timeout):
+        tried.append((http, metrics))
+        if len(tried) <= taken:
+            raise PortInUse(f"a port is taken (--http-port {http}, --metrics-port {metrics})")
+        yield f"http://{host}:{http}"
+
+    monkeypatch.setattr(assets, "tritonserver", tritonserver)
+    s = bench_gpu.parse_args(["--device", "cpu", *flags])
+    if len(starts) > taken:
+        assert bench_gpu.serve(s, tmp_path, lambda url: url) == f"http://127.0.0.1:{starts[-1][0]}"
+    else:
+        with pytest.raises(PortInUse, match=f"--http-port {starts[-1][0]}"):
+            bench_gpu.serve(s, tmp_path, lambda url: url)
+    assert tried == starts
+    out = capsys.readouterr().out
+    assert [f"start {k}/3" in out for k in (2, 3)] == [len(starts) >= k for k in (2, 3)]

@@ -14,6 +14,7 @@ import os
 import random
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import sysconfig
@@ -109,6 +110,12 @@ def triton_root(wheel_dir: Path, work_dir: Path) -> Path:
     return dest
 
 
+def free_ports(host: str, n: int = 2) -> list[int]:
+    """n distinct ports free on host now, the OS's pick (server.launcher.free_ports needs the server extra)."""
+    with contextlib.ExitStack() as held:
+        return [held.enter_context(socket.create_server((host, 0))).getsockname()[1] for _ in range(n)]
+
+
 @contextlib.contextmanager
 def tritonserver(wheel_dir: Path, work_dir: Path, repository: Path, host: str, http_port: int, metrics_port: int,
                  ready_timeout: float) -> Iterator[str]:
@@ -144,7 +151,7 @@ def tritonserver(wheel_dir: Path, work_dir: Path, repository: Path, host: str, h
         # this server's own listeners started (not another process's on the port); Triton logs a taken metrics port
         # just after these lines and then stops, so a failure while serving is checked against the log below
         bound = (f"Started HTTPService at {host}:{http_port}", f"Started Metrics Service at {host}:{metrics_port}")
-        taken = f"a port is taken (--http-port {http_port}, --metrics-port {metrics_port}): pick free ones; log {log}"
+        taken = f"a port is taken (--http-port {http_port}, --metrics-port {metrics_port}); log {log}"
         while not (all(b in (text := log.read_text(errors="replace")) for b in bound)
                    and HttpJson(url, timeout_s=2.0).ready()):
             if "already in use" in text:

@@ -1,4 +1,5 @@
-"""Unit tests of the micro-batcher with a fake async embed function (no server)."""
+"""Unit tests of the micro-batcher with a fake async embed function (no server), on a virtual-time loop: its
+max_wait window and the fake's delays run on a clock that a busy machine cannot stretch (virtual_clock.py)."""
 from __future__ import annotations
 
 import asyncio
@@ -6,6 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import pytest
+from virtual_clock import run_virtual
 
 from bge_triton.client.batcher import MicroBatcher
 from bge_triton.client.errors import InputError, KitError, Overloaded
@@ -40,7 +42,7 @@ def vec(text: str) -> list[float]:
 
 
 def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 20))
+    return run_virtual(asyncio.wait_for(coro, 20))  # 20 virtual seconds: a hang fails at once
 
 
 def test_dispatches_at_once_when_idle() -> None:
@@ -54,7 +56,7 @@ def test_dispatches_at_once_when_idle() -> None:
         assert out.tolist() == vec("hello") and fake.batches == [["hello"]]
         return elapsed
 
-    assert run(main()) < 1.0  # a 5 s window would have been waited by the seed design
+    assert run(main()) == 0.0  # no timer ran (virtual time): the seed design waited its 5 s window here
 
 
 def test_batches_under_load_and_each_caller_gets_its_vector() -> None:
@@ -80,11 +82,11 @@ def test_max_wait_applies_only_while_busy() -> None:
         first = asyncio.ensure_future(mb.embed("first"))
         await asyncio.sleep(0.01)
         assert fake.batches == [["first"]]  # idle -> sent at once
-        rest = [asyncio.ensure_future(mb.embed(f"t{i}")) for i in range(3)]
-        await asyncio.sleep(0.01)
-        assert len(fake.batches) == 1  # busy and not full -> waits for the window
-        await asyncio.sleep(0.08)
-        assert fake.batches[1] == ["t0", "t1", "t2"]  # window expired -> one batch of 3
+        rest = [asyncio.ensure_future(mb.embed(f"t{i}")) for i in range(3)]  # enqueued at t = 0.01
+        await asyncio.sleep(0.049)
+        assert len(fake.batches) == 1  # t = 0.059: busy and not full -> waits for the window (until 0.06)
+        await asyncio.sleep(0.002)
+        assert fake.batches[1] == ["t0", "t1", "t2"]  # t = 0.061: window expired -> one batch of 3
         fake.gate.set()
         await asyncio.gather(first, *rest)
         await mb.aclose()

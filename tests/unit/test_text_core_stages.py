@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -91,9 +92,26 @@ class Endpoint:
         self.scheduler.submit(jobs)
         return out
 
-    def wait(self, jobs, timeout_s: float = 10.0) -> None:
+    def wait(self, jobs, timeout_s: float = 30.0) -> None:
+        """Until every job is answered (bounded only against a hang). A job is answered before its dispatcher
+        decrements `running`: a test about the scheduler's state after the answer waits with idle()/taken()."""
         with self.cond:
             assert self.cond.wait_for(lambda: all(j in self.answered for j in jobs), timeout_s), "unanswered"
+
+    def idle(self, timeout_s: float = 30.0) -> None:
+        """Until no dispatcher runs and nothing waits, by the scheduler's condition (notified as they leave)."""
+        s = self.scheduler
+        with s.cond:
+            assert s.cond.wait_for(lambda: not s.running and not s.pending, timeout_s), "the scheduler never went idle"
+
+    def taken(self, timeout_s: float = 30.0) -> None:
+        """Until the dispatchers took every pending text: looked at every 10 ms under the scheduler's lock (a take
+        notifies nobody), bounded against a hang only."""
+        s, deadline = self.scheduler, time.monotonic() + timeout_s
+        with s.cond:
+            while s.pending:
+                assert time.monotonic() < deadline, "the dispatcher never took the pending texts"
+                s.cond.wait(0.01)
 
     def __call__(self, requests) -> list:
         out = self.submit(requests)
@@ -198,11 +216,35 @@ def test_batch_of_n_equals_n_singles(max_in_flight: int) -> None:
     p.close()
 
 
+class Meeting(FakeEncoder):
+    """Holds each call until `n` calls were at the encoder at once (bounded): the overlap is made by progress,
+    not hoped for from a 2 ms pause that a busy machine can outlast."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.n, self.met = n, threading.Condition()
+
+    def run(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        with self.lock:
+            self.shapes.append(ids.shape)
+            self.in_flight += 1
+            self.peak = max(self.peak, self.in_flight)
+        with self.met:
+            self.met.notify_all()
+            self.met.wait_for(lambda: self.peak >= self.n, 30)  # fewer allowed at once: the peak assert says so
+        try:
+            vecs = (self.table[ids] * mask[..., None]).sum(axis=1) / mask.sum(axis=1, keepdims=True)
+            return vecs / np.linalg.norm(vecs, axis=1, keepdims=True)
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+
 def test_dispatchers_overlap_up_to_max_in_flight() -> None:
-    enc = FakeEncoder()
+    enc = Meeting(3)
     p = pipeline(enc, sub_batch_max=1, max_in_flight=3)
     p([req(*TEXTS)])
-    assert enc.peak == 3  # three sub-batches at the encoder at once, never more
+    assert enc.peak == 3 and len(enc.shapes) == len(TEXTS)  # three sub-batches at the encoder at once, never more
     p.close()
 
 

@@ -47,7 +47,7 @@ def request(texts, parameters=None, timeout_us: int = 0, **kw) -> Request:
     return r
 
 
-def answered(requests, timeout_s: float = 10.0) -> None:
+def answered(requests, timeout_s: float = 30.0) -> None:
     for r in requests:
         assert r.sender.done.wait(timeout_s), "a request was never answered"
 
@@ -76,12 +76,12 @@ class Gate:
         with self.cond:
             self.calls.append(ids)
             self.cond.notify_all()
-        assert self.open.wait(10), "the test never opened the gate"
+        assert self.open.wait(60), "the test never opened the gate"  # bounds a hang only
         return self.answer(ids)
 
     def arrived(self, n: int) -> None:
         with self.cond:
-            assert self.cond.wait_for(lambda: len(self.calls) >= n, 10), f"{len(self.calls)} calls, expected {n}"
+            assert self.cond.wait_for(lambda: len(self.calls) >= n, 30), f"{len(self.calls)} calls, expected {n}"
 
 
 def serves(model) -> None:
@@ -239,8 +239,17 @@ def test_unload_answers_everything_waiting_unavailable_and_server_is_stopping_is
     gate.arrived(1)
     waiting = [request(["rag"]), request(["fast", "world"], {"priority_level": 1})]
     assert model.execute(waiting) is None
-    threading.Timer(0.05, gate.open.set).start()  # the encoder returns its shutdown error during finalize
+    s = model.scheduler
+
+    def open_once_unloading() -> None:  # the encoder returns its shutdown error during finalize, after it began
+        with s.cond:
+            s.cond.wait_for(lambda: s.closing, 30)
+        gate.open.set()
+
+    opener = threading.Thread(target=open_once_unloading, daemon=True)
+    opener.start()  # (a 0.05 s timer raced finalize: opened first, the dispatcher sent the waiting texts)
     model.finalize()
+    opener.join(30)
     answered([running, *waiting])
     once([running, *waiting])
     assert [code(r) for r in (running, *waiting)] == [TritonError.UNAVAILABLE] * 3
@@ -255,7 +264,7 @@ def test_cancellation_is_never_checked_after_the_answer(tmp_path, monkeypatch) -
     requests = [request(["hello", "world", "fast", "rag"][: 1 + k % 4] * 2) for k in range(60)]
     for k in range(0, len(requests), 3):
         assert model.execute(requests[k:k + 3]) is None  # 3 requests of 2+ texts: never one sub-batch
-    for _ in range(2000):  # bounded: until the reaper checked some while all wait
+    for _ in range(6000):  # bounded (30 s and more) against a hang: until the reaper checked some while all wait
         if sum(r.sender.checks for r in requests) >= 32:
             break
         threading.Event().wait(0.005)
@@ -278,6 +287,6 @@ def test_a_bug_in_the_dispatcher_fails_its_sub_batch_and_the_thread_lives(tmp_pa
     model.scheduler._check = real
     serves(model)
     with model.scheduler.cond:  # the in-flight count comes back (decremented, and notified, after the answer)
-        assert model.scheduler.cond.wait_for(lambda: model.scheduler.running == 0, 10)
+        assert model.scheduler.cond.wait_for(lambda: model.scheduler.running == 0, 30)
     model.finalize()
     once([hit])

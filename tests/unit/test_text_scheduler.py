@@ -20,12 +20,8 @@ def items(lengths, arrivals=None) -> list[Item]:
 
 
 def taken(p: Endpoint) -> None:
-    """Wait until the dispatchers took every pending text."""
-    for _ in range(500):
-        if p.scheduler.pending == 0:
-            return
-        threading.Event().wait(0.01)
-    raise AssertionError("the dispatcher never took the pending texts")
+    """Wait (by the scheduler's condition, bounded against a hang) until the dispatchers took every pending text."""
+    p.taken()
 
 
 def test_choose_sends_the_run_of_the_oldest_text_from_the_whole_pool_plan() -> None:
@@ -55,23 +51,24 @@ def test_a_bigger_pool_plans_fuller_runs() -> None:
 
 
 class Gated(FakeEncoder):
-    """Records each call's shape as it arrives, then waits for the gate."""
+    """Records each call's shape as it arrives, then waits for the gate (bounded against a hang only: a gate that
+    opened by itself after a few seconds let a held sub-batch go while a slow test still counted on it)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.gate, self.arrived = threading.Event(), []
+        self.gate, self.arrived, self.came = threading.Event(), [], threading.Condition()
 
     def run(self, ids, mask):
-        self.arrived.append(ids.shape)
-        self.gate.wait(5)
+        with self.came:
+            self.arrived.append(ids.shape)
+            self.came.notify_all()
+        assert self.gate.wait(60), "the test never opened the gate"
         return super().run(ids, mask)
 
     def wait_arrived(self, n: int) -> None:
-        for _ in range(500):
-            if len(self.arrived) >= n:
-                return
-            threading.Event().wait(0.01)
-        raise AssertionError(f"{len(self.arrived)} encoder calls arrived, expected {n}")
+        with self.came:
+            assert self.came.wait_for(lambda: len(self.arrived) >= n, 30), \
+                f"{len(self.arrived)} encoder calls arrived, expected {n}"
 
 
 def test_a_query_does_not_wait_for_bulk_and_bulk_is_capped_in_query_mode() -> None:
@@ -146,8 +143,16 @@ def test_close_answers_what_is_still_waiting() -> None:
     running = p.submit([req("hello")])
     taken(p)
     waiting = p.submit([req("world")])
-    threading.Timer(0.2, enc.gate.set).start()
+
+    def open_once_closing() -> None:  # the held sub-batch returns during close(), after the unload began
+        with p.scheduler.cond:
+            p.scheduler.cond.wait_for(lambda: p.scheduler.closing, 30)
+        enc.gate.set()
+
+    opener = threading.Thread(target=open_once_closing, daemon=True)
+    opener.start()  # (a timer of 0.2 s raced close(): opened first, the dispatcher ran "world" and it embedded)
     p.close()
+    opener.join(30)
     p.wait(running + waiting)
     assert running[0].error is None
     assert isinstance(waiting[0].error, EncoderOverloaded) and "unloading" in str(waiting[0].error)
@@ -218,10 +223,7 @@ def test_run_inline_only_when_idle_one_sub_batch_and_not_bulk_in_query_mode() ->
     query = job(1, prio=1)
     p.scheduler.submit([(query, [[2, 7, 3]])])  # a query: query mode for a second
     p.wait([query])
-    for _ in range(500):  # its dispatcher is done with it
-        if p.scheduler.running == 0:
-            break
-        threading.Event().wait(0.01)
+    p.idle()  # its dispatcher is done with it (it answers before it leaves)
     assert not p.scheduler.run_inline([(job(1), [[2, 3]])])  # bulk in query mode: to the pool, capped
     assert p.scheduler.run_inline([(job(1, prio=1), [[2, 3]])])  # a query still may
     p.close()
@@ -251,10 +253,7 @@ def test_queue_time_counts_the_wait_in_the_pool() -> None:
     counts = p.scheduler.counters.take()
     assert counts["queued"] == 2 and counts["queue_us"] == 500_000
     inline = p.scheduler.new_job(1, 2)
-    for _ in range(500):  # the dispatcher is done: the next one-sub-batch request runs inline
-        if p.scheduler.running == 0:
-            break
-        threading.Event().wait(0.01)
+    p.idle()  # the dispatcher is done: the next one-sub-batch request runs inline
     now[0] += 0.5
     assert p.scheduler.run_inline([(inline, [[2, 5, 3]])])
     counts = p.scheduler.counters.take()

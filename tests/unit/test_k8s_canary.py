@@ -9,7 +9,6 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -28,8 +27,10 @@ class Scripted(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # http.server's name
         length = int(self.headers["Content-Length"])
         self.server.seen.append((self.path, json.loads(self.rfile.read(length))))
-        status, body, delay = self.server.answer
-        time.sleep(delay)
+        status, body, hung = self.server.answer
+        if hung:  # never answers while the test runs (released at teardown)
+            self.server.release.wait(60)
+            return
         payload = body.encode() if isinstance(body, str) else json.dumps(body).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -45,20 +46,24 @@ class Scripted(BaseHTTPRequestHandler):
 def server():
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Scripted)
     srv.daemon_threads = True  # a handler still sleeping for the hung-server case does not block the teardown
-    srv.seen, srv.answer = [], (200, {}, 0.0)
+    srv.seen, srv.answer, srv.release = [], (200, {}, False), threading.Event()
     thread = threading.Thread(target=srv.serve_forever, daemon=True)
     thread.start()
     yield srv
+    srv.release.set()
     srv.shutdown()
     srv.server_close()
 
 
-def run(srv, status: int, body, delay: float = 0.0, **env: str) -> subprocess.CompletedProcess:
-    srv.answer = (status, body, delay)
+TIMEOUT_S = 30  # curl's --max-time for the answering cases: a bound on a hang, never reached by a busy machine
+
+
+def run(srv, status: int, body, hung: bool = False, **env: str) -> subprocess.CompletedProcess:
+    srv.answer = (status, body, hung)
     full = {"PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
             "CANARY_URL": f"http://127.0.0.1:{srv.server_address[1]}", "CANARY_MODEL": "m", "CANARY_INPUT": "text",
-            "CANARY_DIM": str(DIM), "CANARY_REPEAT": "2", "CANARY_TIMEOUT_S": "2", **env}
-    return subprocess.run(["sh", str(CANARY)], env=full, capture_output=True, text=True, timeout=30)
+            "CANARY_DIM": str(DIM), "CANARY_REPEAT": "2", "CANARY_TIMEOUT_S": str(TIMEOUT_S), **env}
+    return subprocess.run(["sh", str(CANARY)], env=full, capture_output=True, text=True, timeout=3 * TIMEOUT_S)
 
 
 def embedding(data: list) -> dict:
@@ -74,7 +79,7 @@ def test_a_unit_vector_passes_and_the_request_is_one_bytes_text(server) -> None:
     assert path == "/v2/models/m/infer"
     (inp,) = body["inputs"]
     assert (inp["name"], inp["datatype"], inp["shape"], len(inp["data"])) == ("text", "BYTES", [1, 1], 1)
-    assert 0 < body["parameters"]["timeout"] < 2_000_000  # the queue gives up before curl does
+    assert 0 < body["parameters"]["timeout"] < TIMEOUT_S * 1_000_000  # the queue gives up before curl does
 
 
 @pytest.mark.parametrize("status,body,why", [
@@ -98,7 +103,7 @@ def test_an_overloaded_server_is_alive(server, status: int) -> None:
 
 
 def test_a_hung_server_fails_within_the_timeout(server) -> None:
-    proc = run(server, 200, embedding(UNIT), delay=4.0, CANARY_TIMEOUT_S="1")
+    proc = run(server, 200, embedding(UNIT), hung=True, CANARY_TIMEOUT_S="1")  # held until the test ends
     assert proc.returncode != 0 and "curl exit 28" in proc.stderr  # curl's --max-time, not the server's answer
 
 

@@ -1,5 +1,6 @@
 """Unit tests of the micro-batcher with a fake async embed function (no server), on a virtual-time loop: its
-max_wait window and the fake's delays run on a clock that a busy machine cannot stretch (virtual_clock.py)."""
+max_wait window and the fake's delays run on a clock that a busy machine cannot stretch (aiotools.VirtualClock:
+loop.time() moves only when every task waits on a timer, and then jumps to that timer)."""
 from __future__ import annotations
 
 import asyncio
@@ -7,7 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import pytest
-from virtual_clock import run_virtual
+from aiotools import VirtualClock
 
 from bge_triton.client.batcher import MicroBatcher
 from bge_triton.client.errors import InputError, KitError, Overloaded
@@ -42,7 +43,11 @@ def vec(text: str) -> list[float]:
 
 
 def run(coro):
-    return run_virtual(asyncio.wait_for(coro, 20))  # 20 virtual seconds: a hang fails at once
+    async def main():
+        with VirtualClock().patch_loop():
+            return await asyncio.wait_for(coro, 20)  # 20 virtual seconds: a hang fails at once
+
+    return asyncio.run(main())
 
 
 def test_dispatches_at_once_when_idle() -> None:

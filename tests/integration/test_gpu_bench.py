@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
@@ -96,6 +97,8 @@ def test_bench_picks_new_ports_when_a_picked_one_is_taken(tmp_path: Path) -> Non
     assert len(starts) == 2 and starts[0][1] == str(port) and port not in map(int, starts[1]), proc.stdout
     assert f"a port is taken (--http-port {starts[0][0]}, --metrics-port {port}" in proc.stdout
     assert "picking new ports, start 2/3" in proc.stdout
+    left = [q.pid for q in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(q.info["cmdline"] or [])]
+    assert not left, f"processes of the bench left running (the first server's python stubs?): {left}"
     log = (tmp_path / "work" / "tritonserver.log").read_text()  # the second start's
     assert f"Started Metrics Service at 127.0.0.1:{starts[1][1]}" in log
     with (tmp_path / "reports" / "gpu_bench.csv").open() as fh:

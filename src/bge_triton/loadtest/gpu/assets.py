@@ -14,6 +14,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -144,7 +145,7 @@ def tritonserver(wheel_dir: Path, work_dir: Path, repository: Path, host: str, h
            f"--metrics-port={metrics_port}", "--exit-on-error=true", "--log-info=true",
            "--disable-auto-complete-config"]  # else the python backend imports model.py twice
     with open(log, "w") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
     try:
         deadline, logged = time.monotonic() + ready_timeout, 0
@@ -177,6 +178,9 @@ def tritonserver(wheel_dir: Path, work_dir: Path, repository: Path, host: str, h
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
+        # a server that stopped itself (a taken port) leaves its python stubs running, orphaned: its group goes too
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def main(argv: list[str] | None = None) -> int:

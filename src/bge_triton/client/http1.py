@@ -5,8 +5,7 @@ pooled connection that the server closed while idle is dropped before reuse. Thi
 the SDK needs on top: one deadline per request (connect + read, urllib3.Timeout(total=...)), no retries of
 its own (client.retry owns the policy), and the kit's error types: bge_triton.errors.Timeout when the
 deadline passes, ServerUnavailable when the server cannot be reached or cuts the response.
-`python -m bge_triton.loadtest.client_cost` measures its one-in-flight cost against the hand-written
-client it replaced.
+Its one-in-flight cost against the hand-written client it replaced: docs/benchmarks.md.
 """
 from __future__ import annotations
 

@@ -16,7 +16,6 @@ BENCH: dict[str, tuple[str, str, str]] = {
     "gateway": ("gateway_bench", "main",
                 "the OpenAI gateway: against the SDK (sdk), queries under a bulk flood (priority), stalls (stall)"),
     "soak": ("soak", "main", "a long run at 70% of capacity with a kill -9, a dead stub, a spike"),
-    "client": ("client_cost", "main", "the sync HTTP transport's one-in-flight cost, old vs new"),
     "plan-cost": ("plan_cost", "main", "the text scheduler's planning cost per dispatch"),
     "probe": ("sweep", "probe_main", "how many closed-loop users this machine's server answers"),
     "gpu": ("gpu.bench_gpu", "main",

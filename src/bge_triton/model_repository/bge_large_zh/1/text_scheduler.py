@@ -9,7 +9,7 @@ Policy (choose): the highest priority level present goes first; within it, the r
 text in the cheapest split (fixed cost `split_overhead_tokens` + B x padded L per run) of the texts of
 similar length around it goes. Each level keeps its texts in FIFO buckets by padded length, so planning
 looks at a window of at most 2 x sub_batch_max texts around the oldest, whatever the backlog
-(`python -m bge_triton.loadtest.plan_cost`); deadlines sit in a heap, so expiry costs only what expires.
+(`bge-triton bench plan-cost`); deadlines sit in a heap, so expiry costs only what expires.
 While high-priority texts arrived within `query_window_s` (any instance: a shared marker), bulk runs are
 capped at `query_token_budget` tokens and one in flight, so a query waits behind a short sub-batch.
 Age bound (`age_bound_s`, 0 = off): a run is planned only from the texts that arrived within age_bound_s of

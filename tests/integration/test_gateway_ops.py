@@ -15,7 +15,11 @@ from test_gateway_openai import NAME, start
 pytestmark = pytest.mark.integration
 
 
-def test_dead_python_stub_turns_ready_to_503_within_5s(server_factory, minilm_repo, tmp_path) -> None:
+def test_dead_python_stub_turns_ready_to_503_naming_the_failure(server_factory, minilm_repo, tmp_path) -> None:
+    """The chain behind /ready: the stubs die, the canary's embeddings fail, /ready turns 503 with the canary's error
+    and stays there (Triton 2.51 does not restart a dead stub). How soon is the staleness rule's business
+    (--ready-max-age after the last embedding, unit-tested on a fake clock in test_gateway_app); the wait here is
+    only a hang bound."""
     from bge_triton.loadtest.stats import stub_pids
 
     srv = server_factory(minilm_repo)
@@ -25,10 +29,16 @@ def test_dead_python_stub_turns_ready_to_503_within_5s(server_factory, minilm_re
         assert targets, "no python stub of the text endpoint under the server"
         for pid in targets:  # every instance of the text endpoint; children of the server we started
             os.kill(pid, signal.SIGKILL)
-        killed = time.monotonic()
-        while httpx.get(proc.url + "/ready").status_code == 200:
-            assert time.monotonic() - killed < 5.0, "/ready still 200 five seconds after the stub died"
+        deadline = time.monotonic() + 120.0
+        while (ready := httpx.get(proc.url + "/ready")).status_code == 200:
+            assert time.monotonic() < deadline, "/ready still 200 two minutes after the stubs died"
             time.sleep(0.1)
+        assert ready.status_code == 503 and ready.headers["retry-after"]
+        error = ready.json()["error"]
+        assert NAME in error and "no canary has run yet" not in error, error  # the canary's own failure, named
+        for _ in range(3):  # it stays down: nothing answers for the dead stubs
+            time.sleep(0.5)
+            assert httpx.get(proc.url + "/ready").status_code == 503
         assert httpx.get(proc.url + "/health").status_code == 200  # the process itself is up
     finally:
         proc.stop()

@@ -519,3 +519,19 @@ def test_a_triton_failure_is_500_on_openai_and_424_on_tei(gw) -> None:
     assert "127.0.0.1" not in err["message"] and "stub" not in err["message"]
     r = post(client, {"inputs": "x"}, "/embed")
     assert r.status_code == 424 and r.json()["error_type"] == "Backend" and "127.0.0.1" not in r.text
+
+
+def test_ready_holds_for_max_age_after_the_last_embedding_and_not_a_moment_longer(monkeypatch) -> None:
+    """The readiness promise on a fake clock: a dead stub stops the embeddings, and /ready turns 503 once the last
+    one is older than --ready-max-age (tests/integration/test_gateway_ops.py drives the real chain)."""
+    from bge_triton.gateway import backend as backend_module
+
+    now = [1000.0]
+    monkeypatch.setattr(backend_module.time, "monotonic", lambda: now[0])
+    b = backend_module.TritonBackend(GatewaySettings(model="m", canary_interval_s=0.5, ready_max_age_s=2.0))
+    assert not b.ready()  # no embedding yet
+    b.last_ok = now[0]
+    now[0] += 2.0
+    assert b.ready()
+    now[0] += 0.001
+    assert not b.ready()

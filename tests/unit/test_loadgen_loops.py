@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 
 from bge_triton.errors import Overloaded
@@ -28,6 +29,25 @@ def test_open_loop_labels_each_request_once() -> None:
                                          seen.append((t, kind)), deadline_s=0.05))
     assert sent == 4
     assert sorted(seen) == [(1.0, "ok"), (2.0, "Overloaded"), (3.0, "raw:TimeoutError"), (4.0, "lost")]
+
+
+def test_open_loop_keeps_no_finished_request() -> None:
+    """A soak sends 400k requests through one open loop: the loop must hold only the unfinished ones, or the client's
+    RSS (and its garbage collector's pauses, in the latencies) measure the harness instead of the SDK."""
+    alive: list[int] = []
+
+    async def call(_t: float) -> None:
+        await asyncio.sleep(0)
+
+    async def times():
+        for k in range(2000):
+            yield float(k)
+            await asyncio.sleep(0)  # the previous request finishes before the next is scheduled
+        gc.collect()
+        alive.append(sum(isinstance(o, asyncio.Task) for o in gc.get_objects()))
+
+    sent = asyncio.run(loadgen.open_loop(call, times(), lambda: 0.0, lambda *_: None))
+    assert sent == 2000 and alive[0] < 20  # was 2000: every Task the loop had started
 
 
 def test_closed_loop_counts_successes_and_records_errors() -> None:

@@ -343,7 +343,8 @@ def kill_stub(repository: Path, state_dir: Path, model: str = "minilm", watch_s:
         client.embed_documents(["warm"])
         out: dict = {"listening": sorted({(c.laddr.ip, c.laddr.port) for p in process_tree(srv.pid)
                                           for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN})}
-        target = next(p for p, cmd in stub_pids(srv.pid).items() if f"{model}_onnx" in cmd)
+        before = stub_pids(srv.pid)  # a stub started after the kill has a pid not in here (the other instance has)
+        target = next(p for p, cmd in before.items() if f"{model}_onnx" in cmd)
         killed_at = time.monotonic()
         os.kill(target, signal.SIGKILL)  # a child of the server we started
         outcomes: list[tuple[str, float, str]] = []
@@ -361,7 +362,7 @@ def kill_stub(repository: Path, state_dir: Path, model: str = "minilm", watch_s:
         out.update(server_alive=srv.running.poll() is None, server_ready=http.ready(model, 2.0),
                    encoder_ready=http.ready(f"{model}_onnx", 2.0),
                    errors=[(o, round(d, 3), m) for o, d, m in outcomes if o != "ok"], first_ok_after_kill_s=first_ok,
-                   new_stub=any(p != target for p, c in stub_pids(srv.pid).items() if f"{model}_onnx" in c))
+                   new_stub=any(p not in before for p, c in stub_pids(srv.pid).items() if f"{model}_onnx" in c))
         log = srv.log_path.read_text(errors="replace").splitlines()
         out["log_lines"] = [ln for ln in log if any(w in ln.lower() for w in ("stub", "unhealthy", "not healthy"))][-6:]
         client.close()
@@ -502,8 +503,8 @@ def write_report(res: dict, command: str, model: str, machine: str) -> Path:
         "(named in the table) before the restart.",
         "", "## kill -9 of the encoder's python stub", "",
         f"Server alive: {st['server_alive']}; server/model still report ready: {st['server_ready']}/"
-        f"{st['encoder_ready']}; first success after the kill: {st['first_ok_after_kill_s']}; a new stub was "
-        f"started: {st['new_stub']}. Errors seen ({len(st['errors'])}): "
+        f"{st['encoder_ready']}; first success after the kill: {report.fmt(st['first_ok_after_kill_s'], 2)} s; "
+        f"a new stub was started: {st['new_stub']}. Errors seen ({len(st['errors'])}): "
         f"`{st['errors'][0][2] if st['errors'] else '-'}`. Recovery: restart the server "
         "(`python -m bge_triton.server down && python -m bge_triton.server up ...`).",
         "", "## Broken model files at `server up`", "",

@@ -10,12 +10,18 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+SHM = Path("/dev/shm")
+# What a server killed by a test leaves there: Triton's python-backend regions, the text endpoint's query marker
+LEFTOVER_GLOBS = ("triton_python_backend_shm_region_*", "bge_triton_*.query")
+SHM_BEFORE = pytest.StashKey[set[str]]()
 
 
 def free_port() -> int:
@@ -102,6 +108,53 @@ def server_factory(tmp_path_factory: pytest.TempPathFactory):
     yield make
     for srv in started:
         srv.stop()
+
+
+def in_use(root: Path) -> set[str]:
+    """Names of files directly under root that a live process has open or mapped (processes psutil may not read are
+    skipped)."""
+    used: set[str] = set()
+    for proc in psutil.process_iter():
+        try:
+            paths = [m.path for m in proc.memory_maps()] + [f.path for f in proc.open_files()]
+        except (psutil.Error, OSError):
+            continue
+        used.update(Path(p.removesuffix(" (deleted)")).name for p in paths if Path(p).parent == root)
+    return used
+
+
+def leftovers(before: set[str], root: Path = SHM, min_age_s: float = 30.0) -> list[Path]:
+    """The files matching LEFTOVER_GLOBS under root that were not there before, are older than min_age_s (a server
+    starting beside us has its region mapped by then) and that no live process has open or mapped."""
+    if not root.is_dir():
+        return []
+    def old(p: Path) -> bool:
+        try:
+            return time.time() - p.stat().st_ctime > min_age_s
+        except FileNotFoundError:  # removed meanwhile (a server beside us stopped)
+            return False
+
+    new = [p for g in LEFTOVER_GLOBS for p in root.glob(g) if p.name not in before and old(p)]
+    used = in_use(root) if new else set()
+    return [p for p in new if p.name not in used]
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[SHM_BEFORE] = {p.name for p in SHM.iterdir()} if SHM.is_dir() else set()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Remove what the servers the tests killed left under /dev/shm (about 10 files, 35 MB, per suite run), never a
+    file that was there before the session or that a live process (another suite's server) still uses."""
+    try:
+        gone = leftovers(session.config.stash.get(SHM_BEFORE, set()))
+        for p in gone:
+            p.unlink(missing_ok=True)
+    except OSError as exc:  # the clean-up never decides the run
+        print(f"\n/dev/shm clean-up skipped: {exc}")
+        return
+    if gone:
+        print(f"\nremoved {len(gone)} files under /dev/shm that servers killed by the tests left")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -44,8 +44,8 @@ def export(model: str, repository: Path, name: str, precision: str = "fp32", *ex
     onnx = repository / f"{name}{ENCODER_SUFFIX}" / "1" / "model.onnx"
     if onnx.is_file():
         return onnx
-    cmd = [sys.executable, "-m", "bge_triton.export", "--model", model, "--repository", str(repository),
-           "--name", name, "--precision", precision, *extra]
+    cmd = [sys.executable, "-m", "bge_triton.export", "--model-id", model, "--repository", str(repository),
+           "--model", name, "--precision", precision, *extra]
     print("exporting:", " ".join(cmd), flush=True)
     if subprocess.run(cmd).returncode != 0 or not onnx.is_file():
         raise ExportError(f"export failed; run it by hand to see why: {' '.join(cmd)}")

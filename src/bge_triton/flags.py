@@ -97,10 +97,12 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
         if not action.option_strings or action.help == argparse.SUPPRESS:
             return text
         extra = []
-        if "default:" not in text and "(default" not in text and action.default not in (None, argparse.SUPPRESS) \
-                and not isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction,
-                                            argparse._HelpAction, argparse._VersionAction)):
-            extra.append(f"default: {action.default}")
+        valued = not isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction,
+                                         argparse._HelpAction, argparse._VersionAction))
+        if valued and "default:" not in text and "(default" not in text and action.default != argparse.SUPPRESS:
+            # a flag without a default is off until given: say so rather than show nothing
+            extra.append("default: not set" if action.default is None or action.default == [] else
+                         f"default: {action.default}")
         env = getattr(action, _NO_ENV, None)
         if env is None and not isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
             extra.append(f"env {env_name(_long(action))}")
@@ -114,10 +116,11 @@ def parser(prog: str, description: str, **kwargs: object) -> argparse.ArgumentPa
     return p
 
 
-def subcommand(subparsers: argparse._SubParsersAction, name: str, help: str,
-               description: str | None = None) -> argparse.ArgumentParser:
+def subcommand(subparsers: argparse._SubParsersAction, name: str, help: str, description: str | None = None,
+               parents: Sequence[argparse.ArgumentParser] = ()) -> argparse.ArgumentParser:
     """A sub-command's parser (`bge-triton serve up`) with the kit's help format; `parse` fills its flags too."""
-    return subparsers.add_parser(name, help=help, description=description or help, formatter_class=_Formatter)
+    return subparsers.add_parser(name, help=help, description=description or help, formatter_class=_Formatter,
+                                 parents=list(parents))
 
 
 def no_env(action: argparse.Action) -> argparse.Action:

@@ -128,3 +128,58 @@ def test_unknown_command_lists_the_commands(capsys: pytest.CaptureFixture) -> No
 def test_no_command_prints_usage_and_fails(capsys: pytest.CaptureFixture) -> None:
     assert cli.main([]) == 2 and "usage: bge-triton" in capsys.readouterr().out
     assert cli.main(["--help"]) == 0
+
+
+def test_verify_url_speaks_grpc_by_default_and_http_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    from bge_triton.verify import __main__ as verify_cli
+    from bge_triton.verify.standalone import VerifyError
+
+    seen = []
+
+    class Transport:
+        def __init__(self, address: str, protocol: str | None, timeout_s: float) -> None:
+            seen.append((address, protocol))
+            raise VerifyError("stop here")
+
+    monkeypatch.setattr(verify_cli, "TritonTransport", Transport)
+    assert verify_cli.main([]) == verify_cli.CANNOT_CHECK
+    assert verify_cli.main(["--url", "http://10.0.0.1:8000"]) == verify_cli.CANNOT_CHECK
+    monkeypatch.setenv("BGE_TRITON_URL", "triton:9001")
+    assert verify_cli.main([]) == verify_cli.CANNOT_CHECK
+    assert seen == [("127.0.0.1:8001", "grpc"), ("10.0.0.1:8000", "http"), ("triton:9001", "grpc")]
+    assert verify_cli.main(["--url", "ftp://h:1"]) == verify_cli.CANNOT_CHECK and len(seen) == 3
+
+
+def test_gateway_url_triton_alias_and_grpc_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    from bge_triton.errors import InputError
+    from bge_triton.gateway.settings import build_parser, settings_from_args
+
+    def target(*argv: str) -> str:
+        return settings_from_args(flags.parse(build_parser(), list(argv), environ={})).triton
+
+    assert target() == "127.0.0.1:8001"
+    assert target("--triton", "triton:8001") == target("--url", "grpc://triton:8001") == "triton:8001"
+    assert target("--url", "dns:///triton-headless:8001") == "dns:///triton-headless:8001"
+    with pytest.raises(InputError, match="the gateway talks to Triton over gRPC"):
+        target("--url", "http://triton:8000")
+    args = flags.parse(build_parser(), [], environ={"BGE_TRITON_URL": "t:1", "BGE_TRITON_API_KEY": "k" * 16 + ",x" * 9})
+    assert args.url == "t:1" and args.api_key == ["k" * 16, *["x"] * 9]
+
+
+def test_sdk_cli_url_and_environment() -> None:
+    from bge_triton.client.cli import build_parser, settings_from_args
+
+    args = flags.parse(build_parser(), ["embed", "--url", "http://h:8000", "hi"], environ={"BGE_TRITON_MODEL": "m"})
+    s = settings_from_args(args)
+    assert (s.url, s.protocol, s.model, args.texts) == ("h:8000", "http", "m", ["hi"])
+    s = settings_from_args(flags.parse(build_parser(), ["health"], environ={"BGE_TRITON_TIMEOUT": "2.5"}))
+    assert (s.url, s.protocol, s.timeout_s) == ("127.0.0.1:8001", "grpc", 2.5)
+
+
+def test_serve_sub_commands_read_the_environment(tmp_path) -> None:
+    from bge_triton.server.__main__ import _parser
+
+    env = {"BGE_TRITON_STATE_DIR": str(tmp_path), "BGE_TRITON_HTTP_PORT": "9000", "BGE_TRITON_NO_CPU_LOCK": "1"}
+    up = flags.parse(_parser(), ["up"], environ=env)
+    assert (up.state_dir, up.http_port, up.cpu_lock) == (tmp_path, 9000, False)
+    assert flags.parse(_parser(), ["status"], environ=env).state_dir == tmp_path

@@ -103,8 +103,8 @@ def build_repository(out: Path, real_repo: Path | None, real_name: str | None, c
         return out
     for name in (real_name, real_name + ENCODER_SUFFIX):
         if not (real_repo / name / "config.pbtxt").is_file():
-            raise ModelConfigError(f"{real_repo}/{name} is missing: run `python -m bge_triton.export --model "
-                                   f"synthetic:bge-small-zh --repository {real_repo} --name {real_name} --precision "
+            raise ModelConfigError(f"{real_repo}/{name} is missing: run `bge-triton export --model-id "
+                                   f"synthetic:bge-small-zh --repository {real_repo} --model {real_name} --precision "
                                    "fp32`")
     write_config(load_config(DEFAULT_CANONICAL / EMULATED), out / EMULATED / "config.pbtxt", command)
     # The text endpoints: the export's config and tokenizer, but this checkout's model.py (an export made by an

@@ -213,10 +213,20 @@ def test_gated_repo_asks_for_hf_token_and_the_token_is_sent(hub: StandIn, tmp_pa
     assert (Path(proc.stdout.strip()) / "model.safetensors").is_file()
 
 
-def test_no_network_names_hf_endpoint_and_offline(tmp_path: Path) -> None:
+def _dead_endpoint() -> str:
     with socket.socket() as s:  # a port nobody listens on: connection refused
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = _fetch(_env(f"http://127.0.0.1:{port}", tmp_path / "hf"), REPO_ID)
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_no_network_names_hf_endpoint_and_offline(tmp_path: Path) -> None:
+    proc = _fetch(_env(_dead_endpoint(), tmp_path / "hf"), REPO_ID)
     assert proc.returncode == 1 and "cannot reach the Hugging Face hub at http://127.0.0.1" in proc.stderr
     assert "HF_ENDPOINT" in proc.stderr and "--offline" in proc.stderr and REPO_ID in proc.stderr
+
+
+def test_no_network_falls_back_to_the_cached_snapshot(hub: StandIn, tmp_path: Path) -> None:
+    first = _fetch(_env(hub.url, tmp_path / "hf"), REPO_ID)
+    assert first.returncode == 0, first.stderr[-2000:]
+    again = _fetch(_env(_dead_endpoint(), tmp_path / "hf"), REPO_ID)
+    assert again.returncode == 0 and again.stdout == first.stdout, again.stderr[-2000:]

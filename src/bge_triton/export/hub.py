@@ -115,7 +115,7 @@ def download(model_id: str, revision: str = "main", cache_dir: Path | None = Non
 
     endpoint = constants.ENDPOINT
     try:
-        info = HfApi().model_info(model_id, revision=revision)
+        info = HfApi().model_info(model_id, revision=revision, timeout=constants.HF_HUB_ETAG_TIMEOUT)
     except (requests.ConnectionError, requests.Timeout) as err:
         try:  # no network: a snapshot already in the cache will do
             return cached(model_id, revision, cache_dir)

@@ -83,8 +83,10 @@ def choose_model(requested: str | None) -> str:
     try:
         resolve_path(ExportSettings(model=REAL_MODEL, repository=Path("."), name="probe", offline=True))
         return REAL_MODEL
-    except ExportError as exc:
-        print(f"note: {exc}", file=sys.stderr)
+    except ExportError:
+        print(f"note: {REAL_MODEL} is neither a local directory nor in the Hugging Face cache, and the demo never "
+              f"downloads; `bge-triton export --model-id {REAL_MODEL}` fetches it (HF_ENDPOINT for a mirror). "
+              f"Serving {SYNTHETIC_MODEL} instead.", file=sys.stderr)
         return SYNTHETIC_MODEL
 
 

@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src"
-DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
+DOCS = sorted([ROOT / "README.md", ROOT / "CONTRIBUTING.md", *(ROOT / "docs").glob("*.md")])
 STAGES = ("client", "export", "server", "loadtest", "gateway", "integrations", "verify", "errors", "paths", "cli",
           "demo", "extras", "kit")  # kit: the package's name before src/bge_triton, so that a stale one is caught
 PYTHON_M = re.compile(r"python3? -m ([A-Za-z_][\w.]*)")
@@ -160,12 +160,3 @@ def test_the_checker_finds_a_name_that_is_gone() -> None:
 def test_every_name_in_the_docs_exists(doc: Path) -> None:
     bad = sorted(f"{kind} {name}" for kind, name in names_in(doc.read_text(encoding="utf-8")) if missing(kind, name))
     assert not bad, f"{doc.relative_to(ROOT)} names what is not in the tree:\n  " + "\n  ".join(bad)
-
-
-def test_the_readme_lists_exactly_the_bench_scenarios() -> None:
-    from bge_triton.loadtest import commands
-
-    row = next(line for line in (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
-               if line.startswith("| `bge-triton bench <scenario>` |"))
-    listed = re.sub(r"\([^)]*\)", "", row.split("|")[2])
-    assert {w.strip() for w in listed.split(",")} == set(commands.BENCH)

@@ -22,7 +22,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 TICKED = re.compile(r"`([^`\n]+)`")
 GUIDES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *(ROOT / "docs" / f"{n}.md" for n in (
-    "gpu", "configuration", "development", "export", "gateway", "loadtest", "tuning", "k8s", "operations", "rerank"))]
+    "gpu", "configuration", "sdk", "development", "export", "gateway", "loadtest", "tuning", "k8s", "operations",
+    "rerank"))]
 # Names the branches merged beside this one add (one CLI and export --model-id; compose and Kubernetes; the tuner
 # against a running Triton; reranking). test_names_other_branches_add fails (XPASS) once they all exist: then
 # delete this set and that test's xfail marker.

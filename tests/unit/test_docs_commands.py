@@ -32,7 +32,9 @@ PENDING = frozenset({
     "flag export --model-id", "flag export --offline", "flag gateway --url",
     "flag tune --url", "flag tune --admin-key", "flag tune --apply",
     "flag bench seed --url", "flag bench seed --admin-key",
-    "variable BGE_TRITON_MODEL_ID", "variable BGE_TRITON_ADMIN_KEY",
+    "variable BGE_TRITON_MODEL_ID", "variable BGE_TRITON_ADMIN_KEY", "variable BGE_GATEWAY_KEY",
+    "variable BGE_GATEWAY_URL", "variable MODEL_REPOSITORY", "path deploy/prometheus/prometheus.yml",
+    "path deploy/prometheus/alerts.yml",
     "flag deploy/build-images.sh --push", "a note to the team in k8s.md: for the lead",
     "path docs/tuning.md", "path docs/operations.md", "path docs/rerank.md", "path docs/examples",
     *(f"{kind} docs/examples/{n}" for n in ("curl.sh", "sdk.py", "openai_client.py", "langchain.py")
@@ -273,6 +275,7 @@ def script_variables() -> set[str]:
     """Upper-case names the deployment files, the scripts, the Makefile and the sources use (environment variables,
     constants the docs quote)."""
     files = [*(ROOT / "deploy").rglob("*"), *(ROOT / ".ci").glob("*"), *(ROOT / "src").rglob("*.sh"),
+             *(ROOT / "docs" / "examples").glob("*"),
              *(ROOT / "src").rglob("*.py"),
              *(ROOT / "tests" / "deploy").glob("*"), ROOT / "Makefile"]
     return {v for f in files if f.is_file() and f.suffix not in (".png", ".json")
@@ -321,6 +324,14 @@ def test_the_readme_check_wants_each_example_verbatim(tmp_path: Path) -> None:
         changed = shown.replace("\n```\n", "\n# changed\n```\n", 1)
         assert f"example {examples[0]} is not shown once, verbatim" in example_problems(changed)
         assert f"example {examples[-1]} is not shown" in example_problems("")
+
+
+def test_the_gateway_guide_shows_the_command_compose_runs() -> None:
+    import yaml
+
+    text = (ROOT / "docs" / "gateway.md").read_text(encoding="utf-8")
+    shown = yaml.safe_load(FENCE.search(text[text.index("## Compose\n"):]).group(1))
+    assert shown == {"command": compose()[0]["gateway"]["command"]}
 
 
 LAB_MARKS = {

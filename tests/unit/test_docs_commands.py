@@ -100,10 +100,11 @@ def help_text(*argv: str) -> str:
 
 @functools.cache
 def flags_of(*argv: str) -> frozenset[str]:
-    """The flags `bge-triton ARGV` accepts; a command whose help lists scenarios: its default one's too."""
-    text = help_text(*argv)
+    """The flags `bge-triton ARGV` accepts, also with `--url` (a command may take other flags against a running
+    server); a command whose help lists scenarios: its default one's too."""
+    text = help_text(*argv) + (help_text(*argv, "--url", "127.0.0.1:8001") if argv else "")
     found = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", text)) - {"--help"}
-    default = re.search(r"^  ([a-z][\w-]*) .*\(default\)$", text, re.M)
+    default = re.search(r"^  ([a-z][\w-]*) .*\(default[;)]", text, re.M)
     if default and argv:
         found |= flags_of(*argv, default.group(1))
     return frozenset(found | {"--help", "-h"})
@@ -191,7 +192,9 @@ def compose_names(text: str) -> set[str]:
             opts, sub, rest = m.group(1).split(), m.group(2), words(m.group(3))
             found |= {f"profile {opts[i + 1]}" for i, o in enumerate(opts) if o == "--profile"}
             found |= {f"path {opts[i + 1]}" for i, o in enumerate(opts) if o == "-f"}
-            args = [w for w in rest if not w.startswith("-")]
+            args = [w for i, w in enumerate(rest) if not w.startswith("-") and (i == 0 or rest[i - 1] not in (
+                "--tail", "-n", "--since", "--until", "-t", "--timeout", "-e", "--env", "-u", "--user", "-w",
+                "--workdir", "--index"))]
             found |= {f"service {w.split('=')[0]}" for w in rest if "=" in w and not w.startswith("-")}
             if sub in ("exec", "run") and args:
                 found.add(f"service {args[0]}")
@@ -303,6 +306,7 @@ def test_the_checker_finds_what_a_user_would_type_and_is_gone() -> None:
     text = ("```bash\nbge-triton verify --url 127.0.0.1:8001 --nope 1 | tee x  # --not-this\n"
             "bge-triton bench seed --quick --nada\ndocker compose --profile nothere up -d ghost\n"
             "docker compose exec -T triton cat /secrets/admin_key\nmake demo && make nosuch\n"
+            "docker compose logs --tail 100 triton\n"
             "export BGE_TRITON_URL=x NOT_A_SETTING=1\ncurl 127.0.0.1:8000/v2 127.0.0.1:9999/x\n"
             "bash deploy/build-images.sh --nowhere\nbash loadtest/gpu/run.sh && python3 deploy/check_configs.py x\n"
             "kubectl -n bge-triton rollout status deploy/triton --timeout=30m\n```\n"
@@ -321,7 +325,8 @@ def test_the_readme_check_wants_each_example_verbatim(tmp_path: Path) -> None:
     assert example_problems("[x](docs/examples/gone.py):\n```python\nprint(1)\n```\n") >= {
         "example docs/examples/gone.py"}
     if examples:
-        changed = shown.replace("\n```\n", "\n# changed\n```\n", 1)
+        first = (ROOT / examples[0]).read_text(encoding="utf-8")
+        changed = shown.replace(first, first + "# changed\n", 1)
         assert f"example {examples[0]} is not shown once, verbatim" in example_problems(changed)
         assert f"example {examples[-1]} is not shown" in example_problems("")
 

@@ -4,6 +4,8 @@ Names are read from the text itself: `python -m X` anywhere, dotted names in bac
 kit (`bge_triton.x.y`, or a stage: `server.repository.load_config`), and paths of source files (`*.py`, `*.sh`).
 A dotted name resolves to the longest module prefix that is a file of the tree; the rest must be a name that
 module defines at top level (class, def, assignment, import) or an attribute of such a class. Nothing is imported.
+What a user types from the README and the guides (commands, flags, paths, compose services and ports, variables, the
+README's examples): test_docs_commands.py.
 """
 from __future__ import annotations
 

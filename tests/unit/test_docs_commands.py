@@ -30,7 +30,7 @@ GUIDES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *(ROOT / "docs" / f"{n}.
 PENDING = frozenset({
     "flag --version", "flag --model-id", "flag --admin-key", "flag --apply", "flag --offline",
     "flag export --model-id", "flag export --offline", "flag gateway --url",
-    "flag tune --url", "flag tune --admin-key", "flag tune --apply",
+    "flag tune --url", "flag tune --admin-key", "flag tune --apply", "flag tune --tokenizer",
     "flag bench seed --url", "flag bench seed --admin-key",
     "variable BGE_TRITON_MODEL_ID", "variable BGE_TRITON_ADMIN_KEY", "variable BGE_GATEWAY_KEY",
     "variable BGE_GATEWAY_URL", "variable MODEL_REPOSITORY", "path deploy/prometheus/prometheus.yml",
@@ -196,7 +196,9 @@ def compose_names(text: str) -> set[str]:
                 "--tail", "-n", "--since", "--until", "-t", "--timeout", "-e", "--env", "-u", "--user", "-w",
                 "--workdir", "--index"))]
             found |= {f"service {w.split('=')[0]}" for w in rest if "=" in w and not w.startswith("-")}
-            if sub in ("exec", "run") and args:
+            if sub == "cp":
+                found |= {f"service {w.split(':')[0]}" for w in args if ":" in w}
+            elif sub in ("exec", "run") and args:
                 found.add(f"service {args[0]}")
             elif sub in ("logs", "restart", "stop", "start", "up", "ps", "build", "pull", "rm", "kill"):
                 found |= {f"service {w}" for w in args if "=" not in w}
@@ -306,7 +308,7 @@ def test_the_checker_finds_what_a_user_would_type_and_is_gone() -> None:
     text = ("```bash\nbge-triton verify --url 127.0.0.1:8001 --nope 1 | tee x  # --not-this\n"
             "bge-triton bench seed --quick --nada\ndocker compose --profile nothere up -d ghost\n"
             "docker compose exec -T triton cat /secrets/admin_key\nmake demo && make nosuch\n"
-            "docker compose logs --tail 100 triton\n"
+            "docker compose logs --tail 100 triton\ndocker compose cp nobody:/x ./y\n"
             "export BGE_TRITON_URL=x NOT_A_SETTING=1\ncurl 127.0.0.1:8000/v2 127.0.0.1:9999/x\n"
             "bash deploy/build-images.sh --nowhere\nbash loadtest/gpu/run.sh && python3 deploy/check_configs.py x\n"
             "kubectl -n bge-triton rollout status deploy/triton --timeout=30m\n```\n"
@@ -314,8 +316,8 @@ def test_the_checker_finds_what_a_user_would_type_and_is_gone() -> None:
             "`bench --bogus`, `tests/unit/test_compose_*.py`, docs/gpu.md. And `bge-triton verify`'s `--json`.\n")
     assert problems(doc, text) == {
         "flag verify --nope", "flag bench seed --nada", "profile nothere", "service ghost", "make nosuch",
-        "variable NOT_A_SETTING", "port 9999", "path deploy/nothere.yml", "path docs/gone.md", "flag --nowhere",
-        "flag bench --bogus", "flag deploy/build-images.sh --nowhere", "path loadtest/gpu/run.sh"}
+        "variable NOT_A_SETTING", "port 9999", "service nobody", "path deploy/nothere.yml", "path docs/gone.md",
+        "flag --nowhere", "flag bench --bogus", "flag deploy/build-images.sh --nowhere", "path loadtest/gpu/run.sh"}
 
 
 def test_the_readme_check_wants_each_example_verbatim(tmp_path: Path) -> None:

@@ -333,6 +333,12 @@ def test_the_readme_check_wants_each_example_verbatim(tmp_path: Path) -> None:
         assert f"example {examples[-1]} is not shown" in example_problems("")
 
 
+def test_the_configuration_guide_lists_every_compose_variable() -> None:
+    example = (ROOT / "deploy" / ".env.example").read_text(encoding="utf-8")
+    text = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    assert sorted(set(re.findall(r"^([A-Z][A-Z0-9_]*)=", example, re.M)) - set(TICKED.findall(text))) == []
+
+
 def test_the_gateway_guide_shows_the_command_compose_runs() -> None:
     import yaml
 

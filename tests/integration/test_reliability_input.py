@@ -14,7 +14,7 @@ import pytest
 
 from bge_triton.client import AsyncEmbeddingClient, EmbeddingClient, InputError, ModelConfigError, RetryPolicy
 from bge_triton.loadtest.chaos import ALL_CASES, flood, raw_client, raw_infer, run_catalogue, text_array
-from bge_triton.loadtest.chaos_faults import PORT_RANGE
+from bge_triton.loadtest.faults import PORT_RANGE
 from bge_triton.loadtest.harness import start_server
 from bge_triton.server.cpu_variant import CpuVariant
 from bge_triton.server.repository import Batching, load_config, write_config

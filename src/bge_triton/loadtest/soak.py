@@ -1,8 +1,8 @@
 """`bge-triton bench soak --duration 20m`: a long run at 70% of the capacity measured in the same run, with a kill -9
 of the server, a dead python stub and an overload spike, recovered from as a user runs the kit: `python -m
 bge_triton.server up --watch`, SDK clients with its RetryPolicy; the encoder EMULATED (costmodel executor). Writes
-soak.md, soak.csv (per minute), soak_events.csv, soak_p99.png and soak_server_logs.txt. Only processes this module
-started are signalled: the watcher, its tritonserver, and that server's stubs.
+soak.md, soak.csv (per minute), soak_events.csv, soak_p99.png and soak_server_logs.txt. It starts the server it kills,
+so it takes no --url; only processes it started are signalled: the watcher, its tritonserver, and that server's stubs.
 """
 from __future__ import annotations
 

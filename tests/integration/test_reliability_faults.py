@@ -5,10 +5,13 @@ stub, broken model files at start, and the launcher binding loopback only. `bge-
 Each failure message carries the scenario's whole record."""
 from __future__ import annotations
 
+import os
+import socket
 from pathlib import Path
 
 import pytest
 
+from bge_triton.loadtest import faults, harness
 from bge_triton.loadtest.chaos import RETRY, broken_start, kill9_under_load, kill_stub, run_overload
 from bge_triton.loadtest.faults import SAME_PORTS
 
@@ -46,6 +49,20 @@ def test_kill9_under_load_then_same_clients_recover(minilm_repo: Path, tmp_path:
     assert r["ok_before_kill"] > 0
 
 
+def test_a_restart_whose_port_was_taken_says_so(tmp_path: Path) -> None:
+    """The restart after a kill -9 never moves to other ports (its clients know only these): when another process
+    took one while the server was down, the outcome is 'ports taken' with the holder, not a server elsewhere."""
+    (repo := tmp_path / "empty").mkdir()  # no models: ready once its listeners are up
+    settings = harness.server_settings(repo, tmp_path / "state", port_range=faults.RESTART_PORTS, ready_timeout_s=120)
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", settings.http_port))
+        other.listen()
+        srv, restart = faults.restart_on_same_ports(settings)
+    if srv is not None:
+        srv.stop()
+    assert srv is None and restart.startswith(f"ports taken: {settings.http_port}: pid {os.getpid()} "), restart
+
+
 def test_killed_stub_is_reported_not_hung(minilm_repo: Path, tmp_path: Path) -> None:
     """Triton 2.51 does NOT restart a dead python stub: the server and model stay 'ready' and every
     request to that model fails fast with 'Stub process ... is not healthy' until a restart."""
@@ -58,6 +75,7 @@ def test_killed_stub_is_reported_not_hung(minilm_repo: Path, tmp_path: Path) -> 
     # Triton 2.51 does not replace a dead stub: the other instance serves, the dead one fails until the server is
     # restarted (`serve up --watch` does it; docs/reliability.md). new_stub: a stub pid not seen before the kill
     assert r["new_stub"] is False
+    assert not r["outcome"]["recovered"] and r["outcome"]["restart"].startswith("none: Triton does not replace"), r
 
 
 @pytest.mark.parametrize("case,message", [

@@ -29,7 +29,7 @@ from bge_triton import flags
 from bge_triton.client import AsyncEmbeddingClient, ClientSettings, EmbeddingClient, RetryPolicy
 from bge_triton.client.core import InferCall
 from bge_triton.client.transport import HttpSync, make_async_transport
-from bge_triton.errors import KitError, ServerUnavailable
+from bge_triton.errors import KitError, ServerUnavailable, kind_of
 from bge_triton.extras import require
 from bge_triton.loadtest import faults, harness, loadgen, report
 from bge_triton.loadtest.bad_input import flood, run_catalogue
@@ -267,7 +267,8 @@ def kill9_under_load(repository: Path, state_dir: Path, model: str = "minilm", t
 
 
 def kill_stub(repository: Path, state_dir: Path, model: str = "minilm", watch_s: float = 20.0) -> dict:
-    """faults.KILL9_STUB of the encoder (a child of our server), and watch what Triton does (no restart)."""
+    """faults.KILL9_STUB of the encoder (a child of our server), and watch what Triton does: no restart here, so its
+    faults.Outcome is not recovered (Triton 2.51 does not replace a dead stub; `server up --watch` restarts)."""
     srv = harness.start_server(repository, state_dir, COST, port_range=PORT_RANGE)
     try:
         client = EmbeddingClient(srv.grpc_url, model=model, timeout_s=10.0, retry=RetryPolicy.off()).connect()
@@ -278,6 +279,7 @@ def kill_stub(repository: Path, state_dir: Path, model: str = "minilm", watch_s:
         killed_at = time.monotonic()
         [out["pid"]] = faults.kill_stub(srv.pid, f"{model}_onnx")  # a child of the server we started
         outcomes: list[tuple[str, float, str]] = []
+        shots: list[faults.Shot] = []  # from the kill on
         first_ok = None
         while time.monotonic() - killed_at < watch_s and sum(o == "ok" for o, _, _ in outcomes) < 3:
             t = time.monotonic()
@@ -285,14 +287,19 @@ def kill_stub(repository: Path, state_dir: Path, model: str = "minilm", watch_s:
                 client.embed_documents(["after the stub died"])
                 outcomes.append(("ok", time.monotonic() - t, ""))
                 first_ok = first_ok or time.monotonic() - killed_at
+                shots.append(faults.Shot(t - killed_at, time.monotonic() - killed_at, "ok"))
             except KitError as exc:
                 outcomes.append((type(exc).__name__, time.monotonic() - t, str(exc)[:300]))
+                shots.append(faults.Shot(t - killed_at, time.monotonic() - killed_at, kind_of(exc)))
                 time.sleep(0.2)
         http = HttpSync(srv.http_url)
         out.update(server_alive=srv.running.poll() is None, server_ready=http.ready(model, 2.0),
                    encoder_ready=http.ready(f"{model}_onnx", 2.0),
                    errors=[(o, round(d, 3), m) for o, d, m in outcomes if o != "ok"], first_ok_after_kill_s=first_ok,
                    new_stub=any(p not in before for p, c in stub_pids(srv.pid).items() if f"{model}_onnx" in c))
+        o = faults.Outcome(faults.KILL9_STUB, 0.0, pid=out["pid"], restart="none: Triton does not replace a dead "
+                           "python stub; restart the server (`python -m bge_triton.server up --watch` does)")
+        out["outcome"] = dataclasses.asdict(faults.judge(o, shots, math.inf, 1.0, time.monotonic() - killed_at))
         log = srv.log_path.read_text(errors="replace").splitlines()
         out["log_lines"] = [ln for ln in log if any(w in ln.lower() for w in ("stub", "unhealthy", "not healthy"))][-6:]
         client.close()

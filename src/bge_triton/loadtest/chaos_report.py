@@ -15,7 +15,7 @@ def summary(res: dict) -> dict:
     for section, x in [("overload", ov), *(("kill9", k) for k in k9s)]:
         kinds += Counter({f"{section}:{k}": v for k, v in x["outcomes"].items()})
     recov = [x for x in [*(k["max_recovery_s"] for k in k9s), ov["recovery_s"]] if x is not None]
-    outcomes = [ov["spike"], *(k["outcome"] for k in k9s)]
+    outcomes = [ov["spike"], *(k["outcome"] for k in k9s), res["stub"]["outcome"]]
     return {
         "bad_input_cases": len({r["case"] for r in cat}), "catalogue_requests": len(cat),
         "catalogue_problems": sum(1 for r in cat if r["problem"]),
@@ -77,8 +77,8 @@ def write_report(res: dict, command: str, model: str, machine: str) -> Path:
              f"{s['catalogue_problems']} answered wrongly)"),
             ("requests sent (all scenarios)", s["requests_sent"]),
             ("requests lost (no result and no error)", f"**{s['requests_lost']}**"),
-            ("faults recovered (faults.judge: ready again on the same address, a success, p99 back to normal)",
-             f"{s['faults_recovered']}/{s['faults']}"),
+            ("faults recovered: ready again on the same address, a success, p99 back to normal (the dead stub is "
+             "not: nothing restarts it here)", f"{s['faults_recovered']}/{s['faults']}"),
             ("max recovery time", f"{report.fmt(s['max_recovery_s'], 2)} s"),
             (f"RSS growth after {fl['requests']} bad requests", f"{fl['rss_growth_mb']:+.1f} MiB "
              f"({fl['rss_before_mb']:.0f} -> {fl['rss_after_mb']:.0f} MiB, tritonserver + stubs)"),

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 
 # scenario -> (module in bge_triton.loadtest, its main(argv) function, what it measures)
 BENCH: dict[str, tuple[str, str, str]] = {
-    "seed": ("bench", "main",
-             "the seed table: no batching, static 32, dynamic 5 ms, delay 0, text endpoint; peak and low load"),
+    "seed": ("seed", "main",
+             "the seed table: batch 1, static 32, dynamic 5 ms, delay 0, text endpoint (--url: a running Triton)"),
     "shipped": ("shipped", "main", "the committed config pair as shipped against issue 14's targets (emulated GPU)"),
     "stack": ("stack_bench", "main", "raw ONNX Runtime against the full Triton stack"),
     "gateway": ("gateway_bench", "main",

@@ -22,7 +22,7 @@ BENCH: dict[str, tuple[str, str, str]] = {
             "the GPU host's bench (torch encoder, five scenarios + text endpoint); on a GPU host run gpu/run.sh"),
 }
 TUNE: dict[str, tuple[str, str, str]] = {
-    "delay": ("tune", "main", "the encoder's queue delay and preferred sizes (default)"),
+    "delay": ("tune_url", "main", "the encoder's queue delay and preferred sizes (default; --url: a running Triton)"),
     "pair": ("tune", "pair_main", "the encoder's batching and the text endpoint together"),
 }
 

@@ -20,7 +20,7 @@ from typing import Any
 from bge_triton.client.core import DEFAULT_BUCKETS, tensor_call
 from bge_triton.client.tokens import BucketTokenizer
 from bge_triton.extras import require
-from bge_triton.loadtest import corpus, harness, loadgen, report
+from bge_triton.loadtest import corpus, engine, harness, loadgen, report
 from bge_triton.loadtest.costmodel import DEFAULT as DEFAULT_COST
 from bge_triton.loadtest.costmodel import CostModel
 from bge_triton.loadtest.stats import CpuMeter, fetch_stats, stats_delta, summarize
@@ -107,9 +107,16 @@ def scenario_bodies(s: BenchSettings, scenario: str, seq_len: int) -> tuple[byte
         tok = BucketTokenizer(str(s.real_repo / s.real_name / "1" / "tokenizer"), TENSOR_MIX[scenario])
         rows = (tok.encode([t]) for t in corpus.sample("reviews", 512, seed=1, max_chars=s.max_chars))
         return tuple(loadgen.request_body(tensor_call("", ids, mask)) for ids, mask in rows)
+    if not {"text_endpoint", *TENSOR_MIX} & set(s.scenarios):  # no texts on the chart: seeded token rows
+        return tuple(loadgen.tensor_bodies(seq_len, 128))
+    # one chart, one traffic: the text endpoint gets reviews of at most seq_len tokens, the tensor rows the same
+    # reviews tokenized and padded to seq_len (one shape, as Triton batches)
+    ensure_real_repo(s)
+    texts = engine.load_texts(s.real_repo / s.real_name / "1" / "tokenizer", seq_len, 256)
     if scenario == "text_endpoint":
-        return tuple(loadgen.text_request(t) for t in corpus.sample("reviews", 512, seed=1, max_chars=s.max_chars))
-    return tuple(loadgen.tensor_bodies(seq_len, 128))
+        return tuple(loadgen.text_request(t) for t in texts.texts)
+    return tuple(loadgen.request_body(tensor_call("", texts.ids[i:i + 1], texts.mask[i:i + 1]))
+                 for i in range(len(texts.texts)))
 
 
 Probe = Callable[[], dict[int, float]]  # CPU seconds so far per pid of processes to count (e.g. some stubs)
@@ -301,7 +308,8 @@ def write_report(run: BenchRun, out: Path) -> list[Path]:
               "model's; compute and batch = the encoder's (/v2/models/<m>/stats deltas; req batch = the called "
               "model's); CPU % = CPU seconds per second x 100 of the tritonserver tree / this generator (machine-wide "
               f"% in the CSV). Tensor requests: {s.seq_len} tokens (emulated), {s.real_seq_len} (real); text_endpoint:"
-              f" one review (<= {s.max_chars} chars) per request, encoder at delay 0, low load at {s.low_fraction:.0%}"
+              " the same reviews as the tensor rows, one per request, encoder at delay 0, low load at "
+              f"{s.low_fraction:.0%}"
               " of its own one-user rate; tensor_buckets / tensor_own_length: one review padded to its SDK length "
               "bucket / own length (docs/loadtest.md).", "", "![latency vs throughput](bench.png)", ""]
     if errs := [r for r in rows if r["first_error"]]:

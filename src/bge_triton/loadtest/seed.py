@@ -82,7 +82,7 @@ def parse_args(argv: Sequence[str]) -> Any:
 def report_dir() -> Path:
     from bge_triton.paths import REPORTS_DIR
 
-    return REPORTS_DIR / "seed"
+    return REPORTS_DIR / "bench" / "url"
 
 
 def run(target: Target, a: Any, texts: engine.Texts) -> list[dict]:

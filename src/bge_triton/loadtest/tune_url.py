@@ -62,7 +62,7 @@ def parse_args(argv: Sequence[str]) -> Any:
                    "repository's ENCODER/config.pbtxt (its batching fields only, through Triton's schema)")
     p.add_argument("--apply", action="store_true", help="load the pick on the server and keep it (else the served "
                    "config is loaded back)")
-    p.add_argument("--out", type=Path, default=Path.cwd() / "reports" / "tune-url", help="report directory")
+    p.add_argument("--out", type=Path, default=Path.cwd() / "reports" / "tune" / "url", help="report directory")
     a = flags.parse(p, argv)
     if not a.url:
         p.error("--url is required here (or BGE_TRITON_URL)")

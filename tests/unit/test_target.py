@@ -15,6 +15,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from bge_triton.errors import InputError, KitError
 from bge_triton.flags import ServerUrl
 from bge_triton.loadtest import curves, shapes
+from bge_triton.loadtest.core import preferred_sets
 from bge_triton.loadtest.target import (
     Target,
     batch_counts,
@@ -25,7 +26,7 @@ from bge_triton.loadtest.target import (
     parse_metrics,
     refuse_url,
 )
-from bge_triton.loadtest.tune_url import preferred_sets, summarise
+from bge_triton.loadtest.tune_url import summarise
 from bge_triton.server.repository import DEFAULT_CANONICAL, Batching, load_config
 
 

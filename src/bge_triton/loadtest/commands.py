@@ -4,12 +4,13 @@ tables are the one place that names the scenarios (modules with main(argv)). The
 from __future__ import annotations
 
 import importlib
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 # scenario -> (module in bge_triton.loadtest, its main(argv) function, what it measures)
 BENCH: dict[str, tuple[str, str, str]] = {
-    "seed": ("seed", "main",
+    "seed": ("bench", "main",
              "the seed table: batch 1, static 32, dynamic 5 ms, delay 0, text endpoint (--url: a running Triton)"),
     "shipped": ("shipped", "main", "the committed config pair as shipped against issue 14's targets (emulated GPU)"),
     "stack": ("stack_bench", "main", "raw ONNX Runtime against the full Triton stack"),
@@ -22,9 +23,18 @@ BENCH: dict[str, tuple[str, str, str]] = {
             "the GPU host's bench (torch encoder, five scenarios + text endpoint); on a GPU host run gpu/run.sh"),
 }
 TUNE: dict[str, tuple[str, str, str]] = {
-    "delay": ("tune_url", "main", "the encoder's queue delay and preferred sizes (default; --url: a running Triton)"),
-    "pair": ("tune", "pair_main", "the encoder's batching and the text endpoint together"),
+    "delay": ("tune", "main", "the encoder's queue delay and preferred sizes (default; --url: a running Triton)"),
+    "pair": ("shipped", "pair_main", "the encoder's batching and the text endpoint together"),
 }
+
+
+# with --url (or BGE_TRITON_URL): the scenario that measures that running server instead of a local one
+ON_URL: dict[tuple[str, str], str] = {("bench", "seed"): "seed", ("tune", "delay"): "tune_url"}
+
+
+def url_given(argv: Sequence[str], environ: Mapping[str, str]) -> bool:
+    """Whether a command line (or BGE_TRITON_URL) names a running server."""
+    return any(a == "--url" or a.startswith("--url=") for a in argv) or bool(environ.get("BGE_TRITON_URL"))
 
 
 def usage(command: str, table: dict[str, tuple[str, str, str]]) -> str:
@@ -45,6 +55,8 @@ def _run(command: str, table: dict[str, tuple[str, str, str]], argv: Sequence[st
         print(f"bge-triton {command}: unknown scenario {name!r}\n\n{usage(command, table)}", file=sys.stderr)
         return 2
     module, function, _ = table[name]
+    if (command, name) in ON_URL and url_given(rest, os.environ):
+        module, function = ON_URL[command, name], "main"
     return int(getattr(importlib.import_module(f"bge_triton.loadtest.{module}"), function)(rest) or 0)
 
 

@@ -3,7 +3,7 @@ dynamic 5 ms, delay 0) is the encoder's SERVED config with only its batching fie
 override (explicit model control; the restricted API's key with --admin-key); the text endpoint row runs the served
 configs as they are. The served config is loaded back after each scenario, on success, failure and Ctrl-C.
 Writes OUT/seed.md, seed.csv and seed.png (p50 and p99 against throughput, six or more loads per scenario).
-Without --url, `bench seed` starts a local server of its own (`bge-triton bench seed --help` there)."""
+Without --url, `bench seed` starts a local server of its own (`bge-triton bench seed --help` gives its flags)."""
 from __future__ import annotations
 
 import os
@@ -24,7 +24,6 @@ from bge_triton.loadtest.target import (
     override_config,
     target_from,
     tokenizer_path,
-    url_given,
 )
 from bge_triton.server.repository import Batching
 
@@ -149,10 +148,6 @@ def _sigterm(*_: object) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not url_given(argv, os.environ):  # the kit's own local server (bench.py)
-        from bge_triton.loadtest import bench
-
-        return bench.main(argv)
     a = parse_args(argv)
     load0 = os.getloadavg()
     target = target_from(a)

@@ -256,8 +256,3 @@ def target_from(args: Any) -> Target:
 
 def tokenizer_path(args: Any) -> str:
     return args.tokenizer or f"model_repository/{args.model}/1/tokenizer"
-
-
-def url_given(argv: list[str], environ: Mapping[str, str]) -> bool:
-    """Whether a command line (or BGE_TRITON_URL) names a running server."""
-    return any(a == "--url" or a.startswith("--url=") for a in argv) or bool(environ.get("BGE_TRITON_URL"))

@@ -20,6 +20,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from bge_triton import flags
 from bge_triton.errors import InputError
 from bge_triton.loadtest import engine, report, tune_report
+from bge_triton.loadtest.core import preferred_sets
 from bge_triton.loadtest.target import (
     Target,
     add_target_flags,
@@ -28,20 +29,10 @@ from bge_triton.loadtest.target import (
     restore,
     target_from,
     tokenizer_path,
-    url_given,
 )
 from bge_triton.server.repository import Batching, update_batching_in_place
 
 PROBE_FRACTIONS = (0.15, 0.3, 0.45, 0.6, 0.75, 0.9)  # of the served config's closed-loop capacity
-
-
-def preferred_sets(text: str) -> tuple[tuple[int, ...], ...]:
-    """'none;16,32;32' -> ((), (16, 32), (32,))."""
-    try:
-        return tuple(() if part.strip() in ("", "none") else tuple(int(v) for v in part.split(","))
-                     for part in text.split(";"))
-    except ValueError as exc:
-        raise InputError(f"--preferred {text!r}: expected ';'-separated comma lists, e.g. 'none;16,32;32'") from exc
 
 
 def parse_args(argv: Sequence[str]) -> Any:
@@ -147,10 +138,6 @@ def summarise(rows: list[dict], slo_ms: float, max_error_rate: float, tie: float
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not url_given(argv, os.environ):  # the emulated GPU on a local server of the kit's own (tune.py)
-        from bge_triton.loadtest import tune
-
-        return tune.main(argv)
     a = parse_args(argv)
     load0 = os.getloadavg()
     target = target_from(a)

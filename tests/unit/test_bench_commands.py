@@ -56,3 +56,11 @@ def test_url_sends_seed_and_tune_to_the_running_server_scenarios(monkeypatch: py
     monkeypatch.setenv("BGE_TRITON_URL", "127.0.0.1:8001")
     commands.bench_main(["seed"])
     assert [n for n, _ in seen] == ["local seed", "url seed", "url tune", "local tune", "url seed"]
+
+
+def test_scenarios_that_start_their_own_server_refuse_a_url(capsys: pytest.CaptureFixture) -> None:
+    assert commands.bench_main(["soak", "--url", "127.0.0.1:8001"]) == 2
+    assert "kill -9" in capsys.readouterr().err
+    assert commands.chaos_main(["--url=127.0.0.1:8001"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot run against --url" in err and "leave --url out" in err

@@ -24,7 +24,6 @@ from bge_triton.loadtest.target import (
     counts_delta,
     override_config,
     parse_metrics,
-    refuse_url,
 )
 from bge_triton.loadtest.tune_url import summarise
 from bge_triton.server.repository import DEFAULT_CANONICAL, Batching, load_config
@@ -127,12 +126,6 @@ def test_admin_header_per_protocol_and_a_refusal_names_the_flag() -> None:
     assert fake_target(FakeClient(served()), key=None).admin_headers is None
     with pytest.raises(KitError, match="--admin-key"):
         fake_target(FakeClient(served(), fail_on=1)).load("bge_large_zh_onnx", served())
-
-
-def test_refuse_url_says_why_and_what_to_do() -> None:
-    refuse_url(None, "chaos", "kills its server")
-    with pytest.raises(InputError, match="leave --url out"):
-        refuse_url("127.0.0.1:8001", "chaos", "kills its server with kill -9")
 
 
 def test_metrics_gauges_and_their_absence() -> None:

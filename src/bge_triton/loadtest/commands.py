@@ -37,6 +37,19 @@ def url_given(argv: Sequence[str], environ: Mapping[str, str]) -> bool:
     return any(a == "--url" or a.startswith("--url=") for a in argv) or bool(environ.get("BGE_TRITON_URL"))
 
 
+# why the scenarios without a --url variant start their own server
+OWN_SERVER = {"soak": "kills the server with kill -9 and restarts it", "shipped": "runs the emulated GPU's configs",
+              "pair": "runs the emulated GPU's configs", "chaos": "kills, stalls and restarts its servers"}
+
+
+def refuse(scenario: str, why: str) -> int:
+    """A scenario given --url that cannot use it: say why and what to do (exit 2)."""
+    print(f"bge-triton {scenario}: it {why}, so it starts a Triton of its own and cannot run against --url; "
+          "leave --url out. On a Triton you run: `bge-triton bench seed --url ...` and `bge-triton tune --url ...` "
+          "(docs/tuning.md)", file=sys.stderr)
+    return 2
+
+
 def usage(command: str, table: dict[str, tuple[str, str, str]]) -> str:
     rows = "\n".join(f"  {name:<17} {what}" for name, (_, _, what) in table.items())
     return f"usage: bge-triton {command} <scenario> [flags]   (--help after the scenario for its flags)\n\n{rows}\n"
@@ -57,6 +70,8 @@ def _run(command: str, table: dict[str, tuple[str, str, str]], argv: Sequence[st
     module, function, _ = table[name]
     if (command, name) in ON_URL and url_given(rest, os.environ):
         module, function = ON_URL[command, name], "main"
+    elif url_given(rest, {}):
+        return refuse(f"{command} {name}", OWN_SERVER.get(name, "measures a server it starts itself"))
     return int(getattr(importlib.import_module(f"bge_triton.loadtest.{module}"), function)(rest) or 0)
 
 
@@ -74,4 +89,6 @@ def chaos_main(argv: Sequence[str]) -> int:
     """`bge-triton chaos [flags]`: bad input, overload and faults."""
     from bge_triton.loadtest import chaos
 
+    if url_given(list(argv), {}):
+        return refuse("chaos", OWN_SERVER["chaos"])
     return int(chaos.main(list(argv)) or 0)

@@ -27,13 +27,6 @@ ADMIN_HEADER = "triton-admin-key"
 GRPC_HEADER_PREFIX = "triton-grpc-protocol-"  # Triton's gRPC front end reads restricted keys under this prefix
 
 
-def refuse_url(url: str | None, scenario: str, why: str) -> None:
-    """A scenario that must kill or restart its server cannot run against one given by --url: say so, with the fix."""
-    if url:
-        raise InputError(f"`bge-triton {scenario}` {why}, so it starts a server of its own and cannot run against "
-                         f"--url {url}: leave --url out (and unset BGE_TRITON_URL)")
-
-
 def override_config(served: mc.ModelConfig, knobs: Batching) -> mc.ModelConfig:
     """The served config with only its batching fields changed (instances, queue policy, accelerators stay).
 

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
+from bge_triton.loadtest.target import Target
 from bge_triton.paths import IMPORT_ROOT
 from bge_triton.server.repository import load_config
-from conftest import start_server
 
 KEY = "tune-test-admin-key-0123456789"
 ENCODER = "minilm_onnx"
@@ -30,10 +30,10 @@ SMALL = ["--model", "minilm", "--seq-len", "16", "--quick"]  # the test's texts:
 @pytest.fixture(scope="module")
 def user_server(minilm_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator:
     """A server as a user runs it: explicit control, --load-model=*, the model-repository API restricted to KEY."""
-    srv = start_server(minilm_repo, tmp_path_factory.mktemp("user_server"), model_control="explicit",
-                       load_models=("*",), admin_key=KEY)
-    yield srv
-    srv.stop()
+    target = Target.start_local(minilm_repo, tmp_path_factory.mktemp("user_server"), "minilm", admin_key=KEY)
+    assert target.encoder == ENCODER and target.started  # read from the text endpoint's config
+    yield target.server
+    target.stop()
 
 
 @pytest.fixture()

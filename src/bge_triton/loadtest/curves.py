@@ -38,14 +38,16 @@ def util_text(row: Mapping[str, Any]) -> str:
 
 def plot_curves(rows: Sequence[Mapping[str, Any]], group: str, path: Path, command: str, title: str,
                 note: str = "", highlight: str | None = None) -> Path:
-    """Two panels, p50 and p99 (log) against achieved throughput; a curve per `group` value through its points."""
+    """Two panels, p50 and p99 (log) against achieved throughput; a curve per `group` value through its points in
+    the order of the offered load (rows come in that order), its first point marked with a square."""
     fig, axes = report.subplots(2, 6.0, 4.6)
     for name in dict.fromkeys(str(r[group]) for r in rows):
-        pts = sorted((r["throughput"], r["p50_ms"], r["p99_ms"]) for r in rows if str(r[group]) == name
-                     and r["n"])
+        pts = [(r["throughput"], r["p50_ms"], r["p99_ms"]) for r in rows if str(r[group]) == name and r["n"]]
         style = dict(lw=2.5) if name == highlight else dict(lw=1.2)
         for ax, k in zip(axes, (1, 2), strict=True):
-            ax.plot([p[0] for p in pts], [p[k] for p in pts], "o-", ms=3, label=name, **style)
+            line = ax.plot([p[0] for p in pts], [p[k] for p in pts], "o-", ms=3, label=name, **style)
+            if pts:
+                ax.plot(pts[0][0], pts[0][k], "s", ms=5, color=line[0].get_color())
     for ax, what in zip(axes, ("p50", "p99"), strict=True):
         ax.set(yscale="log", xlabel="achieved throughput (req/s)", ylabel=f"{what} latency (ms)",
                title=f"{what}: {title}")

@@ -129,7 +129,12 @@ def write(rows: list[dict], target: Target, a: Any, texts: engine.Texts, load0: 
     lines += report.table("scenario | peak QPS | at | avg ms | p50 ms | p99 ms | batches Triton formed | "
                           "utilisation | p50 / p99 ms at the lowest load | errors | A10G seed: QPS / avg / P99 / util",
                           table)
-    lines += ["", "![p50 and p99 against throughput](seed.png)", "", "## Every offered load", "",
+    lines += ["", "A text endpoint whose encoder runs in-process (the kit's local CPU variant) calls no encoder model: "
+              "its row shows the text endpoint's own batches and `encoder -`. Errors with the first of them are "
+              "listed below: the served queue policy (timeout, max size) stays as the server has it.", "",
+              "![p50 and p99 against throughput](seed.png)", "",
+              "Each curve runs through its offered loads in order (the square: the lowest load).", "",
+              "## Every offered load", "",
               *report.table("scenario | load | req/s | avg ms | p50 ms | p99 ms | batches | utilisation | errors",
                             [[r["scenario"], r["load"], f"{r['throughput']:.1f}", r["avg_ms"], r["p50_ms"],
                               r["p99_ms"], r["batches"], curves.util_text(r), r["errors"]] for r in rows])]

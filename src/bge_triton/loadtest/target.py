@@ -14,6 +14,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from google.protobuf import json_format
@@ -79,6 +80,36 @@ class Target:
     metrics_url: str | None = None  # None = http://HOST:8002/metrics; "" = none
     started: bool = False  # True: the kit started this server (it may stop or restart it)
     _client: Any = field(default=None, repr=False)
+    _server: Any = field(default=None, repr=False)  # the LocalServer when started
+
+    @classmethod
+    def start_local(cls, repository: Path, state_dir: Path, model: str, admin_key: str | None = None,
+                    **settings: Any) -> Target:
+        """A local tritonserver the kit starts, as a user runs one: explicit model control, every model loaded,
+        the repository API behind `admin_key` when given; stop() stops it (by its pid)."""
+        from bge_triton.loadtest import harness
+
+        srv = harness.start_server(repository, state_dir, model_control="explicit", load_models=("*",),
+                                   admin_key=admin_key, **settings)
+        target = cls(ServerUrl("grpc", srv.grpc_url), model, "", admin_key, srv.metrics_url, started=True,
+                     _server=srv)
+        target.check_ready()
+        return target
+
+    @property
+    def server(self) -> Any:
+        """The LocalServer of a started target (its pid, ports, log); an error for a target given by URL."""
+        if self._server is None:
+            raise InputError(f"the server at {self.url} was not started by the kit: it cannot be stopped or "
+                             "restarted from here")
+        return self._server
+
+    def stop(self) -> None:
+        """Close the client; stop the server if the kit started it."""
+        self.close()
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
 
     @classmethod
     def from_flags(cls, url: str, model: str, encoder: str | None, admin_key: str | None,

@@ -177,3 +177,12 @@ def test_preferred_sets_and_the_shared_shape_curve() -> None:
     assert shapes.level("tidal", 0.0) == pytest.approx(0.2) and shapes.level("tidal", 0.5) == pytest.approx(1.0)
     assert [shapes.users_at("tidal", t, p) for t in (0, 50)] == [round(40 * shapes.level("tidal", f)) for f in
                                                                  (0.0, 0.5)]
+
+
+def test_a_refused_override_restores_nothing_the_served_model_kept_serving() -> None:
+    client = FakeClient(served(), fail_on=1)
+    with pytest.raises(KitError, match="--admin-key"):
+        with fake_target(client).overriding("bge_large_zh_onnx", lambda c: override_config(c, Batching(
+                max_queue_delay_us=100))):
+            raise AssertionError("the scenario must not run on a refused override")
+    assert len(client.loads) == 1 and client.cfg == served()

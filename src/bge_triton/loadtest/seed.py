@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bge_triton import flags
-from bge_triton.errors import InputError
+from bge_triton.errors import InputError, KitError
 from bge_triton.loadtest import curves, engine, report
 from bge_triton.loadtest.target import (
     Target,
@@ -155,17 +155,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     a = parse_args(argv)
     load0 = os.getloadavg()
-    target = target_from(a)
-    texts = engine.load_texts(tokenizer_path(a), a.seq_len)
     signal.signal(signal.SIGTERM, _sigterm)
     t0 = time.monotonic()
+    target = None
     try:
+        target = target_from(a)
+        texts = engine.load_texts(tokenizer_path(a), a.seq_len)
         rows = run(target, a, texts)
     except KeyboardInterrupt:
         print("interrupted: the served config was loaded back; no report written", file=sys.stderr)
         return 130
+    except KitError as exc:  # the served config is back already (Target.overriding)
+        print(f"bge-triton bench seed: {exc}", file=sys.stderr)
+        return 2
     finally:
-        target.close()
+        if target is not None:
+            target.close()
     paths = write(rows, target, a, texts, load0)
     print(f"bench seed done in {time.monotonic() - t0:.0f} s: " + ", ".join(map(str, paths)))
     return 0

@@ -81,6 +81,7 @@ class Target:
     started: bool = False  # True: the kit started this server (it may stop or restart it)
     _client: Any = field(default=None, repr=False)
     _server: Any = field(default=None, repr=False)  # the LocalServer when started
+    loaded: set[str] = field(default_factory=set)  # models this run has (re)loaded: the ones to restore
 
     @classmethod
     def start_local(cls, repository: Path, state_dir: Path, model: str, admin_key: str | None = None,
@@ -169,6 +170,7 @@ class Target:
         """Load `name` with `cfg` as a config override (a reload: the old model serves until the new one is ready)."""
         try:
             self.client.load_model(name, config=config_json(cfg), headers=self.admin_headers)
+            self.loaded.add(name)
         except Exception as exc:  # tritonclient's InferenceServerException and transport errors
             text = str(exc)
             if "restricted" in text or "403" in text or "401" in text:
@@ -187,9 +189,9 @@ class Target:
         then load the served config back, on success, failure and Ctrl-C, unless keep() says to keep the new one."""
         served = self.config(name)
         loaded = make(served) if make else served
+        if make is not None:  # a load that fails leaves the served model serving: nothing to restore then
+            self.load(name, loaded)
         try:
-            if make is not None:
-                self.load(name, loaded)
             yield served, loaded
         finally:
             if make is not None and not keep():

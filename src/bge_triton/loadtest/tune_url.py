@@ -18,7 +18,7 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2 as mc
 
 from bge_triton import flags
-from bge_triton.errors import InputError
+from bge_triton.errors import InputError, KitError
 from bge_triton.loadtest import engine, report, tune_report
 from bge_triton.loadtest.core import preferred_sets
 from bge_triton.loadtest.target import (
@@ -30,7 +30,7 @@ from bge_triton.loadtest.target import (
     target_from,
     tokenizer_path,
 )
-from bge_triton.server.repository import Batching, update_batching_in_place
+from bge_triton.server.repository import Batching, dump_config, update_batching_in_place
 
 PROBE_FRACTIONS = (0.15, 0.3, 0.45, 0.6, 0.75, 0.9)  # of the served config's closed-loop capacity
 
@@ -136,51 +136,76 @@ def summarise(rows: list[dict], slo_ms: float, max_error_rate: float, tie: float
     return out
 
 
+def sweep(target: Target, a: Any, texts: engine.Texts, served: mc.ModelConfig
+          ) -> tuple[list[dict], list[dict], mc.ModelConfig | None]:
+    """Every candidate under every load: (rows, the candidates' summary, the pick's config or None)."""
+    inputs = [i.name for i in served.input]
+    a.rates = a.rates or probe_rates(target, inputs, texts, a)
+    rows: list[dict] = []
+    for pref in a.preferred:
+        for delay in a.delays_us:
+            cfg = override_config(served, Batching(preferred_batch_sizes=pref, max_queue_delay_us=delay))
+            rows += run_candidate(target, a, inputs, texts, cfg, delay, pref)
+    summary = summarise(rows, a.slo_p99_ms, a.max_error_rate)
+    pick = next((c for c in summary if c["picked"]), None)
+    if pick is None:
+        return rows, summary, None
+    return rows, summary, override_config(served, picked_batching(pick))
+
+
+def picked_batching(pick: dict) -> Batching:
+    return Batching(preferred_batch_sizes=tuple(int(v) for v in pick["preferred"].split() if v != "none"),
+                    max_queue_delay_us=pick["delay_us"])
+
+
+def _stop(*_: object) -> None:
+    raise KeyboardInterrupt  # a stop request restores the served config as Ctrl-C does
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     a = parse_args(argv)
     load0 = os.getloadavg()
-    target = target_from(a)
-    texts = engine.load_texts(tokenizer_path(a), a.seq_len)
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    if a.write is not None and not (a.write / target.encoder / "config.pbtxt").is_file():
-        raise InputError(f"--write {a.write}: no {target.encoder}/config.pbtxt there; give the model repository the "
-                         "server loads from (compose: ./model_repository)")
-    served = target.config(target.encoder)
-    inputs = [i.name for i in served.input]
-    rows: list[dict] = []
-    picked_cfg: mc.ModelConfig | None = None
+    signal.signal(signal.SIGTERM, _stop)
     t0 = time.monotonic()
     try:
-        a.rates = a.rates or probe_rates(target, inputs, texts, a)
-        for pref in a.preferred:
-            for delay in a.delays_us:
-                cfg = override_config(served, Batching(preferred_batch_sizes=pref, max_queue_delay_us=delay))
-                rows += run_candidate(target, a, inputs, texts, cfg, delay, pref)
-        summary = summarise(rows, a.slo_p99_ms, a.max_error_rate)
-        pick = next((c for c in summary if c["picked"]), None)
-        if pick:
-            pref = tuple(int(v) for v in pick["preferred"].split() if v != "none")
-            picked_cfg = override_config(served, Batching(preferred_batch_sizes=pref, max_queue_delay_us=pick[
-                "delay_us"]))
-    except KeyboardInterrupt:
-        restore(target, target.encoder, served)
-        print("interrupted: the served config was loaded back; no report written", file=sys.stderr)
-        return 130
-    except BaseException:
-        restore(target, target.encoder, served)
-        raise
-    if a.apply and picked_cfg is not None:
-        target.load(target.encoder, picked_cfg)
-        print(f"applied the pick on {target.url}: {pick['candidate'] if pick else ''}")
-    else:
-        restore(target, target.encoder, served)
-    target.close()
+        target = target_from(a)
+        texts = engine.load_texts(tokenizer_path(a), a.seq_len)
+        if a.write is not None and not (a.write / target.encoder / "config.pbtxt").is_file():
+            raise InputError(f"--write {a.write}: no {target.encoder}/config.pbtxt there; give the model repository "
+                             "the server loads from (compose: ./model_repository)")
+        served = target.config(target.encoder)
+    except KitError as exc:
+        print(f"bge-triton tune: {exc}", file=sys.stderr)
+        return 2
+    try:
+        rows, summary, picked_cfg = sweep(target, a, texts, served)
+        if a.apply and picked_cfg is not None:
+            target.load(target.encoder, picked_cfg)
+            print(f"applied the pick on {target.url}")
+        else:
+            restore(target, target.encoder, served)
+    except (KeyboardInterrupt, KitError) as exc:
+        try:
+            if target.encoder in target.loaded:  # a refused first load changed nothing
+                restore(target, target.encoder, served)
+        except KitError as again:
+            print(f"bge-triton tune: could not load the served config of {target.encoder} back ({again}); load it "
+                  f"yourself: tritonclient's load_model({target.encoder!r}) with the config in "
+                  f"{a.out / 'served_config.pbtxt'}", file=sys.stderr)
+            a.out.mkdir(parents=True, exist_ok=True)
+            (a.out / "served_config.pbtxt").write_text(dump_config(served))
+        if isinstance(exc, KeyboardInterrupt):
+            print("interrupted: the served config was loaded back; no report written", file=sys.stderr)
+            return 130
+        print(f"bge-triton tune: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        target.close()
+    pick = next((c for c in summary if c["picked"]), None)
     diff = config_diff(served, picked_cfg) if picked_cfg is not None else ""
     if a.write is not None and pick is not None:
-        path = update_batching_in_place(a.write / target.encoder, Batching(
-            preferred_batch_sizes=tuple(int(v) for v in pick["preferred"].split() if v != "none"),
-            max_queue_delay_us=pick["delay_us"]))
+        path = update_batching_in_place(a.write / target.encoder, picked_batching(pick))
         print(f"wrote the pick into {path}")
     print("config diff (served -> pick):\n" + (diff or "(none: the pick is the served config)") if pick else
           "no candidate meets the SLO: lower the rates, raise --slo-p99-ms, or add capacity")

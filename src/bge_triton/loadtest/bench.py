@@ -6,7 +6,6 @@ Rows run on the real exported model (ONNX Runtime, CPU) and on the cost model (E
 """
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import sys
@@ -14,6 +13,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from bge_triton import flags
 from bge_triton.client.core import DEFAULT_BUCKETS, tensor_call
 from bge_triton.client.tokens import BucketTokenizer
 from bge_triton.extras import require
@@ -179,7 +179,7 @@ def write_report(run: BenchRun, out: Path) -> list[Path]:
 
 def parse_args(argv: list[str] | None = None) -> BenchSettings:
     d = BenchSettings()
-    p = argparse.ArgumentParser(prog="bge-triton bench seed", description=__doc__.split("\n\n")[0],
+    p = flags.parser("bge-triton bench seed", __doc__.split("\n\n")[0],
                                 epilog="On a Triton you run: `bge-triton bench seed --url HOST:PORT --help` "
                                 "(docs/tuning.md).")
     add_flags(p, ("quick", False, "short windows (about a minute or two in all)"))
@@ -203,7 +203,7 @@ def parse_args(argv: list[str] | None = None) -> BenchSettings:
     p.add_argument("--no-cpu-lock", dest="cpu_lock", action="store_false",
                    help="real rows: one instance per ONNX Runtime model, no shared CPU lock (as `server up "
                    "--no-cpu-lock`)")
-    a = p.parse_args(argv)
+    a = flags.parse(p, argv)
     dur = a.duration or (1.5 if a.quick else 10.0)
     return from_flags(a, d, "bge-triton bench seed " + " ".join(argv if argv is not None else sys.argv[1:]),
                       executors=tuple(e for e in a.executor.split(",") if e), scenarios=tuple(a.scenarios.split(",")),

@@ -6,12 +6,12 @@ goodput meeting the SLO (p99 <= X, errors <= 1%); within 2% of it, the lowest p9
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from bge_triton import flags
 from bge_triton.errors import InputError
 from bge_triton.extras import require
 from bge_triton.loadtest import core, harness, loadgen, report
@@ -153,7 +153,7 @@ def write_tune(run: TuneRun, out: Path) -> list[Path]:
 
 
 def parse_args(argv: list[str] | None = None) -> TuneSettings:
-    p = argparse.ArgumentParser(prog="bge-triton tune", description=__doc__.split("\n\n")[0],
+    p = flags.parser("bge-triton tune", __doc__.split("\n\n")[0],
                                 epilog="`bge-triton tune pair [--write]`: the encoder AND the text endpoint together "
                                 "(`tune pair --help`). On a Triton you run: `bge-triton tune --url HOST:PORT --help` "
                                 "(docs/tuning.md).")
@@ -169,7 +169,7 @@ def parse_args(argv: list[str] | None = None) -> TuneSettings:
               ("seq-len", 64, "tokens per request"), ("duration", 6.0, "seconds measured per candidate"),
               ("repeats", 1, "rounds over the grid; p99 = median over rounds"),
               ("warmup", 1.0, "warm-up seconds per candidate"))
-    a = p.parse_args(argv)
+    a = flags.parse(p, argv)
     if a.rate <= 0 or a.slo_p99_ms <= 0:
         raise InputError(f"--rate ({a.rate}) and --slo-p99-ms ({a.slo_p99_ms}) must be positive")
     return core.from_flags(a, TuneSettings(), "bge-triton tune " + " ".join(sys.argv[1:] if argv is None else argv),

@@ -66,3 +66,24 @@ def test_tune_report_marks_the_pick_and_draws_the_grid(tmp_path: Path) -> None:
     assert "Pick: **delay 0 us, preferred none**" in md and "| delay 5000 us, preferred none | 90.0 |" in md
     assert "loaded back as found" in md and "```diff" in md
     assert all(p.read_bytes()[:8] == PNG for p in paths if p.suffix == ".png")
+
+
+def test_load_texts_fit_the_length_and_a_point_row_counts_what_it_measured(tmp_path: Path) -> None:
+    from tokenizers import Regex, Tokenizer, pre_tokenizers
+    from tokenizers.models import WordLevel
+
+    from bge_triton.loadtest import corpus, engine
+
+    chars = sorted({c for t in corpus.load("reviews") for c in t})
+    tok = Tokenizer(WordLevel({c: i + 2 for i, c in enumerate(chars)} | {"[PAD]": 0, "[UNK]": 1}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.save(str(tmp_path / "tokenizer.json"))
+    got = engine.load_texts(tmp_path, 20, n=50)
+    assert len(got.texts) == 50 and got.ids.shape == got.mask.shape == (50, 20) and got.seq_len == 20
+    assert all(int(m.sum()) == len(t) for t, m in zip(got.texts, got.mask, strict=True))  # one token per character
+    point = engine.Point(engine.Load(rate=10.0, shape="tidal"), sent=4, ok=3, errors=1, window_s=2.0,
+                         latencies_ms=[1.0, 2.0, 3.0], batches={1: 2, 4: 1})
+    row = point.row()
+    assert row["load"] == "10/s tidal" and row["throughput"] == 1.5 and row["avg_batch"] == 2.0
+    assert math.isnan(row["gpu_util"]) and row["p50_ms"] == 2.0
+    assert engine.Load(users=8).label == "C=8"

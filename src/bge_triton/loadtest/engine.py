@@ -9,7 +9,7 @@ import itertools
 import math
 import random
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -171,44 +171,46 @@ async def _drive(target: Target, model: str, inputs: Callable[[int], list[Any]],
             return True
         return False
 
-    async def one(sched: float) -> None:
-        i = next(counter)
-        error: BaseException | None = None
-        try:
-            await client.infer(model, inputs(i))
-        except Exception as exc:  # every kind of failure is counted, none ends the run
-            error = exc
-        done = loop.time()
+    def count(sched: float, done: float, kind: str, error: BaseException | None) -> None:
         # open loop: the requests SCHEDULED in the window count (none is left out for being slow); closed loop: those
         # COMPLETED in it (its users stop sending at the end; the last answers of a slow server fall outside)
         if (sched if not load.users else done) < begin or (load.users and done > end_of_window()):
             return
         point.sent += 1
-        if error is not None:
+        if kind != "ok":
             point.errors += 1
-            point.first_error = point.first_error or f"{type(error).__name__}: {error}"
+            point.first_error = point.first_error or f"{kind}: {error}"
         else:
             point.ok += 1
             point.latencies_ms.append((done - sched) * 1e3)
 
-    try:
+    async def infer(*_: object) -> None:
+        await client.infer(model, inputs(next(counter)))
+
+    try:  # the kit's one pair of load loops (loadgen): closed users back to back, or open-loop arrivals
         if load.users:
-            async def user() -> None:
-                while not over(now := loop.time()):
-                    await one(now)
-            await asyncio.gather(*(user() for _ in range(load.users)))
+            sent_at: dict[int, float] = {}
+
+            async def user_call(k: int) -> None:
+                sent_at[k] = loop.time()
+                await infer()
+
+            await loadgen.closed_loop(user_call, load.users, lambda: over(loop.time()),
+                                      lambda k, done, kind, error: count(sent_at[int(k)], done, kind, error),
+                                      now=loop.time)
         else:
             length = max(duration_s, 1e-9)
             level: Callable[[], float] = (lambda: load.rate) if load.shape == "steady" else (
                 lambda: max(0.05, load.rate * shapes.level(load.shape, min(max(loop.time() - begin, 0.0), length)
                                                            / length)))
-            pending: set[asyncio.Future[None]] = set()
-            async for t in loadgen.poisson(random.Random(7), level, loop.time, loop.time(), math.inf, False):
-                if over(t):
-                    break
-                pending.add(task := asyncio.ensure_future(one(t)))
-                task.add_done_callback(pending.discard)
-            await asyncio.gather(*pending)
+
+            async def arrivals() -> AsyncIterator[float]:  # Poisson (shaped) until the window and the side are over
+                async for t in loadgen.poisson(random.Random(7), level, loop.time, loop.time(), math.inf, False):
+                    if over(t):
+                        return
+                    yield t
+
+            await loadgen.open_loop(infer, arrivals(), loop.time, count)
         if side_task is not None:
             await side_task
     finally:

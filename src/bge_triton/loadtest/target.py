@@ -159,6 +159,16 @@ class Target:
         if not self.client.is_model_ready(self.encoder):
             raise ServerNotReady(f"the encoder {self.encoder!r} is not ready on {self.url}: name it with --encoder")
 
+    def version(self) -> str:
+        """The server's own name and version (its metadata), e.g. 'triton 2.51.0'."""
+        try:
+            meta = self.client.get_server_metadata()
+        except Exception:  # metadata is informational: a report still gets written without it
+            return "version unknown"
+        name, version = (meta.name, meta.version) if self.url.protocol == "grpc" else (meta.get("name"),
+                                                                                        meta.get("version"))
+        return f"{name} {version}"
+
     def config(self, name: str) -> mc.ModelConfig:
         """The config the server serves for `name` (its get_model_config)."""
         got = self.client.get_model_config(name)

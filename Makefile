@@ -31,11 +31,11 @@ lint: setup  ## ruff (rule set in pyproject.toml) and mypy (strict on client/, g
 test-unit: setup  ## unit tests only (no server)
 	$(PY) -m pytest -m "not integration and not deploy"
 
-bench: setup  ## seed table on the local Triton (real CPU rows + EMULATED GPU rows), ~6 min; BENCH_ARGS=--quick ~2 min
-	$(PY) -m bge_triton.cli bench seed --out reports/bench $(BENCH_ARGS)
+bench: setup  ## seed table: URL=HOST:PORT measures your running Triton (docs/tuning.md); else the local one (real CPU + EMULATED GPU rows, ~6 min); BENCH_ARGS=--quick
+	$(if $(URL),$(PY) -m bge_triton.cli bench seed --url $(URL) $(BENCH_ARGS),$(PY) -m bge_triton.cli bench seed --out reports/bench $(BENCH_ARGS))
 
-tune: setup  ## queue-delay tuner on the emulated GPU; TUNE_ARGS=--write updates src/bge_triton/model_repository/
-	$(PY) -m bge_triton.cli tune --slo-p99-ms 50 --rate 600 --repeats 3 --out reports/tune $(TUNE_ARGS)
+tune: setup  ## queue-delay tuner: URL=HOST:PORT SLO=50 on your running Triton (docs/tuning.md); else the emulated GPU; TUNE_ARGS=--write ...
+	$(if $(URL),$(PY) -m bge_triton.cli tune --url $(URL) --slo-p99-ms $(or $(SLO),50) $(TUNE_ARGS),$(PY) -m bge_triton.cli tune --slo-p99-ms 50 --rate 600 --repeats 3 --out reports/tune $(TUNE_ARGS))
 
 stack-bench: setup  ## full stack vs raw ONNX Runtime + padding ratio (reports/stack)
 	$(PY) -m bge_triton.cli bench stack --out reports/stack

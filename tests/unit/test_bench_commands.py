@@ -27,11 +27,11 @@ def test_the_tree_lists_its_scenarios_and_rejects_unknown_ones(capsys: pytest.Ca
 
 
 def test_tune_without_a_scenario_is_the_delay_tuner(monkeypatch: pytest.MonkeyPatch) -> None:
-    from bge_triton.loadtest import tune
+    from bge_triton.loadtest import shipped, tune
 
     seen = []
     monkeypatch.setattr(tune, "main", lambda argv: seen.append(("delay", argv)) or 0)
-    monkeypatch.setattr(tune, "pair_main", lambda argv: seen.append(("pair", argv)) or 0)
+    monkeypatch.setattr(shipped, "pair_main", lambda argv: seen.append(("pair", argv)) or 0)
     assert commands.tune_main(["--rate", "5"]) == 0 and commands.tune_main(["pair", "--quick"]) == 0
     assert seen == [("delay", ["--rate", "5"]), ("pair", ["--quick"])]
 
@@ -40,3 +40,27 @@ def test_chaos_has_no_soak_hand_over(capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as info:
         commands.chaos_main(["--soak", "20m"])
     assert info.value.code == 2 and "unrecognized arguments: --soak" in capsys.readouterr().err
+
+
+def test_url_sends_seed_and_tune_to_the_running_server_scenarios(monkeypatch: pytest.MonkeyPatch) -> None:
+    from bge_triton.loadtest import bench, seed, tune, tune_url
+
+    seen = []
+    for module, name in ((bench, "local seed"), (seed, "url seed"), (tune, "local tune"), (tune_url, "url tune")):
+        monkeypatch.setattr(module, "main", lambda argv, n=name: seen.append((n, argv)) or 0)
+    monkeypatch.delenv("BGE_TRITON_URL", raising=False)
+    commands.bench_main(["seed", "--quick"])
+    commands.bench_main(["seed", "--url", "127.0.0.1:8001"])
+    commands.tune_main(["--url=http://127.0.0.1:8000", "--slo-p99-ms", "5"])
+    commands.tune_main(["--slo-p99-ms", "5", "--rate", "9"])
+    monkeypatch.setenv("BGE_TRITON_URL", "127.0.0.1:8001")
+    commands.bench_main(["seed"])
+    assert [n for n, _ in seen] == ["local seed", "url seed", "url tune", "local tune", "url seed"]
+
+
+def test_scenarios_that_start_their_own_server_refuse_a_url(capsys: pytest.CaptureFixture) -> None:
+    assert commands.bench_main(["soak", "--url", "127.0.0.1:8001"]) == 2
+    assert "kill -9" in capsys.readouterr().err
+    assert commands.chaos_main(["--url=127.0.0.1:8001"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot run against --url" in err and "leave --url out" in err

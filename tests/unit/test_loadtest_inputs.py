@@ -95,3 +95,30 @@ def test_tensor_mix_bodies_pad_to_buckets_or_own_length(tmp_path):
         widths[scenario] = shapes
     assert widths["tensor_buckets"] <= set(DEFAULT_BUCKETS)
     assert len(widths["tensor_own_length"]) > 3 * len(widths["tensor_buckets"])  # many shapes: batches of ~1
+
+
+def test_one_chart_one_traffic_text_endpoint_and_tensor_rows_carry_the_same_reviews(tmp_path):
+    """bench seed's text endpoint gets the reviews that its tensor rows carry tokenized (padded to one length)."""
+    from tokenizers import Regex, Tokenizer, pre_tokenizers
+    from tokenizers.models import WordLevel
+
+    from bge_triton.loadtest.bench import BenchSettings, scenario_bodies
+
+    chars = sorted({c for t in corpus.load("reviews") for c in t})
+    vocab = {c: i + 2 for i, c in enumerate(chars)}
+    tok = Tokenizer(WordLevel(vocab | {"[PAD]": 0, "[UNK]": 1}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")  # one token per character
+    (tmp_path / "m" / "1" / "tokenizer").mkdir(parents=True)
+    tok.save(str(tmp_path / "m" / "1" / "tokenizer" / "tokenizer.json"))
+    (tmp_path / "m_onnx" / "1").mkdir(parents=True)
+    (tmp_path / "m_onnx" / "1" / "model.onnx").write_bytes(b"")  # the export is there: nothing to export
+    s = BenchSettings(real_repo=tmp_path, real_name="m", scenarios=("no_batching", "text_endpoint"))
+    texts = [_split(b) for b in scenario_bodies(s, "text_endpoint", 24)]
+    tensors = [_split(b) for b in scenario_bodies(s, "no_batching", 24)]
+    assert len(texts) == len(tensors) == 256
+    for (header, payload), (text_header, text_payload) in zip(tensors, texts, strict=True):
+        assert header["inputs"][0]["shape"] == [1, 24] and text_header["inputs"][0]["name"] == "text"
+        ids = np.frombuffer(payload[:8 * 24], dtype=np.int64)
+        sent = text_payload[4:4 + int.from_bytes(text_payload[:4], "little")].decode()
+        assert "".join(chars[i - 2] for i in ids if i > 1) == sent and 0 < len(sent) <= 24
+    assert len({p for _, p in texts}) > 200  # distinct reviews

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from bge_triton.errors import InputError
-from bge_triton.loadtest import bench, loadgen, report, sweep, targets
+from bge_triton.loadtest import bench, core, loadgen, report, sweep, targets
 from bge_triton.loadtest.shipped import Candidate, ShippedRun, parse_args
 
 
@@ -159,7 +159,7 @@ def _row(cand: str, path: str, phase: str, c: int | None, rate: float, errors: i
 def test_report_shows_every_c_and_judges_the_saturation_point(tmp_path):
     from bge_triton.loadtest.shipped import ideal, write_report
 
-    s = bench.BenchSettings(out=tmp_path, duration_s=3.0, low_duration_s=6.0, warmup_s=0.5)
+    s = core.BenchSettings(out=tmp_path, duration_s=3.0, low_duration_s=6.0, warmup_s=0.5)
     run = ShippedRun("bge-triton bench shipped --quick", (Candidate(),), (128, 512, 1024),
                      lengths={"median": 48, "mean": 71.0, "max": 258, "all": [20, 48, 48, 71, 120, 258]},
                      machine=report.machine_info(), selfcheck_rps=5000.0, picked="committed")

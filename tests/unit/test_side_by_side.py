@@ -1,4 +1,4 @@
-"""bench.measure_side_by_side: the quiet-hour paths take turns in one window (ABBA), each row holds only its own
+"""core.measure_side_by_side: the quiet-hour paths take turns in one window (ABBA), each row holds only its own
 requests and its own models' Triton counters, summed over its turns (fake load generator, stats and CPU meter)."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from bge_triton.loadtest import bench, loadgen
+from bge_triton.loadtest import core, loadgen
 
 
 class _Meter:
@@ -40,13 +40,13 @@ def test_legs_take_turns_abba_and_each_row_counts_its_own_turns(monkeypatch: pyt
                 "compute_output_ns": 0.0}
 
     monkeypatch.setattr(loadgen, "run", run)
-    monkeypatch.setattr(bench, "fetch_stats", stats)
-    monkeypatch.setattr(bench, "CpuMeter", _Meter)
+    monkeypatch.setattr(core, "fetch_stats", stats)
+    monkeypatch.setattr(core, "CpuMeter", _Meter)
     h = SimpleNamespace(host_port=("127.0.0.1", 1), live=SimpleNamespace(http_url="127.0.0.1:1", pid=1))
-    s = bench.BenchSettings(low_duration_s=8.0, warmup_s=2.0)
+    s = core.BenchSettings(low_duration_s=8.0, warmup_s=2.0)
     cpu = iter(range(100))
-    text, ref = bench.measure_side_by_side(h, s, [bench.Leg("txt", ("txt", "enc"), (b"t",)),
-                                                  bench.Leg("ref", ("ref",), (b"r",))], 30.0, block_s=2.0,
+    text, ref = core.measure_side_by_side(h, s, [core.Leg("txt", ("txt", "enc"), (b"t",)),
+                                                  core.Leg("ref", ("ref",), (b"r",))], 30.0, block_s=2.0,
                                            probe=lambda: {7: float(next(cpu))})
     assert calls == ["txt", "ref", "ref", "txt", "txt", "ref", "ref", "txt"]  # ABBA: the drift falls on both
     assert (text["n"], ref["n"]) == (240, 240) and (text["p50_ms"], ref["p50_ms"]) == (11.0, 9.0)

@@ -2,102 +2,42 @@
 peak (closed loop) and at low load (open-loop Poisson at ~20% of batch-1 capacity), side by side.
 
 Rows run on the real exported model (ONNX Runtime, CPU) and on the cost model (EMULATED GPU); writes OUT/bench.md,
-.csv, .png. Also the harness's one measurement path (stand up, measure, side by side) of `bench shipped` and `tune`.
+.csv, .png. The stand-up and the measurement are the harness core's (loadtest.core).
 """
 from __future__ import annotations
 
-import argparse
-import contextlib
 import math
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
+from bge_triton import flags
 from bge_triton.client.core import DEFAULT_BUCKETS, tensor_call
 from bge_triton.client.tokens import BucketTokenizer
 from bge_triton.extras import require
-from bge_triton.loadtest import corpus, harness, loadgen, report
-from bge_triton.loadtest.costmodel import DEFAULT as DEFAULT_COST
-from bge_triton.loadtest.costmodel import CostModel
-from bge_triton.loadtest.stats import CpuMeter, fetch_stats, stats_delta, summarize
-from bge_triton.paths import REPORTS_DIR, STATE_DIR
+from bge_triton.loadtest import corpus, engine, harness, loadgen, report
+from bge_triton.loadtest.core import (
+    EXECUTORS,
+    SCENARIO_ORDER,
+    BenchRun,
+    BenchSettings,
+    add_common_flags,
+    add_flags,
+    ensure_real_repo,
+    from_flags,
+    measure,
+    stand,
+)
 from bge_triton.server.cpu_variant import CpuVariant
 from bge_triton.server.repository import ENCODER_SUFFIX, SCENARIOS
 
 require("loadtest", "bge-triton bench seed")
 
-SCENARIO_ORDER = ("no_batching", "static_32", "dynamic_5ms", "delay_0", "text_endpoint")
 # Opt-in (--scenarios): one review per request, padded to the SDK's length bucket or to its own length, encoder at
 # delay 0: Triton batches only equal shapes, so the second batches far less (docs/benchmarks.md).
 TENSOR_MIX = {"tensor_buckets": DEFAULT_BUCKETS, "tensor_own_length": tuple(range(1, 513))}
-EXECUTORS = ("onnxruntime", "costmodel")
-
-
-@dataclass(frozen=True)
-class BenchSettings:
-    """Everything one run of the harness needs (bench seed, bench shipped, tune); built once from flags."""
-
-    out: Path = REPORTS_DIR / "bench"
-    executors: tuple[str, ...] = EXECUTORS
-    scenarios: tuple[str, ...] = SCENARIO_ORDER
-    real_repo: Path = STATE_DIR / "loadtest" / "real_repo"
-    real_model: str = "synthetic:bge-small-zh"
-    real_name: str = "bge_small_zh"
-    seq_len: int = 64  # emulated rows (the seed's length)
-    concurrency: int = 64
-    real_seq_len: int = 16  # real rows on CPU: shorter texts so a window holds several batches
-    real_concurrency: int = 32  # enough to fill static batch 32
-    low_fraction: float = 0.2
-    warmup_s: float = 2.0
-    duration_s: float = 10.0
-    low_duration_s: float = 15.0
-    processes: int = 1
-    intra_op_threads: int = 0
-    max_chars: int = 256
-    cost: CostModel = DEFAULT_COST
-    state_dir: Path = STATE_DIR / "loadtest" / "bench_state"
-    command: str = "bge-triton bench seed"
-    # Emulated rows only: instance counts / text-endpoint parameters other than the configs' (None = the config's)
-    encoder_instances: int | None = None
-    text_instances: int | None = None
-    text_params: dict[str, str] = field(default_factory=dict)
-    cpu_lock: bool = True  # real rows: False = one instance per ONNX Runtime model, no shared CPU lock
-
-
-@dataclass
-class BenchRun:
-    """Rows plus what the report prints about the run."""
-
-    settings: BenchSettings
-    rows: list[dict] = field(default_factory=list)
-    selfcheck_rps: float = 0.0
-    machine: dict = field(default_factory=dict)
-
-
-def ensure_real_repo(s: BenchSettings) -> None:
-    """Export the real-model rows' model once (cached under .kit) if it is not there."""
-    harness.export(s.real_model, s.real_repo, s.real_name, "fp32", "--max-length", "256")
-
-
-@contextlib.contextmanager
-def stand(s: BenchSettings, name: str, real: bool, users: int, ramp_s: float = 0.0) -> Iterator[harness.Harness]:
-    """THE stand-up of bench, shipped and tune: the bench repository (state_dir/../name; the real export when
-    `real`), one explicit-control server, the load generator's self-check at `users` (h.self_check_result)."""
-    if real:
-        ensure_real_repo(s)
-    repo = harness.build_repository(s.state_dir.parent / name, s.real_repo if real else None, s.real_name, s.command)
-    h = harness.Harness(repo, s.state_dir, s.cost, s.intra_op_threads, cpu_lock=s.cpu_lock).start()
-    try:
-        rps = h.self_check(users, max(2.0, s.duration_s / 2), s.processes, ramp_s=ramp_s)
-        print(f"load-generator self-check: {rps:.0f} req/s against the no-op model at C={users}, "
-              f"{h.self_check_result.late if h.self_check_result else 0} unanswered", flush=True)
-        yield h
-    finally:
-        h.stop()
 
 
 def scenario_bodies(s: BenchSettings, scenario: str, seq_len: int) -> tuple[bytes, ...]:
@@ -107,93 +47,16 @@ def scenario_bodies(s: BenchSettings, scenario: str, seq_len: int) -> tuple[byte
         tok = BucketTokenizer(str(s.real_repo / s.real_name / "1" / "tokenizer"), TENSOR_MIX[scenario])
         rows = (tok.encode([t]) for t in corpus.sample("reviews", 512, seed=1, max_chars=s.max_chars))
         return tuple(loadgen.request_body(tensor_call("", ids, mask)) for ids, mask in rows)
+    if not {"text_endpoint", *TENSOR_MIX} & set(s.scenarios):  # no texts on the chart: seeded token rows
+        return tuple(loadgen.tensor_bodies(seq_len, 128))
+    # one chart, one traffic: the text endpoint gets reviews of at most seq_len tokens, the tensor rows the same
+    # reviews tokenized and padded to seq_len (one shape, as Triton batches)
+    ensure_real_repo(s)
+    texts = engine.load_texts(s.real_repo / s.real_name / "1" / "tokenizer", seq_len, 256)
     if scenario == "text_endpoint":
-        return tuple(loadgen.text_request(t) for t in corpus.sample("reviews", 512, seed=1, max_chars=s.max_chars))
-    return tuple(loadgen.tensor_bodies(seq_len, 128))
-
-
-Probe = Callable[[], dict[int, float]]  # CPU seconds so far per pid of processes to count (e.g. some stubs)
-
-
-def _window(h: harness.Harness, spec: loadgen.LoadSpec, watch: list[str] | tuple[str, ...],
-            probe: Probe | None) -> tuple[loadgen.LoadResult, dict, tuple[float, float, float], float, float]:
-    """One load run: (result, the change of Triton's counters per watched model, CPU (machine %, server cores,
-    generator cores), wall seconds, probe CPU seconds)."""
-    before = {m: fetch_stats(h.live.http_url, m) for m in watch}
-    p0 = probe() if probe else {}
-    meter = CpuMeter(h.live.pid)
-    meter.start()
-    t0 = time.monotonic()
-    res = loadgen.run(spec)
-    cpu, wall = meter.stop(), time.monotonic() - t0
-    p1 = probe() if probe else {}
-    counts = {m: {k: v - before[m].get(k, 0.0) for k, v in fetch_stats(h.live.http_url, m).items()} for m in watch}
-    return res, counts, cpu, wall, sum(v - p0.get(pid, 0.0) for pid, v in p1.items())
-
-
-def measure(h: harness.Harness, s: BenchSettings, model: str, watch: list[str], bodies: tuple[bytes, ...],
-            mode: str, rate: float = 0.0, users: int = 64, ramp_s: float = 0.0, probe: Probe | None = None) -> dict:
-    """One load run: client latency + Triton stats deltas of `watch` models + CPU use (ramp_s: closed users' start;
-    probe: the row's probe_cores)."""
-    spec = loadgen.LoadSpec(*h.host_port, model, bodies, mode, concurrency=users if mode == "closed" else 512,
-                            rate=rate, warmup_s=s.warmup_s, duration_s=s.duration_s if mode == "closed" else
-                            s.low_duration_s, processes=s.processes, ramp_s=ramp_s)
-    res, counts, cpu, wall, probed = _window(h, spec, watch, probe)
-    row = _row(mode, users, rate, res, counts, cpu)
-    return {**row, "probe_cores": probed / wall} if probe else row
-
-
-def _row(mode: str, users: int, rate: float, res: loadgen.LoadResult, counts: dict, cpu: tuple) -> dict:
-    """The row of one measurement: what the client saw (res), what Triton counted per watched model (the called
-    model first: its queue; the encoder last: batch and compute) and the CPU (machine %, server, generator cores)."""
-    lat = summarize(res.latencies_ms)
-    enc, front = (stats_delta({}, counts[m]) for m in (list(counts)[-1], list(counts)[0]))
-    return {"phase": "peak" if mode == "closed" else "low",
-            "load": f"C={users}" if mode == "closed" else f"{rate:.0f}/s",
-            "throughput": res.throughput, "avg_ms": lat.avg_ms, "p50_ms": lat.p50_ms, "p99_ms": lat.p99_ms,
-            "n": lat.count, "errors": res.errors + res.late, "unanswered": res.late,
-            "first_error": res.first_error[:120], "avg_batch": enc.avg_batch, "front_batch": front.avg_batch,
-            "queue_ms": front.queue_ms, "compute_ms": enc.compute_ms, "cpu_pct": cpu[0], "server_cores": cpu[1],
-            "gen_cores": cpu[2], "window_start": res.window_start, "loop_lag_ms": res.loop_lag_ms,
-            "loop_lag_max_ms": res.loop_lag_max_ms}
-
-
-@dataclass(frozen=True)
-class Leg:
-    """One path of a side-by-side quiet-hour measurement: the called model, the watched ones (it first, the encoder
-    last), the request bodies."""
-
-    model: str
-    watch: tuple[str, ...]
-    bodies: tuple[bytes, ...]
-
-
-def measure_side_by_side(h: harness.Harness, s: BenchSettings, legs: list[Leg], rate: float, block_s: float = 2.0,
-                         probe: Probe | None = None) -> list[dict]:
-    """Quiet hours for several paths in ONE window: each leg's open loop at `rate` (alone on the server) in turns
-    of block_s seconds (after a 0.25 s warm-up), ABBA order, until each has had s.low_duration_s; a row per leg.
-    A shared machine drifts over minutes (issue 14's quiet-hour gap moved +0.7 .. +2.3 ms over ten sequential runs):
-    taking turns puts the drift on both."""
-    rounds = max(1, round(s.low_duration_s / block_s))
-    acc: list[dict[str, Any]] = [{"res": loadgen.LoadResult(), "counts": {m: {} for m in leg.watch}, "wall": 0.0,
-                                  "cpu": [0.0] * 3, "probe": 0.0} for leg in legs]
-    for k in range(rounds):
-        for i in (range(len(legs)) if k % 2 == 0 else reversed(range(len(legs)))):
-            leg, a = legs[i], acc[i]
-            spec = loadgen.LoadSpec(*h.host_port, leg.model, leg.bodies, "open", concurrency=512, rate=rate,
-                                    warmup_s=min(0.25, s.warmup_s), duration_s=block_s, seed=1000 * k + i)
-            res, counts, cpu, wall, probed = _window(h, spec, leg.watch, probe)
-            for m, c in counts.items():
-                a["counts"][m] = {k: a["counts"][m].get(k, 0.0) + v for k, v in c.items()}
-            a["res"].merge(res)
-            a["res"].window_start = a["res"].window_start or res.window_start
-            a["wall"], a["probe"] = a["wall"] + wall, a["probe"] + probed
-            a["cpu"] = [acc_v + v * wall for acc_v, v in zip(a["cpu"], cpu, strict=True)]
-    for a in acc:
-        a["res"].window_s, a["wall"] = rounds * block_s, max(a["wall"], 1e-9)
-    return [{**_row("open", 0, rate, a["res"], a["counts"], tuple(v / a["wall"] for v in a["cpu"])),
-             "probe_cores": a["probe"] / a["wall"], "window_s": rounds * block_s, "turns": rounds, "turn_s": block_s}
-            for a in acc]
+        return tuple(loadgen.text_request(t) for t in texts.texts)
+    return tuple(loadgen.request_body(tensor_call("", texts.ids[i:i + 1], texts.mask[i:i + 1]))
+                 for i in range(len(texts.texts)))
 
 
 def run_executor(h: harness.Harness, s: BenchSettings, executor: str, run: BenchRun) -> None:
@@ -301,7 +164,8 @@ def write_report(run: BenchRun, out: Path) -> list[Path]:
               "model's; compute and batch = the encoder's (/v2/models/<m>/stats deltas; req batch = the called "
               "model's); CPU % = CPU seconds per second x 100 of the tritonserver tree / this generator (machine-wide "
               f"% in the CSV). Tensor requests: {s.seq_len} tokens (emulated), {s.real_seq_len} (real); text_endpoint:"
-              f" one review (<= {s.max_chars} chars) per request, encoder at delay 0, low load at {s.low_fraction:.0%}"
+              " the same reviews as the tensor rows, one per request, encoder at delay 0, low load at "
+              f"{s.low_fraction:.0%}"
               " of its own one-user rate; tensor_buckets / tensor_own_length: one review padded to its SDK length "
               "bucket / own length (docs/loadtest.md).", "", "![latency vs throughput](bench.png)", ""]
     if errs := [r for r in rows if r["first_error"]]:
@@ -313,38 +177,11 @@ def write_report(run: BenchRun, out: Path) -> list[Path]:
             report.plot_p99(rows, out / "bench.png", s.command, PANEL_TITLES, marks={"costmodel": seed})]
 
 
-def add_flags(p: argparse.ArgumentParser, *rows: tuple) -> None:
-    """A flag per (name, default, help[, type]) row: a False default is a switch; the type: the default's, else int."""
-    for name, default, what, *kind in rows:
-        if default is False:
-            p.add_argument(f"--{name}", action="store_true", help=what)
-        else:
-            p.add_argument(f"--{name}", default=default, help=what,
-                           type=kind[0] if kind else int if default is None else type(default))
-
-
-def add_common_flags(p: argparse.ArgumentParser, d: BenchSettings) -> None:
-    """The flags every scenario of the harness shares (bench seed, bench shipped, tune), their defaults from d."""
-    add_flags(p, ("out", d.out, f"report directory (default {d.out})"),
-              ("real-repo", d.real_repo, "exported repository (real rows, tokenizer)"),
-              ("real-name", d.real_name, "model name in --real-repo"),
-              ("state-dir", d.state_dir, "server state directory"),
-              ("cost-a-us", d.cost.a_us, "cost model a (default: seed fit)"),
-              ("cost-b-us", d.cost.b_us, "cost model b per token"))
-
-
-def from_flags(a: argparse.Namespace, d: Any, command: str, **fields: Any) -> Any:
-    """d (a BenchSettings) with the common flags' values (the cost model is the seed fit unless --cost-a-us /
-    --cost-b-us name another), the command line and `fields`."""
-    same = (a.cost_a_us, a.cost_b_us) == (DEFAULT_COST.a_us, DEFAULT_COST.b_us)
-    return replace(d, out=a.out, real_repo=a.real_repo, real_name=a.real_name, state_dir=a.state_dir,
-                   cost=DEFAULT_COST if same else CostModel(a.cost_a_us, a.cost_b_us, source="--cost-a-us/--cost-b-us"),
-                   command=command.strip(), **fields)
-
-
 def parse_args(argv: list[str] | None = None) -> BenchSettings:
     d = BenchSettings()
-    p = argparse.ArgumentParser(prog="bge-triton bench seed", description=__doc__.split("\n\n")[0])
+    p = flags.parser("bge-triton bench seed", __doc__.split("\n\n")[0],
+                                epilog="On a Triton you run: `bge-triton bench seed --url HOST:PORT --help` "
+                                "(docs/tuning.md).")
     add_flags(p, ("quick", False, "short windows (about a minute or two in all)"))
     add_common_flags(p, d)
     add_flags(p, ("executor", ",".join(EXECUTORS), "onnxruntime, costmodel, or both (comma list)"),
@@ -366,7 +203,7 @@ def parse_args(argv: list[str] | None = None) -> BenchSettings:
     p.add_argument("--no-cpu-lock", dest="cpu_lock", action="store_false",
                    help="real rows: one instance per ONNX Runtime model, no shared CPU lock (as `server up "
                    "--no-cpu-lock`)")
-    a = p.parse_args(argv)
+    a = flags.parse(p, argv)
     dur = a.duration or (1.5 if a.quick else 10.0)
     return from_flags(a, d, "bge-triton bench seed " + " ".join(argv if argv is not None else sys.argv[1:]),
                       executors=tuple(e for e in a.executor.split(",") if e), scenarios=tuple(a.scenarios.split(",")),

@@ -4,13 +4,14 @@ tables are the one place that names the scenarios (modules with main(argv)). The
 from __future__ import annotations
 
 import importlib
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 # scenario -> (module in bge_triton.loadtest, its main(argv) function, what it measures)
 BENCH: dict[str, tuple[str, str, str]] = {
     "seed": ("bench", "main",
-             "the seed table: no batching, static 32, dynamic 5 ms, delay 0, text endpoint; peak and low load"),
+             "the seed table: batch 1, static 32, dynamic 5 ms, delay 0, text endpoint (--url: a running Triton)"),
     "shipped": ("shipped", "main", "the committed config pair as shipped against issue 14's targets (emulated GPU)"),
     "stack": ("stack_bench", "main", "raw ONNX Runtime against the full Triton stack"),
     "gateway": ("gateway_bench", "main",
@@ -22,9 +23,31 @@ BENCH: dict[str, tuple[str, str, str]] = {
             "the GPU host's bench (torch encoder, five scenarios + text endpoint); on a GPU host run gpu/run.sh"),
 }
 TUNE: dict[str, tuple[str, str, str]] = {
-    "delay": ("tune", "main", "the encoder's queue delay and preferred sizes (default)"),
-    "pair": ("tune", "pair_main", "the encoder's batching and the text endpoint together"),
+    "delay": ("tune", "main", "the encoder's queue delay and preferred sizes (default; --url: a running Triton)"),
+    "pair": ("shipped", "pair_main", "the encoder's batching and the text endpoint together"),
 }
+
+
+# with --url (or BGE_TRITON_URL): the scenario that measures that running server instead of a local one
+ON_URL: dict[tuple[str, str], str] = {("bench", "seed"): "seed", ("tune", "delay"): "tune_url"}
+
+
+def url_given(argv: Sequence[str], environ: Mapping[str, str]) -> bool:
+    """Whether a command line (or BGE_TRITON_URL) names a running server."""
+    return any(a == "--url" or a.startswith("--url=") for a in argv) or bool(environ.get("BGE_TRITON_URL"))
+
+
+# why the scenarios without a --url variant start their own server
+OWN_SERVER = {"soak": "kills the server with kill -9 and restarts it", "shipped": "runs the emulated GPU's configs",
+              "pair": "runs the emulated GPU's configs", "chaos": "kills, stalls and restarts its servers"}
+
+
+def refuse(scenario: str, why: str) -> int:
+    """A scenario given --url that cannot use it: say why and what to do (exit 2)."""
+    print(f"bge-triton {scenario}: it {why}, so it starts a Triton of its own and cannot run against --url; "
+          "leave --url out. On a Triton you run: `bge-triton bench seed --url ...` and `bge-triton tune --url ...` "
+          "(docs/tuning.md)", file=sys.stderr)
+    return 2
 
 
 def usage(command: str, table: dict[str, tuple[str, str, str]]) -> str:
@@ -45,6 +68,10 @@ def _run(command: str, table: dict[str, tuple[str, str, str]], argv: Sequence[st
         print(f"bge-triton {command}: unknown scenario {name!r}\n\n{usage(command, table)}", file=sys.stderr)
         return 2
     module, function, _ = table[name]
+    if (command, name) in ON_URL and url_given(rest, os.environ):
+        module, function = ON_URL[command, name], "main"
+    elif url_given(rest, {}):
+        return refuse(f"{command} {name}", OWN_SERVER.get(name, "measures a server it starts itself"))
     return int(getattr(importlib.import_module(f"bge_triton.loadtest.{module}"), function)(rest) or 0)
 
 
@@ -62,4 +89,6 @@ def chaos_main(argv: Sequence[str]) -> int:
     """`bge-triton chaos [flags]`: bad input, overload and faults."""
     from bge_triton.loadtest import chaos
 
+    if url_given(list(argv), {}):
+        return refuse("chaos", OWN_SERVER["chaos"])
     return int(chaos.main(list(argv)) or 0)

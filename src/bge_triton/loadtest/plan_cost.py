@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from bge_triton.loadtest import corpus
-from bge_triton.loadtest.bench import add_flags
+from bge_triton.loadtest.core import add_flags
 from bge_triton.loadtest.report import machine_line, table, write_csv, write_md
 from bge_triton.loadtest.stats import percentile
 from bge_triton.loadtest.targets import endpoint

@@ -52,7 +52,7 @@ def fmt(value: float | None, digits: int = 1) -> str:
 
 
 def row_line(row: Mapping[str, Any]) -> str:
-    """One console line per measurement (the rows of loadtest.bench.measure)."""
+    """One console line per measurement (the rows of loadtest.core.measure)."""
     return (f"{row['executor']:11s} {row['scenario']:13s} {row['phase']:4s} {row['load']:>8s}: "
             f"{row['throughput']:7.1f} req/s  avg {fmt(row['avg_ms'])}  p50 {fmt(row['p50_ms'])}  p99 "
             f"{fmt(row['p99_ms'])} ms  batch {fmt(row['avg_batch'])}  queue {fmt(row['queue_ms'])}  compute "

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from bge_triton.client.core import DEFAULT_BUCKETS, tensor_call
 from bge_triton.client.tokens import BucketTokenizer
-from bge_triton.loadtest import bench, corpus, harness, loadgen, report, sweep, targets
+from bge_triton.loadtest import core, corpus, harness, loadgen, report, sweep, targets
+from bge_triton.loadtest.core import preferred_sets
 from bge_triton.loadtest.stats import process_tree
 from bge_triton.paths import REPORTS_DIR, STATE_DIR
 from bge_triton.server.cpu_variant import CpuVariant
@@ -101,11 +102,11 @@ def _text_stub_cpu(h: harness.Harness) -> dict[int, float]:
     return out
 
 
-def run_shipped(s: bench.BenchSettings, candidates: tuple[Candidate, ...],
+def run_shipped(s: core.BenchSettings, candidates: tuple[Candidate, ...],
                 concurrencies: tuple[int, ...] = (128,)) -> ShippedRun:
     """Reference rows once, then each candidate's text and tensor rows (quiet hours + the peak sweep), on one server."""
     run = ShippedRun(s.command, candidates, concurrencies, machine=report.machine_info())
-    bench.ensure_real_repo(s)  # the export's tokenizer; a fresh checkout has none yet
+    core.ensure_real_repo(s)  # the export's tokenizer; a fresh checkout has none yet
     texts, tokenizer = corpus.sample("reviews", 512, seed=1, max_chars=s.max_chars), s.real_repo / s.real_name / "1"
     buckets = BucketTokenizer(str(tokenizer / "tokenizer"), DEFAULT_BUCKETS, max_length=512)
     own8 = BucketTokenizer(str(tokenizer / "tokenizer"), tuple(range(8, 513, 8)), max_length=512)  # the endpoint's
@@ -133,11 +134,11 @@ def run_shipped(s: bench.BenchSettings, candidates: tuple[Candidate, ...],
     def peaks(model: str, watch: list[str], path: str, peak_at: tuple[int, ...] = concurrencies) -> list[dict]:
         """The closed-loop sweep over peak_at (text-endpoint stubs' cores counted)."""
         def closed(users: int, warmup_s: float, duration_s: float, ramp_s: float) -> dict:
-            return bench.measure(h, replace(s, warmup_s=warmup_s, duration_s=duration_s), model, watch, bodies[path],
+            return core.measure(h, replace(s, warmup_s=warmup_s, duration_s=duration_s), model, watch, bodies[path],
                                  "closed", users=users, ramp_s=ramp_s, probe=probe)
         return sweep.peak_sweep(closed, h.live.http_url, model, peak_at, batch1, s.warmup_s, s.duration_s)
 
-    with bench.stand(s, "shipped_repo", True, max(concurrencies), max(concurrencies) / sweep.CONNECTS_PER_S) as h:
+    with core.stand(s, "shipped_repo", True, max(concurrencies), max(concurrencies) / sweep.CONNECTS_PER_S) as h:
         check, probe = h.self_check_result, functools.partial(_text_stub_cpu, h)
         run.selfcheck_rps, run.selfcheck_unanswered = (check.throughput, check.late) if check else (0.0, 0)
         # the quiet-hour reference, loaded for the whole run beside each candidate's encoder (its own emulated GPU)
@@ -149,12 +150,12 @@ def run_shipped(s: bench.BenchSettings, candidates: tuple[Candidate, ...],
             txt_cfg = h.load(TXT, params=cand.text_params(),
                              variant=CpuVariant(executor="costmodel", text_instances=cand.text_instances))
             # quiet hours: the text endpoint and the reference called directly take turns in one window
-            text_low, ref_low = bench.measure_side_by_side(h, s, [bench.Leg(TXT, (TXT, ENC), bodies["text"]), bench.Leg(
+            text_low, ref_low = core.measure_side_by_side(h, s, [core.Leg(TXT, (TXT, ENC), bodies["text"]), core.Leg(
                 REF, (REF,), bodies["direct_delay0"])], low_rate, probe=probe)
             label([ref_low], cand.name, "direct_delay0", ref_cfg)
             text = label([text_low, *peaks(TXT, [TXT, ENC], "text")], cand.name, "text", txt_cfg)
             h.unload(TXT)
-            tensor_low = bench.measure(h, s, ENC, [ENC], bodies["tensor_buckets"], "open", rate=low_rate, probe=probe)
+            tensor_low = core.measure(h, s, ENC, [ENC], bodies["tensor_buckets"], "open", rate=low_rate, probe=probe)
             tensor = label([tensor_low, *peaks(ENC, [ENC], "tensor_buckets")], cand.name, "tensor_buckets", enc_cfg)
             run.rows += [ref_low, *text, *tensor]
             run.verdicts[cand.name] = targets.verdicts(text[0], text[1:], ref_low, tensor[1:], t1_ms(s, run),
@@ -164,11 +165,11 @@ def run_shipped(s: bench.BenchSettings, candidates: tuple[Candidate, ...],
     return run
 
 
-def t1_ms(s: bench.BenchSettings, run: ShippedRun) -> float:
+def t1_ms(s: core.BenchSettings, run: ShippedRun) -> float:
     return s.cost.batch_ms(1, run.lengths["median"])
 
 
-def ideal(s: bench.BenchSettings, run: ShippedRun) -> float:
+def ideal(s: core.BenchSettings, run: ShippedRun) -> float:
     return targets.ideal_rate(s.cost, load_config(DEFAULT_CANONICAL / ENC).max_batch_size, run.lengths["mean"])
 
 
@@ -196,7 +197,7 @@ def _row(run: ShippedRun, cand: str, path: str, phase: str) -> dict:
     return next(r for r in run.rows if r["candidate"] == cand and r["path"] == path and r["phase"] == phase)
 
 
-def _estimate(run: ShippedRun, s: bench.BenchSettings, n: int, overhead: int | None, instances: int = 0) -> float:
+def _estimate(run: ShippedRun, s: core.BenchSettings, n: int, overhead: int | None, instances: int = 0) -> float:
     """texts/s on this length mix priced by the cost model, no server: the planner's split of pools of n texts
     (targets.planned_rate), or with `instances` the scheduler's closed loop of n users (targets.closed_loop_rate);
     overhead None: the committed split_overhead_tokens."""
@@ -221,7 +222,7 @@ def _queue_note(r: dict) -> str:
         "holds C"
 
 
-def _sweep_rows(run: ShippedRun, s: bench.BenchSettings) -> list[list]:
+def _sweep_rows(run: ShippedRun, s: core.BenchSettings) -> list[list]:
     """Every C of the sweep: both paths' texts/s, the ratios, the planner's ceiling and the scheduler's estimate."""
     gpu, out = ideal(s, run), []
     mark = lambda v, b: f"**{v:.0f}**" if b else f"{v:.0f}"  # noqa: E731 - the saturation point in bold
@@ -242,7 +243,7 @@ def _sweep_rows(run: ShippedRun, s: bench.BenchSettings) -> list[list]:
     return out
 
 
-def _candidate_rows(run: ShippedRun, s: bench.BenchSettings) -> tuple[list[list], list[list]]:
+def _candidate_rows(run: ShippedRun, s: core.BenchSettings) -> tuple[list[list], list[list]]:
     """Each candidate at its text peak: against the scheduler's estimate, and its CPU per text with the instance
     count that implies for 16 cores."""
     gpu, ceiling, sizing = ideal(s, run), [], []
@@ -279,7 +280,7 @@ TABLES = {  # name -> header; the rows come from the functions above
 }
 
 
-def write_report(run: ShippedRun, s: bench.BenchSettings) -> list[Path]:
+def write_report(run: ShippedRun, s: core.BenchSettings) -> list[Path]:
     """shipped.md, shipped.csv, shipped.png in s.out (the reasoning behind each table: docs/loadtest.md)."""
     out, m, lens = Path(s.out), run.machine, run.lengths
     peak = [r for r in run.rows if r["phase"] == "peak"]
@@ -295,7 +296,7 @@ def write_report(run: ShippedRun, s: bench.BenchSettings) -> list[Path]:
              f"{ideal(s, run):.0f} texts/s.  ",
              f"Quiet hours: open loop at {s.low_fraction:.0%} of batch-1 capacity, {s.low_duration_s:g} s per path; "
              f"the text endpoint and the reference (the encoder at delay 0, its own copy) take turns in one window, "
-             f"{turns} (ABBA, `bench.measure_side_by_side`). Peak = saturation: closed loops of C = "
+             f"{turns} (ABBA, `core.measure_side_by_side`). Peak = saturation: closed loops of C = "
              f"{', '.join(map(str, run.concurrencies))} users, each path judged by its highest texts/s "
              f"(`loadtest.targets.saturation`); base window {s.duration_s:g} s, per point `loadtest.sweep.windows`.  ",
              f"Machine: {m['cores']}-core CPU shared with other sessions, {m['server']}; load average "
@@ -345,7 +346,7 @@ def write_report(run: ShippedRun, s: bench.BenchSettings) -> list[Path]:
             report.write_csv(run.rows, FIELDS, out / "shipped.csv", run.command), _plot(run, s, out / "shipped.png")]
 
 
-def _plot(run: ShippedRun, s: bench.BenchSettings, path: Path) -> Path:
+def _plot(run: ShippedRun, s: core.BenchSettings, path: Path) -> Path:
     cands, x = list(run.verdicts), range(len(run.verdicts))
     fig, (a1, a2, a3) = report.subplots(3, 17 / 3)
     for ax, key, path_, phase, dx, label in (
@@ -382,11 +383,6 @@ def _plot(run: ShippedRun, s: bench.BenchSettings, path: Path) -> Path:
     return report.save_figure(fig, path, run.command)
 
 
-def preferred_sets(text: str) -> tuple[tuple[int, ...], ...]:
-    """'none;16,32;32' -> ((), (16, 32), (32,)): preferred-size sets, ';'-separated."""
-    return tuple(() if g.strip() in ("", "none") else tuple(int(v) for v in g.split(",")) for g in text.split(";"))
-
-
 def pair_candidates(delays_us: str, preferred: str, split: str, max_in_flight: str, instances: str = "") -> list[str]:
     """The grid of `tune pair` as --candidate strings ('committed' first: it wins ties)."""
     return ["committed"] + [f"delay={int(d)},preferred={'/'.join(map(str, pref)) or 'none'},split={int(so)},"
@@ -396,18 +392,18 @@ def pair_candidates(delays_us: str, preferred: str, split: str, max_in_flight: s
                             for ti in (instances.split(",") if instances else [""])]
 
 
-def parse_args(argv: list[str] | None = None, pair: bool = False) -> tuple[bench.BenchSettings, tuple[Candidate, ...],
+def parse_args(argv: list[str] | None = None, pair: bool = False) -> tuple[core.BenchSettings, tuple[Candidate, ...],
                                                                            Path | None, tuple[int, ...]]:
     """The flags of `bench shipped`, or (pair) of `tune pair`: the same run over a grid of candidate pairs."""
     prog = "bge-triton tune pair" if pair else "bge-triton bench shipped"
     p = argparse.ArgumentParser(prog=prog, description=("the encoder's batching and the text endpoint's settings "
                                 "tuned together against issue 14's targets" if pair else __doc__.split("\n\n")[0]))
-    bench.add_flags(p, ("quick", False, "short windows (about 3 minutes per candidate)"))
-    d = bench.BenchSettings(out=REPORTS_DIR / ("tune/pair" if pair else "bench/shipped"),
+    core.add_flags(p, ("quick", False, "short windows (about 3 minutes per candidate)"))
+    d = core.BenchSettings(out=REPORTS_DIR / ("tune/pair" if pair else "bench/shipped"),
                             state_dir=STATE_DIR / "loadtest" / ("tune_pair_state" if pair else "shipped_state"))
-    bench.add_common_flags(p, d)
+    core.add_common_flags(p, d)
     if pair:
-        bench.add_flags(p, ("delays-us", "0,5000", "encoder max_queue_delay candidates"),
+        core.add_flags(p, ("delays-us", "0,5000", "encoder max_queue_delay candidates"),
                         ("preferred", "none;16,32", "encoder preferred-size sets, ';'-separated"),
                         ("split-overhead", "64,628", "text endpoint split_overhead_tokens candidates"),
                         ("max-in-flight", "1,2", "text endpoint max_in_flight candidates"),
@@ -417,16 +413,16 @@ def parse_args(argv: list[str] | None = None, pair: bool = False) -> tuple[bench
                        f"with keys {sorted(KEYS)}; repeatable; the first listed wins ties")
     # 128 = 2 x the encoder's max batch (with 64 texts in the system the GPU idles while a full batch returns);
     # larger pools let the planner group similar lengths (targets.planned_rate): peak is their saturation
-    bench.add_flags(p, ("write", False, "commit the pick into --target-repo (both configs)"),
+    core.add_flags(p, ("write", False, "commit the pick into --target-repo (both configs)"),
                     ("target-repo", DEFAULT_CANONICAL, "repository --write updates", Path))
     p.add_argument("--peak-concurrency", type=sweep.parse_concurrency, default=sweep.DEFAULT_SWEEP, metavar="C,C,...",
                    help=f"closed-loop users per peak point (default {sweep.DEFAULT_SWEEP}); each path's peak = its "
                    "highest texts/s over them")
-    bench.add_flags(p, ("duration", None, "base seconds per peak window (default 8, quick 3; a point at a larger C is "
+    core.add_flags(p, ("duration", None, "base seconds per peak window (default 8, quick 3; a point at a larger C is "
                                           "lengthened to 3 rounds of its C requests, at most 3x)", float))
     a = p.parse_args(argv)
     dur = a.duration or (3.0 if a.quick else 8.0)
-    s = bench.from_flags(a, d, f"{prog} " + " ".join(argv if argv is not None else sys.argv[1:]),
+    s = core.from_flags(a, d, f"{prog} " + " ".join(argv if argv is not None else sys.argv[1:]),
                          concurrency=max(a.peak_concurrency), warmup_s=0.5 if a.quick else 2.0, duration_s=dur,
                          low_duration_s=2 * dur)
     grid = pair_candidates(a.delays_us, a.preferred, a.split_overhead, a.max_in_flight, a.instances) if pair else \
@@ -445,3 +441,8 @@ def main(argv: list[str] | None = None, pair: bool = False) -> int:
         print(f"wrote the pick {cand.name!r} into", ", ".join(map(str, paths[-2:])))
     print(f"shipped done in {time.monotonic() - t0:.0f} s; pick:", run.picked, "|", ", ".join(map(str, paths)))
     return 0
+
+
+def pair_main(argv: list[str]) -> int:
+    """`bge-triton tune pair`: the encoder's batching AND the text endpoint's settings against issue 14's targets."""
+    return main(argv, pair=True)

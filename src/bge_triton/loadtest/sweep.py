@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from bge_triton.loadtest import bench
+from bge_triton.loadtest import core
 from bge_triton.loadtest.stats import fetch_stats
 from bge_triton.paths import STATE_DIR
 
@@ -86,7 +86,7 @@ class StatsSampler:
 
 def peak_sweep(measure: Callable[..., dict], http_url: str, front: str, concurrencies: tuple[int, ...],
                first_rate_guess: float, warmup_s: float, duration_s: float) -> list[dict]:
-    """One closed-loop row per C (ascending): measure(users=C, warmup_s=, duration_s=, ramp_s=) -> a bench.measure
+    """One closed-loop row per C (ascending): measure(users=C, warmup_s=, duration_s=, ramp_s=) -> a core.measure
     row, plus the server-side rate and in-flight count of the called model `front` over the row's window."""
     rows, guess = [], first_rate_guess
     for c in concurrencies:
@@ -104,15 +104,15 @@ def probe_main(argv: list[str] | None = None) -> int:
     """`bge-triton bench probe`: how many closed-loop users this machine's tritonserver answers,
     against the no-op model (the harness self-check), one fresh server per C so a stall cannot carry over."""
     p = argparse.ArgumentParser(prog="bge-triton bench probe", description=probe_main.__doc__)
-    bench.add_flags(p, ("concurrency", DEFAULT_SWEEP, "users per probe", parse_concurrency),
+    core.add_flags(p, ("concurrency", DEFAULT_SWEEP, "users per probe", parse_concurrency),
                     ("ramp-s", None, f"seconds over which the users connect (default C / {CONNECTS_PER_S:g}; 0 = all "
                                      "at once)", float), ("duration", 2.0, "seconds per probe window (at least 2)"),
                     ("state-dir", STATE_DIR / "loadtest" / "sweep_probe", None))
     a = p.parse_args(sys.argv[1:] if argv is None else argv)
-    s = bench.BenchSettings(state_dir=a.state_dir / "state", duration_s=2 * a.duration, command=p.prog)
+    s = core.BenchSettings(state_dir=a.state_dir / "state", duration_s=2 * a.duration, command=p.prog)
     for c in a.concurrency:
         ramp = c / CONNECTS_PER_S if a.ramp_s is None else a.ramp_s
-        with bench.stand(s, "repo", False, c, ramp) as h:  # prints the probe's line
+        with core.stand(s, "repo", False, c, ramp) as h:  # prints the probe's line
             res = h.self_check_result
         if res is not None and res.first_error:
             print(f"C={c} ramp {ramp:.2f} s: {res.errors} errors ({res.first_error})", flush=True)

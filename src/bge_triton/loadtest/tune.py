@@ -6,17 +6,16 @@ goodput meeting the SLO (p99 <= X, errors <= 1%); within 2% of it, the lowest p9
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from bge_triton import flags
 from bge_triton.errors import InputError
 from bge_triton.extras import require
-from bge_triton.loadtest import bench, harness, loadgen, report, shipped
-from bge_triton.loadtest.bench import BenchSettings, add_common_flags, add_flags
-from bge_triton.loadtest.shipped import preferred_sets
+from bge_triton.loadtest import core, harness, loadgen, report
+from bge_triton.loadtest.core import BenchSettings, add_common_flags, add_flags, preferred_sets
 from bge_triton.paths import REPORTS_DIR, STATE_DIR
 from bge_triton.server.repository import DEFAULT_CANONICAL, ENCODER_SUFFIX, Batching, update_batching_in_place
 
@@ -28,7 +27,7 @@ TUNE_FIELDS = ("delay_us", "preferred", "rate", "goodput", "p50_ms", "p99_ms", "
 
 @dataclass(frozen=True)
 class TuneSettings(BenchSettings):
-    """The harness's one settings type (bench.BenchSettings) with the tuner's defaults, grid and SLO."""
+    """The harness's one settings type (core.BenchSettings) with the tuner's defaults, grid and SLO."""
 
     out: Path = REPORTS_DIR / "tune"
     warmup_s: float = 1.0
@@ -79,10 +78,10 @@ def combine(rounds: list[dict]) -> dict:
 
 
 def measure_candidate(h: harness.Harness, s: TuneSettings, model: str, delay: int, pref: tuple[int, ...]) -> dict:
-    """Load one candidate config and drive it at the target rate (bench.measure's open loop, s.duration_s)."""
+    """Load one candidate config and drive it at the target rate (core.measure's open loop, s.duration_s)."""
     params = {"cost_a_us": s.cost.a_us, "cost_b_us": s.cost.b_us} if s.executor == "costmodel" else {}
     h.load(model, Batching(preferred_batch_sizes=pref, max_queue_delay_us=delay), executor=s.executor, params=params)
-    r = bench.measure(h, replace(s, low_duration_s=s.duration_s), model, [model],
+    r = core.measure(h, replace(s, low_duration_s=s.duration_s), model, [model],
                       tuple(loadgen.tensor_bodies(s.seq_len, 128)), "open", rate=s.rate)
     row = {**{k: r[k] for k in TUNE_FIELDS if k in r}, "delay_us": delay, "preferred": pref, "rate": s.rate,
            "goodput": r["throughput"], "meets_slo": False, "picked": False}
@@ -95,7 +94,7 @@ def measure_candidate(h: harness.Harness, s: TuneSettings, model: str, delay: in
 def run_tune(s: TuneSettings) -> TuneRun:
     run, real = TuneRun(s), s.executor == "onnxruntime"
     model = (s.real_name if real else harness.EMULATED) + ENCODER_SUFFIX
-    with bench.stand(s, "tune_repo", real, 64) as h:
+    with core.stand(s, "tune_repo", real, 64) as h:
         run.selfcheck_rps = h.self_check_result.throughput if h.self_check_result else 0.0
         rounds = [[measure_candidate(h, s, model, delay, pref) for pref in s.preferred for delay in s.delays_us]
                   for _ in range(max(1, s.repeats))]
@@ -154,9 +153,10 @@ def write_tune(run: TuneRun, out: Path) -> list[Path]:
 
 
 def parse_args(argv: list[str] | None = None) -> TuneSettings:
-    p = argparse.ArgumentParser(prog="bge-triton tune", description=__doc__.split("\n\n")[0],
+    p = flags.parser("bge-triton tune", __doc__.split("\n\n")[0],
                                 epilog="`bge-triton tune pair [--write]`: the encoder AND the text endpoint together "
-                                "(`tune pair --help`)")
+                                "(`tune pair --help`). On a Triton you run: `bge-triton tune --url HOST:PORT --help` "
+                                "(docs/tuning.md).")
     p.add_argument("--slo-p99-ms", type=float, required=True, help="p99 latency objective (ms)")
     p.add_argument("--rate", type=float, required=True, help="offered load, requests per second (open loop)")
     add_common_flags(p, TuneSettings())
@@ -169,19 +169,14 @@ def parse_args(argv: list[str] | None = None) -> TuneSettings:
               ("seq-len", 64, "tokens per request"), ("duration", 6.0, "seconds measured per candidate"),
               ("repeats", 1, "rounds over the grid; p99 = median over rounds"),
               ("warmup", 1.0, "warm-up seconds per candidate"))
-    a = p.parse_args(argv)
+    a = flags.parse(p, argv)
     if a.rate <= 0 or a.slo_p99_ms <= 0:
         raise InputError(f"--rate ({a.rate}) and --slo-p99-ms ({a.slo_p99_ms}) must be positive")
-    return bench.from_flags(a, TuneSettings(), "bge-triton tune " + " ".join(sys.argv[1:] if argv is None else argv),
+    return core.from_flags(a, TuneSettings(), "bge-triton tune " + " ".join(sys.argv[1:] if argv is None else argv),
                             delays_us=tuple(int(v) for v in a.delays_us.split(",")), warmup_s=a.warmup,
                             preferred=preferred_sets(a.preferred), duration_s=a.duration,
                             **{k: getattr(a, k) for k in ("slo_p99_ms", "rate", "write", "target", "executor",
                                                           "seq_len", "repeats")})
-
-
-def pair_main(argv: list[str]) -> int:
-    """`tune pair`: tune the encoder's batching AND the text endpoint's settings against issue 14's targets."""
-    return shipped.main(argv, pair=True)
 
 
 def main(argv: list[str] | None = None) -> int:

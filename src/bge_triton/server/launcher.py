@@ -26,6 +26,7 @@ from bge_triton.paths import IMPORT_ROOT, STATE_DIR
 from bge_triton.server.cpu_variant import CpuVariant, render_cpu_variant
 
 DEFAULT_STATE = STATE_DIR / "server"
+ADMIN_HEADER = "triton-admin-key"  # the header of the restricted admin API (deploy/triton-entrypoint.sh's default)
 PY_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
 
 
@@ -40,6 +41,9 @@ class ServerSettings:
     state_dir: Path = DEFAULT_STATE
     model_control: str = "none"  # or "explicit" (the tuner loads configs with overrides)
     load_models: tuple[str, ...] = ()  # with explicit control: models to load at start ("*" = all)
+    # A key for Triton's restricted model-repository API (load/unload answer 403 without the header
+    # ADMIN_HEADER: key), as deploy/triton-entrypoint.sh serves it; None: the API is open (loopback only).
+    admin_key: str | None = None
     ready_timeout_s: float = 180.0
     log_verbose: int = 0
     variant: CpuVariant = field(default_factory=CpuVariant)
@@ -156,6 +160,9 @@ def build_command(settings: ServerSettings, backends: Path, repo: Path) -> list[
     ]
     for model in settings.load_models:
         cmd.append(f"--load-model={model}")
+    if settings.admin_key:
+        cmd += [f"--http-restricted-api=model-repository:{ADMIN_HEADER}={settings.admin_key}",
+                f"--grpc-restricted-protocol=model-repository:{ADMIN_HEADER}={settings.admin_key}"]
     cmd.extend(settings.extra_args)
     return cmd
 

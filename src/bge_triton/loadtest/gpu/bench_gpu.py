@@ -33,6 +33,7 @@ import numpy as np
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from bge_triton import flags
 from bge_triton.client.core import InferCall
 from bge_triton.errors import KitError, ModelConfigError, PortInUse
 from bge_triton.loadtest import loadgen, report
@@ -221,7 +222,8 @@ def check(server_url: str, sc: Scenario, hidden: int, seq_len: int, tokenizer_js
 
 FLAGS = {  # --name: (type, default or (cuda default, cpu default), help)
     "device": (str, "cuda", "cuda, cuda:N or cpu (cpu: tiny defaults)"),
-    "dtype": (str, ("fp16", "fp32"), "fp16, bf16 or fp32 (default fp16 on cuda, fp32 on cpu)"),
+    "precision": (str, ("fp16", "fp32"), "the encoder's weights and compute: fp16, bf16 or fp32 (default fp16 on "
+                  "cuda, fp32 on cpu)"),
     "size": (str, ("large", "tiny"), f"one of {sorted(MODEL_SIZES)} (default large on cuda, tiny on cpu)"),
     "seq_len": (int, 64, "tokens per text, fixed-length scenarios"),
     "mixed_max_len": (int, 256, "cap of the mixed-length workload"),
@@ -238,25 +240,25 @@ FLAGS = {  # --name: (type, default or (cuda default, cpu default), help)
     "low_fraction": (float, 0.2, "low load = this x batch-1 peak QPS"),
     "matmul_size": (int, (8192, 512), "matmul side for the compute yardstick (8192 cuda, 512 cpu)"),
     "only": (str, "", "comma-separated scenario keys, text_endpoint among them (s1_batch1 always runs)"),
-    "host": (str, "127.0.0.1", None),
+    "host": (str, "127.0.0.1", "the address the bench's own tritonserver binds"),
     "http_port": (int, 0, "0: a free port, picked again when taken before the server binds it; N: N or exit 3"),
     "metrics_port": (int, 0, "as --http-port"),
     "ready_timeout": (float, 600.0, "seconds the starting server may go without progress (its log) before failing"),
-    "out": (Path, Path("reports/gpu"), None),
-    "work_dir": (Path, HERE / ".work", None),
+    "out": (Path, Path("reports/gpu"), "report directory"),
+    "work_dir": (Path, HERE / ".work", "the bench's model repositories and server state"),
     "wheel_dir": (Path, HERE / "wheels", "fetch_wheels.sh's folder: pytriton wheel, tokenizer/tokenizer.json, "
                                          "reviews.txt"),
-    "seed": (int, 0, None),
+    "seed": (int, 0, "seed of the random weights and token rows"),
 }
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The flags of FLAGS; a default pair is (cuda, cpu)."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = flags.parser("bge-triton bench gpu", __doc__ or "")
     for name, (kind, default, what) in FLAGS.items():
         p.add_argument("--" + name.replace("_", "-"), type=kind, default=None if isinstance(default, tuple)
-                       else default, help=what)
-    s = p.parse_args(argv)
+                       else default, help=what, choices=("fp16", "bf16", "fp32") if name == "precision" else None)
+    s = flags.parse(p, argv)
     for name, (_, default, _) in FLAGS.items():
         if isinstance(default, tuple) and getattr(s, name) is None:
             setattr(s, name, default[not s.device.startswith("cuda")])
@@ -382,7 +384,7 @@ def write_report(s: argparse.Namespace, rows: list[dict], machine: dict, command
     points = [{"executor": "gpu", "scenario": r["scenario"], "throughput": r[f"{ph}_qps"], "p99_ms": r[f"{ph}_p99_ms"]}
               for r in rows for ph in ("low", "peak")]
     png = None if importlib.util.find_spec("matplotlib") is None else report.plot_p99(  # a bare host may lack it
-        points, md.with_suffix(".png"), command, {"gpu": f"{dims.name} ({s.dtype}) on {where}"},
+        points, md.with_suffix(".png"), command, {"gpu": f"{dims.name} ({s.precision}) on {where}"},
         f"{where}, {machine['cores']} CPUs")
     settings = {k: v for k, v in vars(s).items() if k not in ("out", "work_dir", "wheel_dir", "only")}
 
@@ -466,12 +468,12 @@ def main(argv: list[str] | None = None) -> int:
     s.work_dir.mkdir(parents=True, exist_ok=True)
     if not gpu:
         torch.set_num_threads(1)  # the CPU models run one intra-op thread each: same yardstick
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[s.dtype]
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[s.precision]
     matmul = matmul_tflops(s.device, dtype, s.matmul_size, seconds=2.0 if gpu else 0.5)
-    print(f"[bench] {s.dtype} matmul on {s.device}: {matmul:.1f} TFLOP/s", flush=True)
+    print(f"[bench] {s.precision} matmul on {s.device}: {matmul:.1f} TFLOP/s", flush=True)
     if gpu:
         torch.cuda.empty_cache()
-    machine = {**report.machine_info(s.device), f"measured matmul rate ({s.dtype}, torch.matmul)": f"{matmul:.1f} "
+    machine = {**report.machine_info(s.device), f"measured matmul rate ({s.precision}, torch.matmul)": f"{matmul:.1f} "
                "TFLOP/s", "gpu utilisation source": "nvidia-smi" if gpu and shutil.which("nvidia-smi") else "n/a",
                **({} if gpu else {"gpu": "none (CPU run: tiny model, ratios only, absolute numbers mean nothing)"})}
     keys = [k for k in s.only.split(",") if k]
@@ -480,11 +482,11 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = assets.tokenizer_path(s.wheel_dir) if not keys or TEXT in keys else None  # before any work
     dims = MODEL_SIZES[s.size]
     repo = write_repository(s.work_dir / "model_repository", chosen, {"fixed": s.seq_len, "mixed": s.mixed_max_len},
-                            dims, s.device, s.dtype, s.seed, s.token_budget, s.instances)
+                            dims, s.device, s.precision, s.seed, s.token_budget, s.instances)
     loads = {sc.key: token_load(s, sc) for sc in chosen}
     if tokenizer is not None:
         texts = assets.load_reviews(s.wheel_dir, 512, s.seed)
-        chosen.append(write_text_endpoint(repo, dims, s.device, s.dtype, s.seed, tokenizer))
+        chosen.append(write_text_endpoint(repo, dims, s.device, s.precision, s.seed, tokenizer))
         lengths = np.array([len(e.ids) for e in _tokenizer(tokenizer).encode_batch(texts)], dtype=float)
         loads[TEXT] = (tuple(map(loadgen.text_request, texts)), float(lengths.mean()), float((lengths**2).mean()))
     sampler = GpuSampler((torch.device(s.device).index or 0) if gpu else None)

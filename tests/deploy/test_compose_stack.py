@@ -115,7 +115,8 @@ def images(checkout: Path) -> dict[str, str]:
 def project(images: dict[str, str], checkout: Path):
     """The compose project, up: exporter done, Triton healthy, gateway ready. `down -v` at the end, always."""
     directory = checkout
-    (directory / "model_repository").mkdir()
+    # a fresh clone: no ./model_repository, and the user makes none (compose's named volume holds the export)
+    assert not (directory / "model_repository").exists()
     service = ApiService(f"bge-deploy-{os.getpid()}-{directory.name}")
     nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     memlock = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
@@ -153,15 +154,21 @@ def _triton_embed(proj: Project, texts: list[str]) -> np.ndarray:
     return np.asarray(out["data"], dtype=np.float32).reshape(out["shape"])
 
 
+def _repository(proj: Project) -> Path:
+    """The model repository: compose's named volume model-repository, as podman keeps it on this host."""
+    return proj.volume("model-repository")
+
+
 def _onnx_sha(proj: Project) -> str:
-    return hashlib.sha256((proj.directory / "model_repository" / f"{MODEL}_onnx/1/model.onnx").read_bytes()).hexdigest()
+    return hashlib.sha256((_repository(proj) / f"{MODEL}_onnx/1/model.onnx").read_bytes()).hexdigest()
 
 
 def test_exporter_exported_a_validated_cpu_model(project: Project) -> None:
     assert project.exit_code("exporter") == 0
+    assert not (project.directory / "model_repository").exists()  # nothing made in the clone: the volume has it
     logs = project.logs("exporter")
     assert f"exporting {EXPORT_MODEL} (fp32)" in logs, logs[-2000:]
-    repo = project.directory / "model_repository"
+    repo = _repository(project)
     report = json.loads((repo / f"{MODEL}_onnx/1/export_report.json").read_text())
     assert report["fidelity"]["passed"] is True and report["precision"] == "fp32" and report["model"] == EXPORT_MODEL
     assert report["onnx_sha256"] == _onnx_sha(project)
@@ -188,7 +195,7 @@ def test_triton_is_healthy_only_when_the_reference_vectors_verify(project: Proje
 
     cid = project.container("triton", running_only=True)
     assert run(["podman", "inspect", "--format", "{{.State.Health.Status}}", cid]).stdout.strip() == "healthy"
-    repo = project.directory / "model_repository"
+    repo = _repository(project)
     doc = json.loads((repo / f"{MODEL}_onnx/1/reference.json").read_text())
     doc["probes"][0]["vector"] = encode_vector(-decode_vector(doc["probes"][0]["vector"]))
     spoiled = repo / "spoiled-reference.json"
@@ -253,7 +260,7 @@ def test_restart_triton_keeps_the_keys(project: Project) -> None:
 
 
 def test_second_up_skips_the_export(project: Project) -> None:
-    onnx = project.directory / "model_repository" / f"{MODEL}_onnx/1/model.onnx"
+    onnx = _repository(project) / f"{MODEL}_onnx/1/model.onnx"
     sha, mtime = _onnx_sha(project), onnx.stat().st_mtime_ns
     t0 = time.monotonic()
     project.compose("up", "-d", "--no-build", timeout=900)

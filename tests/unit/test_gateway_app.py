@@ -412,6 +412,8 @@ def test_models_health_ready_metrics(gw) -> None:
     assert 'gateway_requests_total{route="/ready",status="503"} 1.0' in text
     assert "gateway_inputs_per_request_sum 3.0" in text and "gateway_tokens_per_request_count 1.0" in text
     assert 'gateway_request_duration_seconds_count{route="/v1/embeddings"} 2.0' in text
+    for stage in ("tokenization", "queue", "inference"):  # the timing headers' split, of the one embedded request
+        assert f'gateway_stage_duration_seconds_count{{stage="{stage}"}} 1.0' in text
     assert "gateway_in_flight_requests 1.0" in text  # the /metrics request itself
     assert "gateway_ready 0.0" in text
 

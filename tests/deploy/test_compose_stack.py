@@ -18,11 +18,13 @@ import json
 import os
 import resource
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from tests.deploy.ci import must_run
 from tests.deploy.stack import (
     REPO,
     ApiService,
@@ -37,6 +39,7 @@ from tests.deploy.stack import (
 
 pytestmark = pytest.mark.deploy
 REASON = why_podman_cannot_run()
+must_run(REASON, "the compose deploy tests")
 if REASON:
     pytest.skip(f"deploy tests skipped: {REASON}", allow_module_level=True)
 
@@ -239,6 +242,13 @@ def test_admin_api_refused_without_its_key(project: Project) -> None:
     assert http("POST", url, {})[0] == 403
     status, index = http("POST", url, {}, {"triton-admin-key": key})
     assert status == 200 and {m["name"] for m in index} >= {MODEL, f"{MODEL}_onnx"}, index
+    assert {m["state"] for m in index if m["name"] in (MODEL, f"{MODEL}_onnx")} == {"READY"}  # --load-model=*
+    # explicit model control: the repository API loads (here: reloads) a model, with the key only
+    load = project.triton_url(f"/v2/repository/models/{MODEL}/load")
+    assert http("POST", load, {})[0] == 403
+    status, answer = http("POST", load, {}, {"triton-admin-key": key}, timeout=300)
+    assert status == 200, answer
+    assert _triton_embed(project, TEXTS).shape == (2, DIM)
 
 
 def test_restart_triton_keeps_the_keys(project: Project) -> None:
@@ -271,6 +281,29 @@ def test_second_up_skips_the_export(project: Project) -> None:
     assert _onnx_sha(project) == sha and onnx.stat().st_mtime_ns == mtime
     wait_until(lambda: http("GET", project.triton_url("/v2/health/ready"))[0] == 200, "triton ready", 300)
     assert _triton_embed(project, TEXTS).shape == (2, DIM)
+
+
+def _key_as_the_docs_read_it(proj: Project, service: str, path: str) -> str:
+    """`docker compose exec -T SERVICE cat PATH`, as docs/examples and the guides tell a user to read a key."""
+    return proj.compose("exec", "-T", service, "cat", path, timeout=120).stdout.strip()
+
+
+@pytest.mark.parametrize(("example", "says"), [
+    ("curl.sh", '"object":"embedding"'), ("openai_client.py", f"2 vectors of {DIM} dims"),
+    ("sdk.py", f"shape (2, {DIM})"), ("langchain.py", f"2 vectors of {DIM} dims")])
+def test_docs_examples_run_as_written(project: Project, example: str, says: str) -> None:
+    """docs/examples/* (the README embeds them) against the stack, unchanged: only the addresses come from the
+    environment variables the examples read (this stack's free ports), the key as the docs read it."""
+    path = project.directory / "docs" / "examples" / example
+    env = {**os.environ, "BGE_GATEWAY_URL": project.gateway_url(""),
+           "BGE_GATEWAY_KEY": _key_as_the_docs_read_it(project, "gateway", "/secrets/gateway_key"),
+           "BGE_TRITON_URL": f"127.0.0.1:{project.ports['TRITON_GRPC_PORT']}"}
+    cmd = ["sh", str(path)] if example.endswith(".sh") else [sys.executable, str(path)]
+    proc = run(cmd, env=env, cwd=project.directory, timeout=300)
+    assert says in proc.stdout.replace(" ", "" if example == "curl.sh" else " "), proc.stdout[-2000:]
+    if example == "curl.sh":
+        answer = json.loads(proc.stdout.splitlines()[-1])
+        assert [len(d["embedding"]) for d in answer["data"]] == [DIM, DIM]
 
 
 def test_down_leaves_nothing_of_the_project(project: Project) -> None:

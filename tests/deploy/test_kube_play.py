@@ -57,6 +57,7 @@ from pathlib import Path
 import pytest
 import yaml
 from tests.deploy import k8s_steps
+from tests.deploy.ci import must_run
 from tests.deploy.stack import REPO, free_ports, why_podman_cannot_run
 from tests.deploy.stack import http_raw as http
 
@@ -70,6 +71,7 @@ START_TIMEOUT_S = 900  # generous: progress-bounded waits on a busy 2-core machi
 
 
 SKIP = why_podman_cannot_run(("kubectl",))
+must_run(SKIP, "the kube play tests")
 pytestmark = [pytest.mark.deploy, pytest.mark.timeout(3600),
               pytest.mark.skipif(SKIP is not None, reason=SKIP or "")]
 

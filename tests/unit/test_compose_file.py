@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tests.deploy.ci import must_run
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "docker-compose.yml"
@@ -22,6 +23,7 @@ CPU = REPO / "docker-compose.cpu.yml"
 ENV_EXAMPLE = REPO / "deploy" / ".env.example"
 PROFILES = ("--profile", "monitoring", "--profile", "loadtest")
 DOCKER_COMPOSE = shutil.which("docker-compose")
+must_run(None if DOCKER_COMPOSE else "no docker-compose", "the compose file tests")
 needs_compose = pytest.mark.skipif(
     DOCKER_COMPOSE is None,
     reason="docker-compose binary absent: apt-get install -y docker-compose (Debian's 1.29)")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tests.deploy.ci import must_run
 
 from bge_triton.gateway.metrics import GatewayMetrics
 
@@ -23,6 +24,7 @@ _spec = importlib.util.spec_from_file_location("check_manifests", DEPLOY / "k8s"
 cm = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(cm)
 PROMTOOL = shutil.which("promtool")
+must_run(None if PROMTOOL else "no promtool", "the alert rule tests")
 needs_promtool = pytest.mark.skipif(
     PROMTOOL is None, reason="promtool absent: apt-get install -y prometheus (Debian; .ci/run installs it)")
 ALERTS = {r["alert"] for g in yaml.safe_load((PROMETHEUS / "alerts.yml").read_text())["groups"] for r in g["rules"]}

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tests.deploy.ci import must_run
 
 from bge_triton.loadtest import shapes
 from bge_triton.server.repository import get_param, load_repository
@@ -26,6 +27,7 @@ _spec = importlib.util.spec_from_file_location("capacity", K8S / "capacity.py")
 capacity = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(capacity)
 
+must_run(None if cm.kubectl() else "kubectl absent", "the Kubernetes manifest tests")
 pytestmark = pytest.mark.skipif(
     cm.kubectl() is None,
     reason="kubectl absent (on PATH or beside this Python): install kubectl >= 1.27, it bundles kustomize v5")

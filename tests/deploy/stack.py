@@ -153,12 +153,6 @@ class Project:
         out = run(["podman", "inspect", "--format", "{{.State.ExitCode}}", self.container(service)]).stdout
         return int(out.strip())
 
-    def volume(self, name: str) -> Path:
-        """Where rootful podman keeps the project's named volume `name` on this host (compose names it
-        <project>_<name>)."""
-        out = run(["podman", "volume", "inspect", "--format", "{{.Mountpoint}}", f"{self.name}_{name}"]).stdout
-        return Path(out.strip())
-
     def read_file(self, service: str, path: str) -> str:
         return run(["podman", "exec", self.container(service, running_only=True), "cat", path]).stdout.strip()
 

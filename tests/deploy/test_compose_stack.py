@@ -118,8 +118,8 @@ def images(checkout: Path) -> dict[str, str]:
 def project(images: dict[str, str], checkout: Path):
     """The compose project, up: exporter done, Triton healthy, gateway ready. `down -v` at the end, always."""
     directory = checkout
-    # a fresh clone: no ./model_repository, and the user makes none (compose's named volume holds the export)
-    assert not (directory / "model_repository").exists()
+    # a fresh clone, as it comes: model_repository/ holds only .gitkeep, and the test makes nothing
+    assert [p.name for p in (directory / "model_repository").iterdir()] == [".gitkeep"]
     service = ApiService(f"bge-deploy-{os.getpid()}-{directory.name}")
     nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     memlock = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
@@ -158,8 +158,8 @@ def _triton_embed(proj: Project, texts: list[str]) -> np.ndarray:
 
 
 def _repository(proj: Project) -> Path:
-    """The model repository: compose's named volume model-repository, as podman keeps it on this host."""
-    return proj.volume("model-repository")
+    """The model repository: ./model_repository of the compose directory."""
+    return proj.directory / "model_repository"
 
 
 def _onnx_sha(proj: Project) -> str:
@@ -168,7 +168,6 @@ def _onnx_sha(proj: Project) -> str:
 
 def test_exporter_exported_a_validated_cpu_model(project: Project) -> None:
     assert project.exit_code("exporter") == 0
-    assert not (project.directory / "model_repository").exists()  # nothing made in the clone: the volume has it
     logs = project.logs("exporter")
     assert f"exporting {EXPORT_MODEL} (fp32)" in logs, logs[-2000:]
     repo = _repository(project)

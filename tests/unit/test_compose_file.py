@@ -176,10 +176,13 @@ def test_triton_command_flags(raw: dict) -> None:
 def test_model_repository_read_only_and_volumes(raw: dict) -> None:
     triton = raw["services"]["triton"]
     mounts = {v["target"]: v for v in triton["volumes"] if isinstance(v, dict)}
-    # the repository: a named volume by default (a fresh clone needs no folder), in the short syntax that Compose
-    # 1.29 and v2 read alike; read-only for Triton and the gateway, read-write for the exporter
-    repo = "${MODEL_REPOSITORY:-model-repository}"
-    assert f"{repo}:/models:ro" in triton["volumes"] and "model-repository" in raw["volumes"]
+    # the repository: ./model_repository, which a clone holds (model_repository/.gitkeep), in the short syntax that
+    # makes a missing folder on Compose 1.29 and v2 alike; read-only for Triton and the gateway, read-write for the
+    # exporter
+    repo = "${MODEL_REPOSITORY:-./model_repository}"
+    assert f"{repo}:/models:ro" in triton["volumes"]
+    tracked = subprocess.run(["git", "ls-files", "model_repository"], cwd=REPO, capture_output=True, text=True)
+    assert tracked.stdout.split() == ["model_repository/.gitkeep"]
     assert f"{repo}:/models:ro" in raw["services"]["gateway"]["volumes"]
     assert f"{repo}:/models" in raw["services"]["exporter"]["volumes"]
     for service in raw["services"].values():

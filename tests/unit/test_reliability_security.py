@@ -67,7 +67,7 @@ def test_compose_keeps_model_control_behind_the_key_and_loopback() -> None:
     assert not [a for a in args if "restricted" in a]  # the entrypoint appends them, with the key
     for port in triton["ports"]:
         assert str(port).startswith("${BIND_ADDR:-127.0.0.1}:"), port  # loopback unless the operator says
-    assert "${MODEL_REPOSITORY:-model-repository}:/models:ro" in triton["volumes"]
+    assert "${MODEL_REPOSITORY:-./model_repository}:/models:ro" in triton["volumes"]
 
 
 def _entry(tmp_path: Path, *command: str, script: Path = ENTRY, **env: str) -> subprocess.CompletedProcess:

@@ -53,7 +53,8 @@ def test_docker_builds_tags_pushes_and_prints_the_overlays_images(tmp_path: Path
     assert not [b for b in builds if "--pull=never" in b or "--layers" in b or " -v " in b]
     assert "--target exporter" in builds[2] and "--target loadtest" in builds[3]
     remote = [f"registry.example.com/bge/{n}:{VERSION}" for n in NAMES]
-    assert [c for c in calls if c.startswith("tag ")] == [f"tag {n}:local {r}" for n, r in zip(NAMES, remote)]
+    tags = [f"tag {n}:local {r}" for n, r in zip(NAMES, remote, strict=True)]
+    assert [c for c in calls if c.startswith("tag ")] == tags
     assert [c for c in calls if c.startswith("push ")] == [f"push {r}" for r in remote]
     block = yaml.safe_load(proc.stdout)  # stdout is the overlay's `images:` block only (the log goes to stderr)
     assert block == {"images": [{"name": n, "newName": f"registry.example.com/bge/{n}", "newTag": VERSION}

@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml requirements.lock
 setup: $(STAMP)  ## create .venv and install the kit with pinned dependencies
 
 demo: setup  ## export BGE-Large-zh (or synthetic), start local Triton, embed, stop; then the quick emulated seed table
-	$(PY) -m bge_triton.demo
+	$(PY) -m bge_triton.cli demo
 	$(PY) -m bge_triton.cli bench seed --quick --executor costmodel --scenarios no_batching,static_32,dynamic_5ms,delay_0 --out reports/demo
 
 test: setup lint  ## lint + types, then the whole suite: unit, integration (a real local tritonserver), deploy (podman)

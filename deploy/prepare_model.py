@@ -118,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         fetch_hub_model(a.model)
         from bge_triton.export.__main__ import main as export_main
 
-        status = export_main(["--model", a.model, "--repository", str(a.repository), "--name", a.name,
+        status = export_main(["--model-id", a.model, "--repository", str(a.repository), "--model", a.name,
                               "--precision", a.precision, *rest])
     if status == 0 and a.instance_kind:
         for name in set_instance_kind(a.repository, a.instance_kind):

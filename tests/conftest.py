@@ -33,8 +33,8 @@ def free_port() -> int:
 
 def run_export(repository: Path, name: str, model: str, precision: str, *extra: str) -> None:
     """Run the real exporter CLI; fail the test session with its output if it fails."""
-    cmd = [sys.executable, "-m", "bge_triton.export", "--model", model, "--repository", str(repository), "--name", name,
-           "--precision", precision, "--quiet", *extra]
+    cmd = [sys.executable, "-m", "bge_triton.export", "--model-id", model, "--repository", str(repository),
+           "--model", name, "--precision", precision, "--quiet", *extra]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
         pytest.fail(f"export failed ({' '.join(cmd)}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")

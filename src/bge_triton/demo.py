@@ -1,13 +1,12 @@
-"""`python -m bge_triton.demo`: the main job end to end on this machine.
+"""`bge-triton demo`: the main job end to end on this machine.
 
-Exports BAAI/bge-large-zh-v1.5 when it can be loaded offline (local dir or HF cache), otherwise
+Exports BAAI/bge-large-zh-v1.5 when it can be loaded offline (local dir or Hugging Face cache), otherwise
 synthetic:bge-large-zh (random weights, said loudly); starts the real local tritonserver; embeds
 Chinese sentences through the text endpoint with the client SDK; prints dims, norms, the
 similarity matrix and Triton's batch statistics; stops the server by its pid.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bge_triton import flags
 from bge_triton.errors import ExportError, KitError
 from bge_triton.paths import STATE_DIR
 
@@ -53,20 +53,23 @@ class DemoSettings:
 
 
 def _parse(argv: list[str] | None) -> DemoSettings:
-    p = argparse.ArgumentParser(prog="python -m bge_triton.demo", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=None,
-                   help=f"model to export (default: {REAL_MODEL} if loadable offline, else {SYNTHETIC_MODEL})")
-    p.add_argument("--precision", default="int8", choices=["fp32", "int8", "fp16"],
-                   help="int8 is the CPU choice (default); fp16 is for GPU")
-    p.add_argument("--repository", type=Path, default=STATE_DIR / "demo" / "repository")
-    p.add_argument("--name", default="bge_large_zh")
-    p.add_argument("--http-port", type=int, default=8000)
-    p.add_argument("--grpc-port", type=int, default=8001)
-    p.add_argument("--metrics-port", type=int, default=8002)
+    p = flags.parser("bge-triton demo", (__doc__ or "").split("\n", 1)[1].strip())
+    p.add_argument("--model-id", default=None, metavar="ID", help=f"the model to export: a hub id, a local "
+                   f"directory or synthetic:... (default: {REAL_MODEL} if it is in the Hugging Face cache, "
+                   f"else {SYNTHETIC_MODEL}; the demo never downloads)")
+    flags.add_model(p, help="the served model's name (NAME_onnx is its encoder); a hub id, path or synthetic:... "
+                    "given here (the older spelling) is read as --model-id", aliases=("--name",))
+    flags.add_precision(p, default="int8", help="int8 is the CPU choice; fp16 is for a GPU")
+    p.add_argument("--repository", type=Path, default=STATE_DIR / "demo" / "repository", metavar="DIR",
+                   help="the model repository the demo exports into and serves")
+    p.add_argument("--http-port", type=int, default=8000, help="the demo server's HTTP port")
+    p.add_argument("--grpc-port", type=int, default=8001, help="the demo server's gRPC port")
+    p.add_argument("--metrics-port", type=int, default=8002, help="the demo server's metrics port")
     p.add_argument("--force-export", action="store_true", help="export again even if the repository has it")
-    a = p.parse_args(argv)
-    return DemoSettings(a.model, a.precision, a.repository, a.name, a.http_port, a.grpc_port, a.metrics_port,
+    a = flags.parse(p, argv)
+    if a.model_id is None and not a.model.replace("_", "").replace("-", "").isalnum():
+        a.model_id, a.model = a.model, flags.DEFAULT_MODEL  # `--model HUB_ID`, the older spelling
+    return DemoSettings(a.model_id, a.precision, a.repository, a.model, a.http_port, a.grpc_port, a.metrics_port,
                         a.force_export)
 
 
@@ -78,10 +81,12 @@ def choose_model(requested: str | None) -> str:
     from bge_triton.export.source import resolve_path
 
     try:
-        resolve_path(ExportSettings(model=REAL_MODEL, repository=Path("."), name="probe"))
+        resolve_path(ExportSettings(model=REAL_MODEL, repository=Path("."), name="probe", offline=True))
         return REAL_MODEL
-    except ExportError as exc:
-        print(f"note: {exc}", file=sys.stderr)
+    except ExportError:
+        print(f"note: {REAL_MODEL} is neither a local directory nor in the Hugging Face cache, and the demo never "
+              f"downloads; `bge-triton export --model-id {REAL_MODEL}` fetches it (HF_ENDPOINT for a mirror). "
+              f"Serving {SYNTHETIC_MODEL} instead.", file=sys.stderr)
         return SYNTHETIC_MODEL
 
 
@@ -101,7 +106,7 @@ def ensure_export(s: DemoSettings, model: str) -> dict:
     from bge_triton.export.__main__ import main as export_main
 
     t0 = time.perf_counter()
-    code = export_main(["--model", model, "--repository", str(s.repository), "--name", s.name,
+    code = export_main(["--model-id", model, "--repository", str(s.repository), "--model", s.name,
                         "--precision", s.precision,
                         # served here by the kit's own ONNX Runtime: INT8 may use the faster nbits8 graph
                         "--server-onnxruntime", "local"])

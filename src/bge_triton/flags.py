@@ -22,7 +22,7 @@ from bge_triton.errors import InputError
 
 __all__ = [
     "ENV_PREFIX", "DEFAULT_URL", "DEFAULT_MODEL", "PRECISIONS", "ServerUrl", "server_url", "env_name", "parser",
-    "add_url", "add_model", "add_admin_key", "add_precision", "parse", "version",
+    "add_url", "add_model", "add_admin_key", "add_precision", "parse", "version", "subcommand", "no_env",
 ]
 
 ENV_PREFIX = "BGE_TRITON_"
@@ -97,10 +97,12 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
         if not action.option_strings or action.help == argparse.SUPPRESS:
             return text
         extra = []
-        if "default:" not in text and "(default" not in text and action.default not in (None, argparse.SUPPRESS) \
-                and not isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction,
-                                            argparse._HelpAction, argparse._VersionAction)):
-            extra.append(f"default: {action.default}")
+        valued = not isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction,
+                                         argparse._HelpAction, argparse._VersionAction))
+        if valued and "default:" not in text and "(default" not in text and action.default != argparse.SUPPRESS:
+            # a flag without a default is off until given: say so rather than show nothing
+            extra.append("default: not set" if action.default is None or action.default == [] else
+                         f"default: {action.default}")
         env = getattr(action, _NO_ENV, None)
         if env is None and not isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
             extra.append(f"env {env_name(_long(action))}")
@@ -112,6 +114,13 @@ def parser(prog: str, description: str, **kwargs: object) -> argparse.ArgumentPa
     p = argparse.ArgumentParser(prog=prog, description=description, formatter_class=_Formatter, **kwargs)  # type: ignore[arg-type]
     p.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     return p
+
+
+def subcommand(subparsers: argparse._SubParsersAction, name: str, help: str, description: str | None = None,
+               parents: Sequence[argparse.ArgumentParser] = ()) -> argparse.ArgumentParser:
+    """A sub-command's parser (`bge-triton serve up`) with the kit's help format; `parse` fills its flags too."""
+    return subparsers.add_parser(name, help=help, description=description or help, formatter_class=_Formatter,
+                                 parents=list(parents))
 
 
 def no_env(action: argparse.Action) -> argparse.Action:
@@ -128,9 +137,9 @@ def add_url(p: argparse.ArgumentParser, default: str | None = DEFAULT_URL, *alia
 
 
 def add_model(p: argparse.ArgumentParser, default: str | None = DEFAULT_MODEL,
-              help: str | None = None) -> argparse.Action:
+              help: str | None = None, aliases: Sequence[str] = ()) -> argparse.Action:
     """`--model`: the served model's name (the text endpoint), never a hub id (that is export's `--model-id`)."""
-    return p.add_argument("--model", default=default, metavar="NAME", help=help or (
+    return p.add_argument("--model", *aliases, default=default, metavar="NAME", help=help or (
         "the served model's name on Triton (the text endpoint; its encoder is NAME_onnx)"))
 
 
@@ -156,7 +165,16 @@ def parse(p: argparse.ArgumentParser, argv: Sequence[str] | None = None,
     (with the variable's name). `store_true` flags read 1/true/yes/on and 0/false/no/off.
     """
     env = os.environ if environ is None else environ
+    _fill_from_env(p, env)
+    return p.parse_args(argv)
+
+
+def _fill_from_env(p: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+    """Set each flag's default from its environment variable, in `p` and in its sub-commands' parsers."""
     for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):  # aliases map to the same parser
+                _fill_from_env(sub, env)
         if not action.option_strings or getattr(action, _NO_ENV, False) or isinstance(
                 action, (argparse._HelpAction, argparse._VersionAction, argparse._SubParsersAction)):
             continue
@@ -182,4 +200,3 @@ def parse(p: argparse.ArgumentParser, argv: Sequence[str] | None = None,
                 p.error(f"environment variable {name}={raw!r}: choose from {', '.join(map(str, action.choices))}")
         action.default = value
         action.required = False
-    return p.parse_args(argv)

@@ -1,21 +1,31 @@
-"""Issue 7, overload and faults on REAL tritonservers this module starts itself (ports 18200-18299):
-3x overload with a deterministic (costmodel) encoder, kill -9 of the server under load and a
-restart on the same ports, kill -9 of a python backend stub, broken model files at start, and
-the launcher binding loopback only. `bge-triton chaos` runs the long versions."""
+"""Overload and faults (loadtest.faults) on REAL tritonservers this module starts itself (ports 18200-18299; the
+server killed and restarted: 18500-18599, a pool nothing else picks from): 3x overload with a deterministic
+(costmodel) encoder, kill -9 of the server under load and a restart on the same ports, kill -9 of a python backend
+stub, broken model files at start, and the launcher binding loopback only. `bge-triton chaos` runs the long versions.
+Each failure message carries the scenario's whole record."""
 from __future__ import annotations
 
+import os
+import socket
 from pathlib import Path
 
 import pytest
 
+from bge_triton.loadtest import faults, harness
 from bge_triton.loadtest.chaos import RETRY, broken_start, kill9_under_load, kill_stub, run_overload
+from bge_triton.loadtest.faults import SAME_PORTS
 
 pytestmark = pytest.mark.integration
 
 
 def test_overload_3x_every_request_answered_and_recovered(minilm_repo: Path, tmp_path: Path) -> None:
     r = run_overload(minilm_repo, tmp_path / "state", overload_s=8.0, baseline_s=3.0, recovery_s=4.0)
-    assert r["lost"] == 0 and r["requests"] == len(r["shots"]), r["outcomes"]  # nothing lost, nothing hangs
+    record = {k: v for k, v in r.items() if k != "shots"}
+    # every request sent (counted by the load loop) answered with a result or an error: nothing lost, nothing hangs;
+    # with retries off, each went to the wire once (counted by the client's transport seam)
+    assert r["requests"] > 0 and r["answered"] == r["requests"] and r["lost"] == 0, record
+    assert r["wire_attempts"] == r["requests"], record
+    assert r["retry_answered"] == r["retry_requests"] > 0, record
     assert set(r["outcomes"]) <= {"ok", "Overloaded"}, r["outcomes"]  # a result or a 503/UNAVAILABLE
     assert r["overload_outcomes"].get("Overloaded", 0) > 0 and r["overload_outcomes"].get("ok", 0) > 0
     # recovered: once the load dropped, the server answers every request again (the latency bound of the queue
@@ -31,10 +41,26 @@ def test_overload_3x_every_request_answered_and_recovered(minilm_repo: Path, tmp
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
 def test_kill9_under_load_then_same_clients_recover(minilm_repo: Path, tmp_path: Path, protocol: str) -> None:
     r = kill9_under_load(minilm_repo, tmp_path / "state", protocol=protocol)
+    assert r["restart"] == SAME_PORTS, r  # else it names who took the ports while the server was down
+    assert r["answered"] == r["requests"], r  # every call of the load loop came back, with a result or an error
     assert r["all_workers_errored"], r  # how soon is measured and reported by `bge-triton chaos`
     assert set(r["error_kinds_after_kill"]) == {"ServerUnavailable"}, r
     assert r["same_clients_ok_after_restart_s"] is not None, r  # the SAME client objects succeed again
     assert r["ok_before_kill"] > 0
+
+
+def test_a_restart_whose_port_was_taken_says_so(tmp_path: Path) -> None:
+    """The restart after a kill -9 never moves to other ports (its clients know only these): when another process
+    took one while the server was down, the outcome is 'ports taken' with the holder, not a server elsewhere."""
+    (repo := tmp_path / "empty").mkdir()  # no models: ready once its listeners are up
+    settings = harness.server_settings(repo, tmp_path / "state", port_range=faults.RESTART_PORTS, ready_timeout_s=120)
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", settings.http_port))
+        other.listen()
+        srv, restart = faults.restart_on_same_ports(settings)
+    if srv is not None:
+        srv.stop()
+    assert srv is None and restart.startswith(f"ports taken: {settings.http_port}: pid {os.getpid()} "), restart
 
 
 def test_killed_stub_is_reported_not_hung(minilm_repo: Path, tmp_path: Path) -> None:
@@ -49,6 +75,7 @@ def test_killed_stub_is_reported_not_hung(minilm_repo: Path, tmp_path: Path) -> 
     # Triton 2.51 does not replace a dead stub: the other instance serves, the dead one fails until the server is
     # restarted (`serve up --watch` does it; docs/reliability.md). new_stub: a stub pid not seen before the kill
     assert r["new_stub"] is False
+    assert not r["outcome"]["recovered"] and r["outcome"]["restart"].startswith("none: Triton does not replace"), r
 
 
 @pytest.mark.parametrize("case,message", [

@@ -1,4 +1,4 @@
-"""Issue 7, bad input on a REAL tritonserver: every case of loadtest.chaos's catalogue over gRPC and HTTP,
+"""Issue 7, bad input on a REAL tritonserver: every case of loadtest.bad_input's catalogue over gRPC and HTTP,
 the kit client (sync/async x gRPC/HTTP) on the same inputs, bad requests failing alone inside one
 Triton batch, and a bounded flood of bad requests that must leave the server's RSS bounded."""
 from __future__ import annotations
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from bge_triton.client import AsyncEmbeddingClient, EmbeddingClient, InputError, ModelConfigError, RetryPolicy
-from bge_triton.loadtest.chaos import ALL_CASES, flood, raw_client, raw_infer, run_catalogue, text_array
-from bge_triton.loadtest.chaos_faults import PORT_RANGE
+from bge_triton.loadtest.bad_input import ALL_CASES, flood, raw_client, raw_infer, run_catalogue, text_array
+from bge_triton.loadtest.faults import PORT_RANGE
 from bge_triton.loadtest.harness import start_server
 from bge_triton.server.cpu_variant import CpuVariant
 from bge_triton.server.repository import Batching, load_config, write_config

@@ -45,7 +45,7 @@ def copy_repo(src: Path, dst: Path) -> Path:
 def test_served_export_verifies(minilm_repo: Path, triton_server, tmp_path: Path) -> None:
     ref = json.loads((minilm_repo / ENCODER / "1" / "reference.json").read_text())
     assert ref["precision"] == "fp32" and len(ref["probes"]) >= 10
-    http = verify_cli("--url", triton_server.http_url, "--repository", str(minilm_repo))
+    http = verify_cli("--url", f"http://{triton_server.http_url}", "--repository", str(minilm_repo))
     assert http.returncode == 0, http.stdout + http.stderr
     assert "verify OK: model minilm (encoder minilm_onnx, fp32" in http.stdout
     for probe in ref["probes"]:  # one line per probe, both paths near 1 for fp32 on CPU
@@ -89,7 +89,7 @@ def test_corrupted_encoder_fails_verify_and_stays_not_ready(minilm_repo: Path, s
     repo = copy_repo(minilm_repo, tmp_path / "corrupt")
     perturb_largest_matmul_weight(repo / ENCODER / "1" / "model.onnx")
     srv = server_factory(repo)
-    proc = verify_cli("--url", srv.http_url, "--repository", str(repo))
+    proc = verify_cli("--url", f"http://{srv.http_url}", "--repository", str(repo))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     message = proc.stderr.strip().splitlines()[-1]
     for part in ("verify FAILED", "model minilm", "fp32", "worst probe", "through the encoder with the exporter's "
@@ -117,7 +117,7 @@ def test_foreign_tokenizer_fails_verify_pointing_at_the_tokenizer(minilm_repo: P
     tok.mkdir()
     write_tokenizer(tok, 256)
     srv = server_factory(repo)
-    proc = verify_cli("--url", srv.http_url, "--repository", str(repo))
+    proc = verify_cli("--url", f"http://{srv.http_url}", "--repository", str(repo))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     message = proc.stderr.strip().splitlines()[-1]
     assert "TOKENIZER does not match the export" in message and "minilm/1/tokenizer/" in message, message
@@ -129,7 +129,7 @@ def test_foreign_tokenizer_fails_verify_pointing_at_the_tokenizer(minilm_repo: P
 def test_missing_reference_is_not_ready_and_says_how_to_fix(minilm_repo: Path, triton_server, tmp_path: Path) -> None:
     empty = tmp_path / "no_export"
     empty.mkdir()
-    proc = verify_cli("--url", triton_server.http_url, "--repository", str(empty))
+    proc = verify_cli("--url", f"http://{triton_server.http_url}", "--repository", str(empty))
     assert proc.returncode == 2 and "no reference vectors at" in proc.stderr and "bge-triton export" in proc.stderr
     ready = ready_sh(triton_server, empty, tmp_path / "state")
     assert ready.returncode == 1 and "verify could not run" in ready.stderr

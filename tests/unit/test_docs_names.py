@@ -4,6 +4,8 @@ Names are read from the text itself: `python -m X` anywhere, dotted names in bac
 kit (`bge_triton.x.y`, or a stage: `server.repository.load_config`), and paths of source files (`*.py`, `*.sh`).
 A dotted name resolves to the longest module prefix that is a file of the tree; the rest must be a name that
 module defines at top level (class, def, assignment, import) or an attribute of such a class. Nothing is imported.
+What a user types from the README and the guides (commands, flags, paths, compose services and ports, variables, the
+README's examples): test_docs_commands.py.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src"
-DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
+DOCS = sorted([ROOT / "README.md", ROOT / "CONTRIBUTING.md", *(ROOT / "docs").glob("*.md")])
 STAGES = ("client", "export", "server", "loadtest", "gateway", "integrations", "verify", "errors", "paths", "cli",
           "demo", "extras", "kit")  # kit: the package's name before src/bge_triton, so that a stale one is caught
 PYTHON_M = re.compile(r"python3? -m ([A-Za-z_][\w.]*)")
@@ -160,12 +162,3 @@ def test_the_checker_finds_a_name_that_is_gone() -> None:
 def test_every_name_in_the_docs_exists(doc: Path) -> None:
     bad = sorted(f"{kind} {name}" for kind, name in names_in(doc.read_text(encoding="utf-8")) if missing(kind, name))
     assert not bad, f"{doc.relative_to(ROOT)} names what is not in the tree:\n  " + "\n  ".join(bad)
-
-
-def test_the_readme_lists_exactly_the_bench_scenarios() -> None:
-    from bge_triton.loadtest import commands
-
-    row = next(line for line in (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
-               if line.startswith("| `bge-triton bench <scenario>` |"))
-    listed = re.sub(r"\([^)]*\)", "", row.split("|")[2])
-    assert {w.strip() for w in listed.split(",")} == set(commands.BENCH)

@@ -1,4 +1,4 @@
-"""Bad input to `python -m bge_triton.export` gives an ExportError that names the value and the fix."""
+"""Bad input to `bge-triton export` gives an ExportError that names the value and the fix."""
 from __future__ import annotations
 
 import importlib.metadata
@@ -29,10 +29,11 @@ def test_missing_dir(tmp_path):
         inspect_model(_settings(tmp_path, model=str(tmp_path / "nope")).check())
 
 
-def test_unreachable_hub_id_names_alternatives(tmp_path):
-    with pytest.raises(ExportError,
-                       match=r"BAAI/bge-large-zh-v1.5.*not in the Hugging Face cache.*local model directory"):
-        inspect_model(_settings(tmp_path, model="BAAI/bge-large-zh-v1.5", hf_cache=tmp_path / "hf").check())
+def test_offline_hub_id_not_cached_names_alternatives(tmp_path):
+    with pytest.raises(ExportError, match=r"BAAI/bge-large-zh-v1.5.*not in the Hugging Face cache.*--offline.*"
+                                          r"local model directory"):
+        inspect_model(_settings(tmp_path, model="BAAI/bge-large-zh-v1.5", hf_cache=tmp_path / "hf",
+                                offline=True).check())
 
 
 def test_not_bert_like(tmp_path):
@@ -82,23 +83,58 @@ def test_pooling_override_and_default(tmp_path):
 
 
 def test_cli_exit_code_and_message(tmp_path, capsys):
-    rc = main(["--model", str(tmp_path / "missing"), "--repository", str(tmp_path / "r"), "--name", "m",
+    rc = main(["--model-id", str(tmp_path / "missing"), "--repository", str(tmp_path / "r"), "--model", "m",
                "--precision", "fp32"])
     assert rc == 1 and "no such directory" in capsys.readouterr().err
 
 
 def test_every_flag_reaches_the_settings(tmp_path):
     """Each flag lands in its ExportSettings field; a flag that is parsed and then dropped fails here."""
-    values = {"--model": "synthetic:bge-small-zh", "--repository": str(tmp_path / "r"), "--name": "m2",
+    values = {"--model-id": "synthetic:bge-small-zh", "--repository": str(tmp_path / "r"), "--model": "m2",
               "--precision": "int8", "--max-length": "64", "--pooling": "mean", "--opset": "18",
               "--int8-recipe": "plain", "--seed": "3", "--cache-dir": str(tmp_path / "c"),
               "--hf-cache": str(tmp_path / "hf"), "--threads": "1", "--retrieval-queries": "7",
-              "--retrieval-corpus": "70", "--server-onnxruntime": "1.23.2"}
-    flags = {a.option_strings[-1] for a in build_parser()._actions if a.option_strings} - {"--help", "--quiet"}
-    assert flags == set(values), "a new flag needs a value in this test"
-    s = parse_settings([x for kv in values.items() for x in kv] + ["--quiet"])
-    assert {f: str(getattr(s, f[2:].replace("-", "_"))) for f in values} == values and s.quiet is True
-    assert not parse_settings(list(values.items())[0] + ("--repository", "r", "--name", "m")).quiet
+              "--retrieval-corpus": "70", "--server-onnxruntime": "1.23.2", "--revision": "v2",
+              "--instance-kind": "cpu"}
+    aliases = {"--name"}  # the older spelling of --model: tested below
+    switches = {"--quiet", "--offline", "--skip-existing"}
+    field = {"--model-id": "model", "--model": "name"}
+    flags = {a.option_strings[0] for a in build_parser()._actions if a.option_strings} - {"-h", "--version"}
+    assert flags == set(values) | switches | aliases, "a new flag needs a value in this test"
+    s = parse_settings([x for kv in values.items() for x in kv] + sorted(switches), environ={})
+    assert {f: str(getattr(s, field.get(f, f[2:].replace("-", "_")))) for f in values} == values
+    assert s.quiet and s.offline and s.skip_existing
+    s = parse_settings(list(values.items())[0] + ("--repository", "r"), environ={})
+    assert not (s.quiet or s.offline or s.skip_existing) and s.name == "bge_large_zh"
+
+
+def test_defaults_need_no_flag(tmp_path):
+    s = parse_settings(["--cache-dir", str(tmp_path / "c")], environ={})
+    assert (s.model, s.name, s.repository, s.precision) == ("BAAI/bge-large-zh-v1.5", "bge_large_zh",
+                                                            Path("model_repository"), "fp16")
+
+
+def test_older_model_flag_is_read_as_model_id(tmp_path, capsys):
+    """`--model HUB_ID --name NAME` (the older spelling) still works and says how it was read."""
+    s = parse_settings(["--model", "synthetic:bge-small-zh", "--name", "m3", "--cache-dir", str(tmp_path)],
+                       environ={})
+    assert (s.model, s.name) == ("synthetic:bge-small-zh", "m3")
+    assert "reading --model synthetic:bge-small-zh as --model-id" in capsys.readouterr().err
+    s = parse_settings(["--model-id", "a/b", "--model", "m4", "--cache-dir", str(tmp_path)], environ={})
+    assert (s.model, s.name) == ("a/b", "m4") and capsys.readouterr().err == ""
+
+
+def test_hub_id_in_both_model_flags_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        parse_settings(["--model-id", "a/b", "--model", "c/d"], environ={})
+    assert exc.value.code == 2 and "--model is the served model's name" in capsys.readouterr().err
+
+
+def test_environment_and_hf_hub_offline(tmp_path):
+    env = {"BGE_TRITON_MODEL_ID": "synthetic:bge-small-zh", "BGE_TRITON_PRECISION": "int8", "HF_HUB_OFFLINE": "1",
+           "BGE_TRITON_CACHE_DIR": str(tmp_path / "c")}
+    s = parse_settings([], environ=env)
+    assert (s.model, s.precision, s.offline, s.cache_dir) == ("synthetic:bge-small-zh", "int8", True, tmp_path / "c")
 
 
 def test_help_exits_zero(capsys):
@@ -149,7 +185,7 @@ def test_default_cache_dir_follows_xdg_then_cwd_then_tmp(tmp_path):
             assert default_cache_dir({}, ro / ".kit") == Path(tempfile.gettempdir()) / "bge-triton-cache"
     finally:
         ro.chmod(0o700)
-    s = parse_settings(["--model", "m/x", "--repository", str(tmp_path / "r"), "--name", "m"],
+    s = parse_settings(["--model-id", "m/x", "--repository", str(tmp_path / "r"), "--model", "m"],
                        environ={"XDG_CACHE_HOME": str(tmp_path / "xdg")})
     assert s.cache_dir == tmp_path / "xdg" / "bge-triton"
 

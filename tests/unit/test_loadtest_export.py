@@ -15,7 +15,7 @@ def _fake_run(calls: list[list[str]], writes: bool, rc: int):
         calls.append(cmd)
         if writes:
             repo = Path(cmd[cmd.index("--repository") + 1])
-            onnx = repo / f"{cmd[cmd.index('--name') + 1]}_onnx" / "1" / "model.onnx"
+            onnx = repo / f"{cmd[cmd.index('--model') + 1]}_onnx" / "1" / "model.onnx"
             onnx.parent.mkdir(parents=True)
             onnx.write_bytes(b"onnx")
         return subprocess.CompletedProcess(cmd, rc)
@@ -37,5 +37,5 @@ def test_exports_once_then_reuses_the_export(tmp_path, monkeypatch) -> None:
 @pytest.mark.parametrize(("writes", "rc"), [(False, 1), (False, 0)], ids=["exporter failed", "no onnx written"])
 def test_a_failed_export_names_the_command_to_rerun(tmp_path, monkeypatch, writes: bool, rc: int) -> None:
     monkeypatch.setattr(harness.subprocess, "run", _fake_run([], writes=writes, rc=rc))
-    with pytest.raises(ExportError, match=r"run it by hand to see why: .*-m bge_triton.export --model m1 "):
+    with pytest.raises(ExportError, match=r"run it by hand to see why: .*-m bge_triton.export --model-id m1 "):
         harness.export("m1", tmp_path, "m")

@@ -1,5 +1,5 @@
-"""Unit tests of the soak's arithmetic (loadtest/soak.py) on made-up runs: durations, the event plan, recovery times,
-per-minute rows and RSS drift."""
+"""Unit tests of the soak's arithmetic (loadtest/soak.py, its recovery windows in loadtest/faults.py) on made-up runs:
+durations, the event plan, recovery times, per-minute rows and RSS drift."""
 from __future__ import annotations
 
 import math
@@ -7,6 +7,7 @@ import math
 import pytest
 
 from bge_triton.errors import InputError
+from bge_triton.loadtest import faults
 from bge_triton.loadtest import soak as sa
 
 
@@ -38,20 +39,20 @@ def test_plan_spreads_the_three_faults_and_compresses_the_spike() -> None:
 
 def test_window_p99_counts_failures_as_infinitely_slow() -> None:
     shots = steady(0, 2, 0.05)
-    assert sa.window_p99s(shots, 0, 2, 1) == [(pytest.approx(0.05), 100)]
+    assert faults.window_p99s(shots, 0, 2, 1) == [(pytest.approx(0.05), 100)]
     one_bad = shots[:-1] + [sa.Shot(shots[-1].sched, shots[-1].done, "ServerUnavailable")]
-    assert sa.window_p99s(one_bad, 0, 2, 1)[0][0] == math.inf  # a failure reaches into the top 1% of 100
-    assert math.isnan(sa.window_p99s(shots, 5, 2, 1)[0][0])
+    assert faults.window_p99s(one_bad, 0, 2, 1)[0][0] == math.inf  # a failure reaches into the top 1% of 100
+    assert math.isnan(faults.window_p99s(shots, 5, 2, 1)[0][0])
 
 
 def test_recovery_after_an_outage() -> None:
     # calm 50 ms; the server dies at t=10; requests sent in [10, 13) fail; answers slow (400 ms) until t=17
     shots = steady(0, 10, 0.05) + steady(10, 13, 0.01, outcome="ServerUnavailable") + steady(13, 17, 0.4) \
         + steady(17, 40, 0.05)
-    base, thr = sa.calm_p99(shots, 10)
+    base, thr = faults.calm_p99(shots, 10)
     assert base == pytest.approx(0.05) and thr == pytest.approx(0.1)
-    assert sa.p99_back_after(shots, 10.0, thr, 2.0, until=40.0) == pytest.approx(8.0)  # windows from 18 s are calm
-    assert sa.p99_back_after(shots, 10.0, thr, 2.0, until=20.0) is None  # too little calm before `until`
+    assert faults.p99_back_after(shots, 10.0, thr, 2.0, until=40.0) == pytest.approx(8.0)  # windows from 18 s are calm
+    assert faults.p99_back_after(shots, 10.0, thr, 2.0, until=20.0) is None  # too little calm before `until`
     kill = {"kind": "kill9_server", "planned_s": 10.0, "at_s": 10.0, "length_s": 0.0, "pid": 7}
     res = {"events": [kill], "end_s": 40.0, "window_s": 2.0, "restarts": [(10.5, "tritonserver exited")],
            "ready_again": [12.5], "created": len(shots), "unfinished": 0}
@@ -67,8 +68,8 @@ def test_recovery_after_an_outage() -> None:
 
 def test_a_thin_window_is_not_normal() -> None:
     sparse = steady(0, 20, 0.01, rate=1.0)  # two requests per 2 s window, fewer than min_n
-    assert sa.p99_back_after(sparse, 0.0, 1.0, 2.0, until=20.0) is None
-    assert sa.p99_back_after(sparse, 0.0, 1.0, 2.0, until=20.0, min_n=2) == 0.0
+    assert faults.p99_back_after(sparse, 0.0, 1.0, 2.0, until=20.0) is None
+    assert faults.p99_back_after(sparse, 0.0, 1.0, 2.0, until=20.0, min_n=2) == 0.0
 
 
 def test_per_minute_rows_and_tally() -> None:
@@ -117,7 +118,7 @@ def test_shot_log_keeps_outcomes_in_flat_arrays() -> None:
 def test_windows_from_t() -> None:
     shots = steady(0, 12, 0.01, rate=1.0)
     # scheduled from 2 s on, three per 3 s window, n windows: 11.0 is left out
-    assert [n for _, n in sa.window_p99s(shots, 2.0, 3.0, 3)] == [3, 3, 3]
+    assert [n for _, n in faults.window_p99s(shots, 2.0, 3.0, 3)] == [3, 3, 3]
 
 
 def test_server_segments_leave_out_restarts() -> None:

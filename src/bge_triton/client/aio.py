@@ -24,13 +24,15 @@ class AsyncEmbeddingClient(BaseEmbeddingClient):
     >>> async with AsyncEmbeddingClient("127.0.0.1:8001") as c:
     ...     vectors = await c.embed_documents(["文本一", "文本二"])
 
-    Requests of one call that exceed max_batch_size are sent concurrently.
+    Requests of one call that exceed max_batch_size are sent concurrently. `transport` (as httpx's): the adapter
+    the client sends through until close() (model_config, infer, ready, close; default
+    client.transport.make_async_transport(settings)); a wrapper around the default can watch each attempt.
     """
 
     def __init__(self, url: str | None = None, model: str = "bge_large_zh", protocol: str = "grpc",
-                 mode: str = "text", **kwargs: Any) -> None:
+                 mode: str = "text", *, transport: Any = None, **kwargs: Any) -> None:
         super().__init__(url, model, protocol, mode, **kwargs)
-        self._transport: Any = None
+        self._transport: Any = transport
         self._connect_lock: asyncio.Lock | None = None
 
     # -- connection -------------------------------------------------------------------------

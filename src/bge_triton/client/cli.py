@@ -1,4 +1,4 @@
-"""`python -m bge_triton.client`: embed texts (JSON lines on stdout) or check the server's health."""
+"""`bge-triton embed` / `bge-triton health`: embed texts (JSON lines on stdout) or check the server's health."""
 from __future__ import annotations
 
 import argparse
@@ -6,6 +6,7 @@ import json
 import sys
 from collections.abc import Sequence
 
+from bge_triton import flags
 from bge_triton.client.core import ClientSettings
 from bge_triton.client.errors import KitError
 from bge_triton.client.retry import RetryPolicy
@@ -16,29 +17,30 @@ __all__ = ["build_parser", "main", "settings_from_args"]
 
 def build_parser() -> argparse.ArgumentParser:
     """The CLI's flags; one ClientSettings is built from them."""
-    parser = argparse.ArgumentParser(prog="python -m bge_triton.client", description=__doc__)
+    parser = flags.parser("bge-triton", "Embed texts (JSON lines on stdout) or check a running server's health "
+                          "through the client SDK.")
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--url", default=None,
-                        help="host:port of tritonserver (default 127.0.0.1:8001 gRPC, 127.0.0.1:8000 with --http)")
-    common.add_argument("--http", action="store_true", help="use HTTP instead of gRPC")
-    common.add_argument("--model", default="bge_large_zh", help="text endpoint NAME (tensor mode calls NAME_onnx)")
-    common.add_argument("--tensor", metavar="TOKENIZER_DIR", default=None,
-                        help="tensor mode: tokenize here with this tokenizer dir/hub id and call NAME_onnx")
-    common.add_argument("--timeout", type=float, default=10.0, help="per-request timeout, seconds")
-    common.add_argument("--retries", type=int, default=3, help="retries on overload/connection errors")
-    sub = parser.add_subparsers(dest="command", required=True)
-    embed = sub.add_parser("embed", parents=[common], help="embed TEXT... and print one JSON line per text")
+    flags.add_url(common)
+    flags.add_model(common, help="the served model's name (the text endpoint; --tensor calls NAME_onnx)")
+    common.add_argument("--tensor", metavar="TOKENIZER", default=None, help="tensor mode: tokenize here with this "
+                        "tokenizer (a directory or hub id) and call NAME_onnx (default: off, the server tokenizes)")
+    common.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS", help="per-request timeout")
+    common.add_argument("--retries", type=int, default=3, help="retries on overload and connection errors")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    embed = flags.subcommand(sub, "embed", "embed TEXT... and print one JSON line per text", parents=[common])
     embed.add_argument("--query", action="store_true", help="embed as search queries (instruction prepended)")
     embed.add_argument("--no-truncate", action="store_true", help="fail over-long texts instead of truncating")
     embed.add_argument("--digits", type=int, default=6, help="round vector components to this many digits")
     embed.add_argument("texts", nargs="+", metavar="TEXT", help="texts to embed ('-' reads lines from stdin)")
-    sub.add_parser("health", parents=[common], help="print server/model readiness and the model spec as JSON")
+    flags.subcommand(sub, "health", "print server and model readiness, the model spec and a canary embedding as "
+                     "JSON", parents=[common])
     return parser
 
 
 def settings_from_args(args: argparse.Namespace) -> ClientSettings:
     """The one settings object for this command."""
-    return ClientSettings(url=args.url, model=args.model, protocol="http" if args.http else "grpc",
+    url = flags.server_url(args.url)
+    return ClientSettings(url=url.address, model=args.model, protocol=url.protocol,
                           mode="tensor" if args.tensor else "text", tokenizer=args.tensor,
                           timeout_s=args.timeout, retry=RetryPolicy(max_attempts=max(1, args.retries + 1)),
                           truncate=not getattr(args, "no_truncate", False))
@@ -46,7 +48,7 @@ def settings_from_args(args: argparse.Namespace) -> ClientSettings:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 ok, 1 kit error, 2 usage)."""
-    args = build_parser().parse_args(argv)
+    args = flags.parse(build_parser(), argv)
     try:
         settings = settings_from_args(args)
         client = EmbeddingClient(settings=settings)

@@ -23,13 +23,15 @@ class EmbeddingClient(BaseEmbeddingClient):
     ...     vectors = c.embed_documents(["文本一", "文本二"])   # float32 [2, 1024]
 
     Thread-safe: gRPC calls run side by side on one channel; HTTP calls take turns on one keep-alive
-    connection (use gRPC, or one client per thread, for many calls in flight).
+    connection (use gRPC, or one client per thread, for many calls in flight). `transport` (as httpx's): the
+    adapter the client sends through until close() (model_config, infer, ready, close; default
+    client.transport.make_sync_transport(settings)); a wrapper around the default can watch each attempt.
     """
 
     def __init__(self, url: str | None = None, model: str = "bge_large_zh", protocol: str = "grpc",
-                 mode: str = "text", **kwargs: Any) -> None:
+                 mode: str = "text", *, transport: Any = None, **kwargs: Any) -> None:
         super().__init__(url, model, protocol, mode, **kwargs)
-        self._transport: Any = None
+        self._transport: Any = transport
 
     # -- connection -------------------------------------------------------------------------
     def connect(self) -> EmbeddingClient:

@@ -1,7 +1,7 @@
 """Export stage: HF model -> ONNX (optimum) -> pooling + L2 in-graph -> ORT fusion -> FP16/INT8 -> validated ->
 repository, with the reference vectors `bge-triton verify` checks.
 
-Entry points: `python -m bge_triton.export`, `python -m bge_triton.export.bench`,
+Entry points: `bge-triton export`, `python -m bge_triton.export.bench`,
 `python -m bge_triton.export.fidelity_report`, `python -m bge_triton.export.compat`.
 """
 from __future__ import annotations

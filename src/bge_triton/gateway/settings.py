@@ -7,10 +7,11 @@ import ipaddress
 from collections.abc import Sequence
 from pathlib import Path
 
+from bge_triton import flags
 from bge_triton.client.core import BGE_QUERY_INSTRUCTION
 from bge_triton.errors import InputError
 
-__all__ = ["GatewaySettings", "build_parser", "settings_from_args", "load_keys"]
+__all__ = ["GatewaySettings", "build_parser", "settings_from_args", "load_keys", "triton_target"]
 
 LOOPBACK_NAMES = ("localhost",)
 
@@ -121,63 +122,87 @@ def load_keys(keys: Sequence[str], keys_file: str | None) -> frozenset[str]:
     return frozenset(out)
 
 
+GRPC_TARGETS = ("dns:", "ipv4:", "ipv6:", "unix:")  # gRPC name-resolver targets, passed through as given
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The gateway's flags; one GatewaySettings is built from them."""
     d = GatewaySettings
-    p = argparse.ArgumentParser(prog="bge-triton gateway", description="OpenAI-compatible /v1/embeddings in "
-                                "front of the Triton text endpoint (also `python -m bge_triton.gateway`).")
-    p.add_argument("--triton", default=d.triton, help="host:port of Triton's gRPC endpoint")
-    p.add_argument("--model", default=d.model, help="the Triton text endpoint (also the served model name)")
+    p = flags.parser("bge-triton gateway", "OpenAI-compatible /v1/embeddings (and TEI's /embed) in front of the "
+                     "Triton text endpoint.")
+    flags.add_url(p, d.triton, "--triton", help="the running Triton's gRPC address: HOST:PORT (port 8001), or a "
+                  "gRPC target such as dns:///triton-headless:8001 to balance over several servers; --triton is "
+                  "the same flag")
+    flags.add_model(p, d.model, help="the served model's name on Triton (the text endpoint); also the name clients "
+                    "send as `model`")
     p.add_argument("--served-model-name", action="append", default=[], metavar="NAME",
                    help="another name clients may send as `model`, e.g. BAAI/bge-large-zh-v1.5 (repeatable)")
-    p.add_argument("--host", default=d.host, help="bind address (non-loopback needs an API key)")
-    p.add_argument("--port", type=int, default=d.port)
-    p.add_argument("--model-repository", default=None, help="optional: a local tokenizer from DIR/<model>/1/tokenizer, "
-                   "only for truncate START against a text endpoint older than truncation_direction")
-    p.add_argument("--tokenizer", default=None, help="optional: that tokenizer's dir (tokenizer.json) instead")
+    p.add_argument("--host", default=d.host, help="bind address (an address other machines reach needs an API key)")
+    p.add_argument("--port", type=int, default=d.port, help="the gateway's HTTP port")
+    p.add_argument("--model-repository", default=None, metavar="DIR", help="optional: a local tokenizer from "
+                   "DIR/<model>/1/tokenizer, only for truncate START against a text endpoint that cannot cut the "
+                   "start itself")
+    p.add_argument("--tokenizer", default=None, metavar="DIR", help="optional: that tokenizer's directory "
+                   "(tokenizer.json) instead")
     p.add_argument("--max-input-chars", type=int, default=d.max_input_chars,
                    help="characters per text: longer ones are cut before tokenizing (truncate START / END) or "
                    "refused 413 (NONE); 0 = 250 x the model's max_length")
     p.add_argument("--parse-workers", type=int, default=d.parse_workers,
                    help="worker processes that parse bodies over 64 KiB (JSON parsing holds the GIL)")
-    p.add_argument("--api-key", action="append", default=[], help="accepted bearer key (repeatable)")
-    p.add_argument("--api-keys-file", default=None, help="file of accepted keys, one per line")
+    p.add_argument("--api-key", action="append", default=[], metavar="KEY",
+                   help="an accepted bearer key (repeatable; the variable takes a comma-separated list)")
+    p.add_argument("--api-keys-file", default=None, metavar="PATH", help="a file of accepted keys, one per line")
     p.add_argument("--unsafe-no-auth", action="store_true",
-                   help="allow a non-loopback --host without keys (only behind a 127.0.0.1-published port)")
+                   help="allow a non-loopback --host without keys (only behind a port published on 127.0.0.1)")
     p.add_argument("--rate-limit", type=float, default=d.rate_limit, help="requests/s per key (0 = unlimited)")
     p.add_argument("--rate-burst", type=int, default=d.rate_burst, help="requests a key may send at once")
     p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes, help="413 above this body size")
     p.add_argument("--max-inputs", type=int, default=d.max_inputs, help="413 above this many inputs per request")
     p.add_argument("--max-in-flight", type=int, default=d.max_in_flight,
                    help="requests at Triton at once; more get 503 + Retry-After")
-    p.add_argument("--timeout", type=float, default=d.timeout_s, help="per-request Triton timeout, seconds")
+    p.add_argument("--timeout", type=float, default=d.timeout_s, metavar="SECONDS", help="per-request Triton timeout")
     p.add_argument("--triton-attempts", type=int, default=d.triton_attempts,
-                   help="attempts per Triton call on overload / connection errors (SDK retry budget)")
-    p.add_argument("--query-priority", type=int, default=d.query_priority, help="Triton priority of queries")
-    p.add_argument("--passage-priority", type=int, default=d.passage_priority, help="Triton priority of passages")
+                   help="attempts per Triton call on overload and connection errors (within the SDK's retry budget)")
+    p.add_argument("--query-priority", type=int, default=d.query_priority, help="Triton priority level of queries "
+                   "(1 = highest)")
+    p.add_argument("--passage-priority", type=int, default=d.passage_priority, help="Triton priority level of "
+                   "passages")
     p.add_argument("--query-instruction", default=d.query_instruction, help="prepended for input_type=query")
-    p.add_argument("--canary-interval", type=float, default=d.canary_interval_s, help="seconds between canaries")
-    p.add_argument("--ready-max-age", type=float, default=d.ready_max_age_s,
+    p.add_argument("--canary-interval", type=float, default=d.canary_interval_s, metavar="SECONDS",
+                   help="seconds between canary embeddings")
+    p.add_argument("--ready-max-age", type=float, default=d.ready_max_age_s, metavar="SECONDS",
                    help="/ready is 200 while an embedding succeeded within this many seconds")
     p.add_argument("--no-micro-batch", action="store_true",
                    help="send each one-text request on its own instead of through the SDK's MicroBatcher")
-    p.add_argument("--micro-batch-wait-ms", type=float, default=d.micro_batch_wait_s * 1e3,
+    p.add_argument("--micro-batch-wait-ms", type=float, default=d.micro_batch_wait_s * 1e3, metavar="MS",
                    help="while a batch is in flight, let the next fill for up to this long (work-conserving)")
-    p.add_argument("--keep-alive", type=float, default=d.keep_alive_s,
+    p.add_argument("--keep-alive", type=float, default=d.keep_alive_s, metavar="SECONDS",
                    help="seconds an idle client connection stays open (keep it above the proxy's idle timeout)")
     p.add_argument("--reference", default=None, metavar="PATH",
                    help="the export's NAME_onnx/1/reference.json: /ready stays 503 until the served model reproduces "
                    "its reference vectors (checked at start and whenever Triton comes back; `bge-triton verify`)")
     p.add_argument("--verify-retry", type=float, default=d.verify_retry_s, metavar="SECONDS",
                    help="with --reference: check a failed verdict again after this many seconds")
-    p.add_argument("--log-level", default=d.log_level, choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-level", default=d.log_level, choices=["debug", "info", "warning", "error"],
+                   help="the gateway's log level")
     return p
+
+
+def triton_target(text: str) -> str:
+    """--url as the gRPC target the SDK dials: HOST:PORT (also grpc://HOST:PORT), or a dns:/// style target."""
+    if text.startswith(GRPC_TARGETS):
+        return text
+    url = flags.server_url(text)
+    if url.protocol != "grpc":
+        raise InputError(f"--url {text}: the gateway talks to Triton over gRPC; give HOST:PORT of Triton's gRPC "
+                         "port (8001), e.g. --url 127.0.0.1:8001")
+    return url.address
 
 
 def settings_from_args(args: argparse.Namespace) -> GatewaySettings:
     """The one settings object of this command."""
     return GatewaySettings(
-        triton=args.triton, model=args.model, served_names=tuple(args.served_model_name), host=args.host,
+        triton=triton_target(args.url), model=args.model, served_names=tuple(args.served_model_name), host=args.host,
         port=args.port, tokenizer=args.tokenizer, model_repository=args.model_repository,
         api_keys=load_keys(args.api_key, args.api_keys_file), unsafe_no_auth=args.unsafe_no_auth,
         rate_limit=args.rate_limit, rate_burst=args.rate_burst, max_body_bytes=args.max_body_bytes,

@@ -1,39 +1,40 @@
-"""`bge-triton chaos [--quick] [--out reports/chaos]`: bad input (through the SDK's transport, below the client's
-checks), 3x overload of an emulated (costmodel) encoder, kill -9 of tritonserver under load and of one python stub,
-broken model files at `server up`, on tritonservers it starts itself; then chaos.md + chaos.csv + chaos_overload.png.
+"""`bge-triton chaos [--quick] [--out reports/chaos]`: bad input (sent below the SDK client's own checks), 3x overload
+of an emulated (costmodel) encoder, kill -9 of tritonserver under load and of one python stub, broken model files at
+`server up`; on tritonservers it starts, kills and restarts itself, so it takes no --url. Writes chaos.md, chaos.csv
+and chaos_overload.png.
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextvars
-import json
+import dataclasses
+import math
 import os
 import random
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from functools import partial
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 import psutil
-from tritonclient.utils import InferenceServerException
 
-from bge_triton.client import AsyncEmbeddingClient, EmbeddingClient, RetryPolicy
+from bge_triton import flags
+from bge_triton.client import AsyncEmbeddingClient, ClientSettings, EmbeddingClient, RetryPolicy
 from bge_triton.client.core import InferCall
-from bge_triton.client.transport import GrpcSync, HttpSync
+from bge_triton.client.transport import HttpSync, make_async_transport
 from bge_triton.errors import KitError, ServerUnavailable, kind_of
 from bge_triton.extras import require
-from bge_triton.loadtest import harness, loadgen, report
-from bge_triton.loadtest.chaos_faults import PORT_RANGE, capacity, kill_orphan_stubs, remove_orphan_shm, wait_until
+from bge_triton.loadtest import faults, harness, loadgen, report
+from bge_triton.loadtest.bad_input import flood, run_catalogue
+from bge_triton.loadtest.chaos_report import summary, write_report
+from bge_triton.loadtest.faults import PORT_RANGE, capacity, wait_until
 from bge_triton.loadtest.stats import percentile, process_tree, stub_pids, tree_rss_mb
 from bge_triton.server.cpu_variant import CpuVariant
 from bge_triton.server.launcher import LocalServer, free_ports, http_ready, stop_pid
@@ -45,135 +46,10 @@ COMMAND = "bge-triton chaos"
 Inputs = list[tuple[str, str, np.ndarray]]  # (name, datatype, array) per input
 COST = CpuVariant(executor="costmodel", cost_a_us=5000.0, cost_b_us=10.0)  # the fault scenarios': light on 2 CPUs
 TEXT = "hello world"  # [CLS] hello world [SEP]: 4 tokens, padded to 8 -> a fixed cost per text
+URL_HELP = ("not accepted: chaos kills tritonservers and python stubs (kill -9), restarts them and starts servers over "
+            "broken model files, so it runs only on servers it starts itself; leave out --url (to measure a running "
+            "server, give --url to the bench scenarios that take one, e.g. `bge-triton bench seed --url URL`)")
 _ATTEMPTS = contextvars.ContextVar[list[int]]("attempts")  # each overload request's task: the attempts really sent
-
-
-# -- bad input -------------------------------------------------------------------------------------------------------
-class RawOutcome(NamedTuple):
-    ok: bool
-    status: str = ""
-    message: str = ""
-    rows: int = 0
-
-
-def raw_client(protocol: str, url: str) -> GrpcSync | HttpSync:
-    """The SDK's own transport (client.transport: the kit's request bytes), without the client's input checks."""
-    return GrpcSync(url) if protocol == "grpc" else HttpSync(url)
-
-
-def raw_infer(client: GrpcSync | HttpSync, model: str, inputs: Inputs, parameters: dict | None = None) -> RawOutcome:
-    """Send named inputs; never raises for a server answer."""
-    call = InferCall(model, tuple(inputs), dict(parameters or {}), rows=len(inputs[0][2]) if inputs else 0)
-    try:
-        emb = client.infer(call, 30.0).as_numpy("embedding")
-        return RawOutcome(True, rows=0 if emb is None else int(emb.shape[0]))
-    except InferenceServerException as exc:
-        return RawOutcome(False, str(exc.status() or ""), exc.message() or str(exc))
-
-
-def text_array(texts: Sequence[str | bytes]) -> np.ndarray:
-    """BYTES [n, 1]; str items are UTF-8 encoded, bytes items go as they are (invalid UTF-8 too)."""
-    items = [t if isinstance(t, bytes) else t.encode("utf-8", "surrogatepass") for t in texts]
-    return np.array(items, dtype=np.object_).reshape(-1, 1)
-
-
-class Case(NamedTuple):
-    """A bad (or unusual) input and the answer it must get: "ok", or a kind and a message substring (any case)."""
-
-    name: str
-    target: str  # "text" (NAME), "tensor" (NAME_onnx) or "unknown" (a model that does not exist)
-    payload: Any  # text: the texts; tensor: (ids, mask[, Triton datatype, default INT64])
-    expect: str
-    message: str = ""
-    parameters: dict | None = None
-
-    def inputs(self) -> Inputs:
-        if self.target != "tensor":
-            return [("text", "BYTES", text_array(self.payload))]
-        ids, mask, dtype = (*self.payload, "INT64")[:3]  # mask None: all ones; False: no mask input at all
-        a = np.asarray(ids, dtype={"INT64": np.int64, "INT32": np.int32, "FP32": np.float32}[dtype])
-        named = [("input_ids", a), ("attention_mask", np.ones_like(a) if mask is None else np.asarray(mask, a.dtype))]
-        return [(name, dtype, arr) for name, arr in named[:1 if mask is False else 2]]
-
-
-GOOD = [[101, 7592, 2088, 102]]
-LONG = "向量检索" * 25_000
-CASES: list[tuple[Any, ...]] = [  # the Case fields, in order
-    ("empty", "text", [""], "InputError", "empty or whitespace"),
-    ("whitespace", "text", [" \t\n\u3000 "], "InputError", "empty or whitespace"),
-    ("nul_byte", "text", ["abc\x00def"], "InputError", "NUL byte"),
-    ("invalid_utf8", "text", [b"\xff\xfe\xfdabc"], "InputError", "not valid UTF-8"),
-    ("lone_surrogate", "text", ["x\ud800y"], "InputError", "not valid UTF-8"),
-    ("text_100k_truncated", "text", [LONG], "ok"),
-    ("text_100k_truncate_false", "text", [LONG], "InputError", "over the limit", {"truncate": False}),
-    ("cjk_extension_b", "text", ["𠀀𠀁𠀂𪚥𠮷野家"], "ok"),
-    ("emoji", "text", ["😀🚀👍🏽 家族👨‍👩‍👧"], "ok"),
-    ("good_and_bad_in_one_request", "text", ["今天天气很好", "", "ok"], "InputError", "text 1 is empty"),
-    ("text_batch_over_max_batch_size", "text", ["短文本"] * 200, "InputError", "batch-size must be <="),
-    ("int32_ids", "tensor", (GOOD, None, "INT32"), "InputError", "data-type"),
-    ("fp32_ids", "tensor", (GOOD, None, "FP32"), "InputError", "data-type"),
-    ("rank3_shape", "tensor", (np.ones((1, 1, 4)), None), "InputError", "unexpected shape"),
-    ("ids_mask_shape_mismatch", "tensor", (GOOD, [[1, 1, 1, 1, 1]]), "InputError", "!= attention_mask"),
-    ("token_id_over_vocab", "tensor", ([[101, 10_000_000, 102]], None), "InputError", "outside the vocabulary"),
-    ("negative_token_id", "tensor", ([[101, -7, 102]], None), "InputError", "outside the vocabulary"),
-    ("mask_all_zero", "tensor", (GOOD, [[0, 0, 0, 0]]), "InputError", "no real token"),
-    ("mask_not_binary", "tensor", (GOOD, [[1, 5, 1, 1]]), "InputError", "only 0 and 1"),
-    ("zero_length", "tensor", (np.zeros((1, 0)), None), "InputError", "seq_len >= 1"),
-    ("missing_mask", "tensor", (GOOD, False), "InputError", "missing required input"),
-    ("tensor_batch_over_max_batch_size", "tensor", (GOOD * 100, None), "InputError", "batch-size must be <="),
-    ("good_tensor", "tensor", (GOOD, None), "ok"),
-    ("unknown_model", "unknown", ["hello"], "ModelConfigError", "unknown model"),
-]
-ALL_CASES = [Case(*c) for c in CASES]
-
-
-def send_case(client: GrpcSync | HttpSync, case: Case, model: str) -> tuple[RawOutcome, str | None]:
-    """Send one case to its model: the outcome, and what was wrong with it (None when it is as the case requires)."""
-    target = {"text": model, "tensor": f"{model}_onnx", "unknown": f"{model}_does_not_exist"}[case.target]
-    out = raw_infer(client, target, case.inputs(), case.parameters)
-    got = "ok" if out.ok else kind_of(out.status)
-    if got != case.expect or case.message.lower() not in out.message.lower():
-        return out, f"{case.name}: expected {case.expect} '{case.message}', got {got} ({out.status}) '{out.message}'"
-    return out, None
-
-
-def run_catalogue(urls: dict[str, str], model: str) -> list[dict]:
-    """Every case over every protocol in `urls` ({"grpc": url, "http": url}); one row per (case, protocol)."""
-    rows = []
-    for protocol, url in urls.items():
-        client = raw_client(protocol, url)
-        for case in ALL_CASES:
-            out, problem = send_case(client, case, model)
-            rows.append({"case": case.name, "protocol": protocol, "ok": out.ok, "status": out.status,
-                         "message": out.message[:160], "problem": problem})
-        client.close()
-    return rows
-
-
-def flood(grpc_url: str, model: str, pid: int, requests: int, workers: int = 4) -> dict:
-    """`requests` bad requests (cycling through the error cases) from `workers` closed-loop users; the server's RSS
-    before and after."""
-    cases = [c for c in ALL_CASES if c.expect != "ok" and c.name != "text_100k_truncate_false"]
-    client = raw_client("grpc", grpc_url)  # thread-safe: one for all the users
-    for case in cases * 3:  # first touches allocate caches: not a leak
-        send_case(client, case, model)
-    time.sleep(0.5)
-    rss_before, kinds, problems, sent = tree_rss_mb(pid), Counter[str](), list[str](), [0]
-
-    async def send(_k: int) -> None:
-        case = cases[sent[0] % len(cases)]
-        sent[0] += 1
-        out, bad = await asyncio.to_thread(send_case, client, case, model)
-        kinds[kind_of(out.status)] += 1
-        if bad and len(problems) < 5:
-            problems.append(bad)
-
-    asyncio.run(loadgen.closed_loop(send, workers, lambda: sent[0] >= requests))
-    time.sleep(0.5)
-    rss_after = tree_rss_mb(pid)
-    client.close()
-    return {"requests": sent[0], "lost": sent[0] - sum(kinds.values()), "statuses": dict(kinds), "problems": problems,
-            "rss_before_mb": rss_before, "rss_after_mb": rss_after, "rss_growth_mb": rss_after - rss_before}
 
 
 # -- overload -------------------------------------------------------------------------------------------------------
@@ -191,81 +67,115 @@ class Shot(NamedTuple):
     sched: float  # seconds since the run began
     latency: float
     outcome: str  # "ok", errors.kind_of(error), or "lost"
-    attempts: int = 1
+    attempts: int = 1  # infer attempts that reached the transport (0: lost before the first was sent)
 
 
-async def _storm(client: AsyncEmbeddingClient, phases: list[tuple[str, float, float]], rng: random.Random
-                 ) -> list[Shot]:
-    """Poisson arrivals, phases = [(name, rate_rps, seconds)] back to back; one Shot per request, none left out."""
-    t0, shots, attempts = time.monotonic(), list[Shot](), dict[float, list[int]]()  # send time -> [attempts sent]
-    ends = [t0 + sum(s for _, _, s in phases[:k + 1]) for k in range(len(phases))]
-    infer = client._transport.infer
+class Attempts:
+    """The client's transport (its public `transport=` seam) around the SDK's own: counts every infer attempt that
+    reaches the wire, in all and per request (the request's task holds its counter in _ATTEMPTS)."""
 
-    async def counting(call, timeout_s):
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.total = inner, 0
+
+    async def infer(self, call: InferCall, timeout_s: float) -> Any:
+        self.total += 1
         _ATTEMPTS.get([0])[0] += 1
-        return await infer(call, timeout_s)
+        return await self.inner.infer(call, timeout_s)
 
-    async def times() -> AsyncIterator[float]:
-        for (_, rate, _), start, end in zip(phases, [t0, *ends], ends, strict=False):
-            async for t in loadgen.poisson(rng, partial(float, rate), time.monotonic, start, end, False):
-                yield t
+    def __getattr__(self, name: str) -> Any:  # model_config, ready, close: the SDK's own
+        return getattr(self.inner, name)
+
+
+def storm_client(url: str, model: str, retry: RetryPolicy) -> tuple[AsyncEmbeddingClient, Attempts]:
+    """An SDK client whose infer attempts are counted (Attempts, through the client's `transport=`)."""
+    settings = ClientSettings(url=url, model=model, retry=retry, timeout_s=DEADLINE_S)
+    wire = Attempts(make_async_transport(settings))
+    return AsyncEmbeddingClient(settings=settings, transport=wire), wire
+
+
+async def _storm(client: AsyncEmbeddingClient, base_rps: float, seconds: float, rng: random.Random,
+                 spike: tuple[float, float, float] | None = None) -> tuple[int, list[Shot]]:
+    """Poisson arrivals at base_rps for `seconds`, with an overload spike (at_s, factor, length_s: faults.Rate.spike);
+    returns the count sent (loadgen.open_loop's) and one Shot per request answered or lost."""
+    t0, shots, attempts, rate = time.monotonic(), list[Shot](), dict[float, list[int]](), faults.Rate(base_rps)
+    at, factor, length = spike or (math.inf, 1.0, 0.0)
+
+    def phase(sched: float) -> str:
+        return "retry" if spike is None else "baseline" if sched < at else "overload" if sched < at + length \
+            else "recovery"
+
+    async def spiking() -> None:
+        await asyncio.sleep(at)
+        await rate.spike(factor, length)
 
     async def call(t: float) -> None:
         _ATTEMPTS.set(attempts.setdefault(t, [0]))
         await client.embed_documents([TEXT], timeout_s=DEADLINE_S)
 
     def record(t: float, done: float, kind: str, _error: BaseException | None) -> None:
-        phase = phases[next(k for k, end in enumerate(ends) if t < end)][0]
-        shots.append(Shot(phase, t - t0, done - t, kind, attempts.pop(t, [1])[0]))
+        shots.append(Shot(phase(t - t0), t - t0, done - t, kind, attempts.pop(t, [0])[0]))
 
-    client._transport.infer = counting
-    await loadgen.open_loop(call, times(), time.monotonic, record, DEADLINE_S + 2.0)
-    return shots
+    spiker = asyncio.ensure_future(spiking()) if spike else None
+    times = loadgen.poisson(rng, rate, time.monotonic, t0, t0 + seconds, False)
+    sent = await loadgen.open_loop(call, times, time.monotonic, record, DEADLINE_S + 2.0)
+    if spiker is not None:
+        spiker.cancel()
+    return sent, shots
 
 
 def run_overload(repository: Path, state_dir: Path, model: str = "minilm", overload_s: float = 60.0,
-                 baseline_s: float = 4.0, recovery_s: float = 6.0) -> dict:
-    """Start a costmodel server we own, run the phases, stop it; returns the figures (and every shot)."""
+                 baseline_s: float = 4.0, recovery_s: float = 8.0) -> dict:
+    """Start a costmodel server we own, offer LOW x its capacity with an overload spike to FACTOR x (faults.Rate),
+    stop it; returns the figures, the spike's faults.Outcome and every shot."""
     variant = CpuVariant(executor="costmodel", cost_a_us=COST_US[0], cost_b_us=COST_US[1],
                          batching={model: QUEUE, f"{model}_onnx": QUEUE}, text_params={"sub_batch_max": "8"})
     srv = harness.start_server(repository, state_dir, variant, port_range=PORT_RANGE)
+    total_s = baseline_s + overload_s + recovery_s
 
-    async def storms() -> tuple[float, float, list[Shot], list[Shot]]:
+    async def storms() -> tuple[float, float, tuple[int, list[Shot], int], tuple[int, list[Shot], int]]:
         warm, rng = Counter[str](), random.Random(0)
-        async with AsyncEmbeddingClient(srv.grpc_url, model=model, retry=RetryPolicy.off(), timeout_s=DEADLINE_S) as c:
+        c, wire = storm_client(srv.grpc_url, model, RetryPolicy.off())
+        async with c:
             # the first calls are slow (stub start-up) and may hit the queue timeout
             await loadgen.closed_loop(lambda _k: c.embed_documents([TEXT]), 1, lambda: warm["ok"] >= 5
                                       or warm.total() >= 50, lambda *r: warm.update([r[2]]), 0.2)
             cap = await capacity(lambda _k: c.embed_documents([TEXT]), 3.0, 16, 0.01)
-            rss = tree_rss_mb(srv.pid)
-            shots = await _storm(c, [("baseline", LOW * cap, baseline_s), ("overload", FACTOR * cap, overload_s),
-                                     ("recovery", LOW * cap, recovery_s)], rng)
+            rss, before = tree_rss_mb(srv.pid), wire.total
+            sent, shots = await _storm(c, LOW * cap, total_s, rng, (baseline_s, FACTOR / LOW, overload_s))
+            first = (sent, shots, wire.total - before)
         # the same storm with retries on: attempts per request must stay bounded by max_attempts
-        async with AsyncEmbeddingClient(srv.grpc_url, model=model, retry=RETRY, timeout_s=DEADLINE_S) as c:
-            return cap, rss, shots, await _storm(c, [("retry", FACTOR * cap, min(overload_s, 10.0))], rng)
+        c, wire = storm_client(srv.grpc_url, model, RETRY)
+        async with c:
+            before = wire.total
+            sent, shots = await _storm(c, FACTOR * cap, min(overload_s, 10.0), rng)
+            return cap, rss, first, (sent, shots, wire.total - before)
 
     try:
-        cap, rss_before, shots, retried = asyncio.run(storms())
+        cap, rss_before, (sent, shots, wire), (retry_sent, retried, retry_wire) = asyncio.run(storms())
         rss_growth = tree_rss_mb(srv.pid) - rss_before
         alive, ready = srv.running.poll() is None, http_ready(srv.settings.http_port)
     finally:
         srv.stop()
-    base = [x.latency for x in shots if x.phase == "baseline" and x.outcome == "ok"] or [0.05]
-    normal_s = max(3 * percentile(base, 50), percentile(base, 99) * 1.5, 0.1)
+    # the spike's outcome, judged as every fault is (faults.judge): latency from the scheduled send time
+    calm = [faults.Shot(x.sched, x.sched + x.latency, x.outcome) for x in shots]
+    threshold = faults.calm_p99(calm, baseline_s)[1]
+    width = max(1.0, 10.0 / (LOW * cap))  # ten requests a window at the calm rate
+    spike = faults.judge(faults.Outcome(faults.OVERLOAD_SPIKE, baseline_s, overload_s), calm, threshold, width,
+                         total_s)
     over = [x for x in shots if x.phase == "overload"]
     accepted = [x.latency for x in over if x.outcome == "ok"] or [0.0]
     rejected = [x.latency for x in over if x.outcome == "Overloaded"] or [0.0]
-    # recovery: from the load drop until the last abnormal answer (error, or latency above normal_s)
-    recovery_s = max((x.sched + x.latency - baseline_s - overload_s for x in shots
-                      if x.phase == "recovery" and (x.outcome != "ok" or x.latency > normal_s)), default=0.0)
+    answered = [x for x in shots if x.outcome != "lost"]
     return {
         "capacity_rps": cap, "offered_rps": FACTOR * cap, "factor": FACTOR, "overload_s": overload_s,
-        "deadline_s": DEADLINE_S, "requests": len(shots), "outcomes": dict(Counter(x.outcome for x in shots)),
-        "overload_outcomes": dict(Counter(x.outcome for x in over)), "lost": sum(x.outcome == "lost" for x in shots),
-        "baseline_p50_s": percentile(base, 50), "normal_s": normal_s, "accepted_p99_s": percentile(accepted, 99),
+        "deadline_s": DEADLINE_S, "requests": sent, "answered": len(answered), "wire_attempts": wire,
+        "outcomes": dict(Counter(x.outcome for x in shots)),
+        "overload_outcomes": dict(Counter(x.outcome for x in over)), "lost": sent - len(answered),
+        "normal_s": threshold, "accepted_p99_s": percentile(accepted, 99),
         "accepted_max_s": max(accepted), "latency_bound_s": BOUND_S, "rejected_p99_s": percentile(rejected, 99),
-        "rejected_max_s": max(rejected), "recovery_s": recovery_s, "rss_growth_mb": rss_growth,
-        "retry_requests": len(retried), "retry_attempts": sum(x.attempts for x in retried),
+        "rejected_max_s": max(rejected), "recovery_s": spike.p99_normal_after_end_s, "spike": dataclasses.asdict(spike),
+        "rss_growth_mb": rss_growth, "retry_requests": retry_sent, "retry_answered": sum(
+            x.outcome != "lost" for x in retried), "retry_attempts": retry_wire,
         "retry_max_attempts_seen": max((x.attempts for x in retried), default=0),
         "retry_policy_max_attempts": RETRY.max_attempts, "retry_outcomes": dict(Counter(x.outcome for x in retried)),
         "shots": shots, "server_alive_after": alive, "server_ready_after": ready,
@@ -275,68 +185,90 @@ def run_overload(repository: Path, state_dir: Path, model: str = "minilm", overl
 # -- kill -9 --------------------------------------------------------------------------------------------------------
 def kill9_under_load(repository: Path, state_dir: Path, model: str = "minilm", threads: int = 3,
                      protocol: str = "grpc") -> dict:
-    """SIGKILL our tritonserver under closed-loop callers; restart it on the same ports; reuse the same clients."""
-    settings = harness.server_settings(repository, state_dir, COST, port_range=PORT_RANGE)
+    """faults.KILL9_SERVER of our tritonserver under closed-loop callers, its ports held while it is down; restart it on
+    the same ports (faults.restart_on_same_ports: else the record's `restart` says who took them); the same clients
+    must come back. Every figure and the fault's faults.Outcome in one record."""
+    settings = harness.server_settings(repository, state_dir, COST, port_range=faults.RESTART_PORTS)
     srv = LocalServer(settings).start()
+    ports = (settings.http_port, settings.grpc_port, settings.metrics_port)  # as bound (start may have re-picked)
     url = srv.grpc_url if protocol == "grpc" else srv.http_url
     retry = RetryPolicy(max_attempts=3, initial_backoff_s=0.05, max_backoff_s=0.2, total_s=2.0)
     clients = [EmbeddingClient(url, model=model, protocol=protocol, timeout_s=5.0, retry=retry).connect()
                for _ in range(threads)]  # long-lived: the same objects before the kill and after the restart
-    log: list[tuple[float, int, str]] = []  # (time, worker, outcome)
+    t0, sent, started = time.monotonic(), [0], [0.0] * threads
+    log: list[tuple[faults.Shot, int]] = []  # (the request, its worker)
     odd: list[str] = []  # messages of errors that are not ServerUnavailable
     stop = threading.Event()
 
+    def now() -> float:
+        return time.monotonic() - t0
+
     def record(k: float, done: float, kind: str, error: BaseException | None) -> None:
-        log.append((done, int(k), kind))
+        log.append((faults.Shot(started[int(k)], done, kind), int(k)))
         if error is not None and not isinstance(error, ServerUnavailable) and len(odd) < 5:
             odd.append(str(error)[:300])
 
     def every_worker(since: float, ok: bool, timeout_s: float) -> float | None:
         workers = set(range(threads))
-        return wait_until(lambda: {w for t, w, o in list(log) if t > since and (o == "ok") == ok} >= workers, timeout_s)
+        return wait_until(lambda: {w for x, w in list(log) if x.done > since and (x.outcome == "ok") == ok}
+                          >= workers, timeout_s)
 
     def call(k: int) -> Awaitable[object]:
+        started[k], sent[0] = now(), sent[0] + 1
         return asyncio.to_thread(clients[k].embed_documents, ["今天天气很好 hello"])
 
-    loop = threading.Thread(target=lambda: asyncio.run(loadgen.closed_loop(call, threads, stop.is_set, record, 0.05)))
+    loop = threading.Thread(target=lambda: asyncio.run(loadgen.closed_loop(call, threads, stop.is_set, record, 0.05,
+                                                                            now)))
     loop.start()
-    out: dict = {"protocol": protocol, "threads": threads}
+    out: dict = {"protocol": protocol, "threads": threads, "ports": ports}
+    o = faults.Outcome(faults.KILL9_SERVER, 0.0)
     try:
         every_worker(0.0, True, 60)
         time.sleep(1.0)
-        stubs = stub_pids(srv.pid)
-        out["ok_before_kill"] = sum(1 for _, _, o in log if o == "ok")
-        killed_at = time.monotonic()
-        os.kill(srv.pid, signal.SIGKILL)  # the server this function started, by its pid
+        out["ok_before_kill"] = sum(1 for x, _ in log if x.outcome == "ok")
+        o.at_s, o.pid = now(), srv.pid
+        stubs = faults.kill_server(srv.pid)  # the server this function started, by its pid
         srv.running.wait(timeout=10)
         srv.proc = None
-        out["all_workers_errored"] = every_worker(killed_at, False, 120) is not None
-        errs = {w: (t - killed_at, o) for t, w, o in reversed(log) if t > killed_at and o != "ok"}  # first per worker
-        out["error_kinds_after_kill"] = dict(Counter(o for _, o in errs.values()))
-        out["max_time_to_error_s"] = max((d for d, _ in errs.values()), default=None)
-        out["stubs_exited_after_kill_s"] = wait_until(lambda: not any(
-            psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in stubs), 15)
-        out["stubs_outliving_server"] = kill_orphan_stubs(stubs)  # our server's children only
-        out["shm_regions_left"] = remove_orphan_shm(stubs)
-        restart_t = time.monotonic()
-        srv = LocalServer(settings).start()  # same ports, same state dir
-        out["restart_s"] = (ready_at := time.monotonic()) - restart_t
-        # from ready to every old client succeeding (120 s: a safety net, not a target)
-        out["same_clients_ok_after_restart_s"] = back = every_worker(ready_at, True, 120)
-        # recovery once a restart is issued; the wait for stubs to exit is reported apart (stubs_exited_after_kill_s)
-        out["max_recovery_s"] = None if back is None else out["restart_s"] + back
+        with faults.PortHold(ports) as hold:  # while it is down, a server started meanwhile cannot pick its ports
+            out["ports_not_held_at_kill"] = hold.grab()
+            out["all_workers_errored"] = every_worker(o.at_s, False, 120) is not None
+            errs = {w: (x.done - o.at_s, x.outcome) for x, w in reversed(log) if x.done > o.at_s and x.outcome != "ok"}
+            out["error_kinds_after_kill"] = dict(Counter(kind for _, kind in errs.values()))  # first error per worker
+            out["max_time_to_error_s"] = max((d for d, _ in errs.values()), default=None)
+            out.update(faults.clean_up_after_kill(stubs))  # our server's children only
+            out["ports_not_held"] = hold.grab()  # the stubs may have held a port till now
+        restart_t = now()
+        new, o.restart = faults.restart_on_same_ports(settings)
+        out["restart_s"] = out["same_clients_ok_after_restart_s"] = out["max_recovery_s"] = None
+        if new is not None:
+            srv, ready_at = new, now()
+            out["restart_s"], o.ready_again_s = ready_at - restart_t, ready_at - o.at_s
+            # from ready to every old client succeeding (120 s: a safety net, not a target)
+            out["same_clients_ok_after_restart_s"] = back = every_worker(ready_at, True, 120)
+            # recovery once a restart is issued; the wait for stubs to exit is reported apart (stubs_exited_...)
+            out["max_recovery_s"] = None if back is None else out["restart_s"] + back
+            threshold = faults.calm_p99([x for x, _ in log], o.at_s)[1]
+            wait_until(lambda: faults.judge(o, [x for x, _ in list(log)], threshold, 1.0, now() - 1.0).recovered, 30,
+                       0.5)  # the load goes on until the latency is back to normal too (30 s at most)
     finally:
         stop.set()
         loop.join(timeout=60)
         for c in clients:
             c.close()
-        out.update(outcomes=dict(Counter(o for _, _, o in log)), requests=len(log), other_error_messages=odd)
+        shots = [x for x, _ in log]
+        if o.at_s:
+            faults.judge(o, shots, faults.calm_p99(shots, o.at_s)[1], 1.0, now())
+        out.update(outcomes=dict(Counter(x.outcome for x in shots)), requests=sent[0], answered=len(shots),
+                   other_error_messages=odd, outcome=dataclasses.asdict(o), recovered=o.recovered,
+                   restart=o.restart)
         srv.stop()
     return out
 
 
 def kill_stub(repository: Path, state_dir: Path, model: str = "minilm", watch_s: float = 20.0) -> dict:
-    """SIGKILL the python stub of the encoder (a child of our server) and watch what Triton does."""
+    """faults.KILL9_STUB of the encoder (a child of our server), and watch what Triton does: no restart here, so its
+    faults.Outcome is not recovered (Triton 2.51 does not replace a dead stub; `server up --watch` restarts)."""
     srv = harness.start_server(repository, state_dir, COST, port_range=PORT_RANGE)
     try:
         client = EmbeddingClient(srv.grpc_url, model=model, timeout_s=10.0, retry=RetryPolicy.off()).connect()
@@ -344,10 +276,10 @@ def kill_stub(repository: Path, state_dir: Path, model: str = "minilm", watch_s:
         out: dict = {"listening": sorted({(c.laddr.ip, c.laddr.port) for p in process_tree(srv.pid)
                                           for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN})}
         before = stub_pids(srv.pid)  # a stub started after the kill has a pid not in here (the other instance has)
-        target = next(p for p, cmd in before.items() if f"{model}_onnx" in cmd)
         killed_at = time.monotonic()
-        os.kill(target, signal.SIGKILL)  # a child of the server we started
+        [out["pid"]] = faults.kill_stub(srv.pid, f"{model}_onnx")  # a child of the server we started
         outcomes: list[tuple[str, float, str]] = []
+        shots: list[faults.Shot] = []  # from the kill on
         first_ok = None
         while time.monotonic() - killed_at < watch_s and sum(o == "ok" for o, _, _ in outcomes) < 3:
             t = time.monotonic()
@@ -355,14 +287,19 @@ def kill_stub(repository: Path, state_dir: Path, model: str = "minilm", watch_s:
                 client.embed_documents(["after the stub died"])
                 outcomes.append(("ok", time.monotonic() - t, ""))
                 first_ok = first_ok or time.monotonic() - killed_at
+                shots.append(faults.Shot(t - killed_at, time.monotonic() - killed_at, "ok"))
             except KitError as exc:
                 outcomes.append((type(exc).__name__, time.monotonic() - t, str(exc)[:300]))
+                shots.append(faults.Shot(t - killed_at, time.monotonic() - killed_at, kind_of(exc)))
                 time.sleep(0.2)
         http = HttpSync(srv.http_url)
         out.update(server_alive=srv.running.poll() is None, server_ready=http.ready(model, 2.0),
                    encoder_ready=http.ready(f"{model}_onnx", 2.0),
                    errors=[(o, round(d, 3), m) for o, d, m in outcomes if o != "ok"], first_ok_after_kill_s=first_ok,
                    new_stub=any(p not in before for p, c in stub_pids(srv.pid).items() if f"{model}_onnx" in c))
+        o = faults.Outcome(faults.KILL9_STUB, 0.0, pid=out["pid"], restart="none: Triton does not replace a dead "
+                           "python stub; restart the server (`python -m bge_triton.server up --watch` does)")
+        out["outcome"] = dataclasses.asdict(faults.judge(o, shots, math.inf, 1.0, time.monotonic() - killed_at))
         log = srv.log_path.read_text(errors="replace").splitlines()
         out["log_lines"] = [ln for ln in log if any(w in ln.lower() for w in ("stub", "unhealthy", "not healthy"))][-6:]
         client.close()
@@ -405,132 +342,22 @@ def broken_start(repository: Path, work_dir: Path, case: str, model: str = "mini
 
 
 # -- the command -----------------------------------------------------------------------------------------------------
-def summary(res: dict) -> dict:
-    cat, fl, ov, k9s = res["catalogue"], res["flood"], res["overload"], res["kill9"]
-    kinds = Counter("ok" if r["ok"] else kind_of(r["status"]) for r in cat) + Counter(fl["statuses"])
-    for section, x in [("overload", ov), *(("kill9", k) for k in k9s)]:
-        kinds += Counter({f"{section}:{k}": v for k, v in x["outcomes"].items()})
-    recov = [k["max_recovery_s"] for k in k9s if k["max_recovery_s"] is not None] + [ov["recovery_s"]]
-    return {
-        "bad_input_cases": len({r["case"] for r in cat}), "catalogue_requests": len(cat),
-        "catalogue_problems": sum(1 for r in cat if r["problem"]),
-        "requests_sent": len(cat) + fl["requests"] + ov["requests"] + ov["retry_requests"]
-        + sum(k["requests"] for k in k9s),
-        "requests_lost": fl["lost"] + ov["lost"],  # every other request is counted from its own outcome
-        "errors_by_kind": dict(kinds), "max_recovery_s": max(recov), "rss_growth_mb_flood": fl["rss_growth_mb"],
-        "flood_requests": fl["requests"], "rss_growth_mb_overload": ov["rss_growth_mb"],
-        "broken_start_clear": sum(1 for b in res["broken"] if b["rc"] != 0), "broken_start_cases": len(res["broken"]),
-    }
-
-
-def _figure(ov: dict, path: Path, command: str) -> None:
-    fig, (ax,) = report.subplots(1, 9, 4)
-    for outcome, colour in (("ok", "tab:blue"), ("Overloaded", "tab:red")):
-        pts = [(s.sched, s.latency * 1000) for s in ov["shots"] if s.outcome == outcome]
-        if pts:
-            ax.scatter(*zip(*pts, strict=True), s=4, c=colour, label=outcome)
-    ax.axhline(ov["latency_bound_s"] * 1000, ls="--", c="grey", label="queue-policy bound")
-    ax.set(xlabel="scheduled send time (s); overload between the baseline and recovery phases", ylabel="latency (ms)",
-           title=f"3x overload (emulated encoder): capacity {ov['capacity_rps']:.0f} rps, offered "
-           f"{ov['offered_rps']:.0f} rps")
-    ax.legend(loc="upper right")
-    report.save_figure(fig, path, command)
-
-
-def _csv(res: dict, s: dict, out: Path, command: str) -> None:
-    def cell(v: object) -> object:
-        return json.dumps(v, ensure_ascii=False)[:400] if isinstance(v, (dict, list, tuple)) else v
-
-    rows: list[tuple[object, ...]] = [("summary", k, "", cell(v), "") for k, v in s.items()]
-    rows += [("bad_input", r["case"], r["protocol"], "ok" if r["ok"] else kind_of(r["status"]),
-              f"{r['status']} {r['message']}".strip()) for r in res["catalogue"]]
-    rows += [("overload", k, "grpc", cell(v), "") for k, v in res["overload"].items() if k != "shots"]
-    rows += [("kill9", k, k9["protocol"], cell(v), "") for k9 in res["kill9"] for k, v in k9.items()]
-    rows += [("stub_kill", k, "grpc", cell(v), "") for k, v in res["stub"].items()]
-    rows += [("broken_start", b["case"], "", b["rc"], cell(b["stderr"].splitlines()[:4])) for b in res["broken"]]
-    fields = ("section", "name", "protocol", "value", "detail")
-    report.write_csv([dict(zip(fields, r, strict=True)) for r in rows], fields, out / "chaos.csv", command)
-
-
-def write_report(res: dict, command: str, model: str, machine: str) -> Path:
-    out = Path(res["out"])
-    s, ov, fl, st = summary(res), res["overload"], res["flood"], res["stub"]
-    _csv(res, s, out, command)
-    _figure(ov, out / "chaos_overload.png", command)
-    by: dict[str, dict[str, dict]] = {}
-    for r in res["catalogue"]:
-        by.setdefault(r["case"], {})[r["protocol"]] = r
-    lines = [
-        f"Machine: {machine}; {res['seconds']:.0f} s. Model: `{model}` (real MiniLM weights "
-        "for bad input and faults; the overload run uses the costmodel executor, an **emulated** encoder with a "
-        "deterministic capacity).", "",
-        *report.table("figure | value", [
-            ("bad-input cases tried (x gRPC, HTTP)", f"{s['bad_input_cases']} ({s['catalogue_requests']} requests, "
-             f"{s['catalogue_problems']} answered wrongly)"),
-            ("requests sent (all scenarios)", s["requests_sent"]),
-            ("requests lost (no result and no error)", f"**{s['requests_lost']}**"),
-            ("max recovery time", f"{s['max_recovery_s']:.2f} s"),
-            (f"RSS growth after {fl['requests']} bad requests", f"{fl['rss_growth_mb']:+.1f} MiB "
-             f"({fl['rss_before_mb']:.0f} -> {fl['rss_after_mb']:.0f} MiB, tritonserver + stubs)"),
-            ("broken model files: `server up` failed with the cause named",
-             f"{s['broken_start_clear']}/{s['broken_start_cases']}")]), "",
-        "Errors by kind (errors.kind_of of the exception or status): "
-        + ", ".join(f"`{k}` {v}" for k, v in sorted(s["errors_by_kind"].items())), "",
-        "## Overload (3x capacity)", "",
-        f"Capacity measured closed-loop: {ov['capacity_rps']:.1f} rps; offered {ov['offered_rps']:.1f} rps for "
-        f"{ov['overload_s']:.0f} s (Poisson, open loop, latency from the scheduled send time). Outcomes in the "
-        f"overload phase: {ov['overload_outcomes']}; lost (no answer within the deadline): {ov['lost']}.",
-        f"Accepted latency p99 {ov['accepted_p99_s'] * 1000:.0f} ms, max {ov['accepted_max_s'] * 1000:.0f} ms; "
-        f"rejections (503/UNAVAILABLE) max {ov['rejected_max_s'] * 1000:.0f} ms; queue-policy bound "
-        f"{ov['latency_bound_s'] * 1000:.0f} ms. Back to normal latency {ov['recovery_s']:.2f} s after the load "
-        f"dropped. Server up and ready after: {ov['server_alive_after'] and ov['server_ready_after']}.",
-        f"Retries (RetryPolicy max_attempts={ov['retry_policy_max_attempts']}, full jitter, client-wide RetryBudget) "
-        f"under the same storm: {ov['retry_requests']} requests -> {ov['retry_attempts']} attempts "
-        f"({ov['retry_attempts'] / max(1, ov['retry_requests']):.2f} per request, max "
-        f"{ov['retry_max_attempts_seen']}); outcomes {ov['retry_outcomes']}. The retry budget stops retrying while "
-        "rejections dominate, so retries do not multiply the offered load.",
-        "", "![overload](chaos_overload.png)", "",
-        "## kill -9 of tritonserver under load", "",
-        *report.table("protocol | first error after kill | error kinds | restart | same clients OK after ready | "
-                      "stubs gone after kill | /dev/shm regions left",
-                      [(k["protocol"], f"{k['max_time_to_error_s']:.3f} s", k["error_kinds_after_kill"],
-                        f"{k['restart_s']:.1f} s", report.fmt(k["same_clients_ok_after_restart_s"], 2) + " s",
-                        f"{k['stubs_exited_after_kill_s']:.2f} s" if k["stubs_exited_after_kill_s"] is not None
-                        else "not within 15 s: " + ", ".join(k["stubs_outliving_server"] or ["?"]) + " (killed)",
-                        k["shm_regions_left"]) for k in res["kill9"]]),
-        "", "Recovery counts from the restart to every old client succeeding. Triton 2.51's python stubs exit when "
-        "they notice their server is gone, but in some runs one does not within 15 s; the harness then kills it "
-        "(named in the table) before the restart.",
-        "", "## kill -9 of the encoder's python stub", "",
-        f"Server alive: {st['server_alive']}; server/model still report ready: {st['server_ready']}/"
-        f"{st['encoder_ready']}; first success after the kill: {report.fmt(st['first_ok_after_kill_s'], 2)} s; "
-        f"a new stub was started: {st['new_stub']}. Errors seen ({len(st['errors'])}): "
-        f"`{st['errors'][0][2] if st['errors'] else '-'}`. Recovery: restart the server "
-        "(`python -m bge_triton.server down && python -m bge_triton.server up ...`).",
-        "", "## Broken model files at `server up`", "",
-        *(f"- `{b['case']}`: rc {b['rc']} after {b['seconds']:.1f} s: `" + next(
-            (ln for ln in b["stderr"].splitlines() if ln.strip().startswith("- ")), b["stderr"][:200]).strip()[:260]
-          + "`" for b in res["broken"]),
-        "", "## Bad-input catalogue", "",
-        *report.table("case | gRPC | HTTP | message",
-                      [(case, *("ok" if p.get(x, {}).get("ok") else kind_of(p.get(x, {}).get("status"))
-                                for x in ("grpc", "http")), (p["grpc"]["message"] or "").replace("|", "/")[:110])
-                       for case, p in by.items()]),
-    ]
-    return report.write_md(out / "chaos.md", command, "Chaos report: bad input, overload, faults", lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    p = argparse.ArgumentParser(prog=COMMAND, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = flags.parser(COMMAND, __doc__ or "")
+    flags.no_env(flags.add_url(p, None, help=URL_HELP))
     p.add_argument("--repository", type=Path, default=None,
                    help="exported repository with NAME + NAME_onnx (default: export MiniLM into a temp dir)")
-    p.add_argument("--model", default="minilm", help="model NAME in the repository (default minilm)")
-    p.add_argument("--out", type=Path, default=Path("reports/chaos"))
+    flags.no_env(p.add_argument("--model", default="minilm", metavar="NAME",
+                                help="the model NAME (+ NAME_onnx) in --repository that chaos serves"))
+    p.add_argument("--out", type=Path, default=Path("reports/chaos"), help="report directory")
     p.add_argument("--quick", action="store_true", help="CI-sized: 1500 bad requests, 8 s of overload, 4 breakages")
     p.add_argument("--flood", type=int, default=None, help="bad requests in the RSS flood (default 10000)")
     p.add_argument("--overload-s", type=float, default=None, help="seconds at 3x capacity (default 60)")
-    a, load, t = p.parse_args(argv), os.getloadavg(), time.monotonic()
+    a, load, t = flags.parse(p, argv), os.getloadavg(), time.monotonic()
+    if a.url is not None:
+        print(f"error: --url {a.url}: {URL_HELP}", file=sys.stderr)
+        return 2
     res: dict = {"out": a.out}
     with tempfile.TemporaryDirectory(prefix="kit-chaos-") as tmp:
         work = Path(tmp)
@@ -561,5 +388,5 @@ def main(argv: list[str] | None = None) -> int:
     path = write_report(res, " ".join([COMMAND, *argv]), a.model, report.machine_line(load))
     s = summary(res)
     print(f"wrote {path}: {s['requests_sent']} requests, lost {s['requests_lost']}, max recovery "
-          f"{s['max_recovery_s']:.2f} s, RSS growth {s['rss_growth_mb_flood']:+.1f} MiB")
+          f"{report.fmt(s['max_recovery_s'], 2)} s, RSS growth {s['rss_growth_mb_flood']:+.1f} MiB")
     return 0 if s["requests_lost"] == 0 and s["catalogue_problems"] == 0 else 1

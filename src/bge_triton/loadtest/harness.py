@@ -44,8 +44,8 @@ def export(model: str, repository: Path, name: str, precision: str = "fp32", *ex
     onnx = repository / f"{name}{ENCODER_SUFFIX}" / "1" / "model.onnx"
     if onnx.is_file():
         return onnx
-    cmd = [sys.executable, "-m", "bge_triton.export", "--model", model, "--repository", str(repository),
-           "--name", name, "--precision", precision, *extra]
+    cmd = [sys.executable, "-m", "bge_triton.export", "--model-id", model, "--repository", str(repository),
+           "--model", name, "--precision", precision, *extra]
     print("exporting:", " ".join(cmd), flush=True)
     if subprocess.run(cmd).returncode != 0 or not onnx.is_file():
         raise ExportError(f"export failed; run it by hand to see why: {' '.join(cmd)}")
@@ -103,8 +103,8 @@ def build_repository(out: Path, real_repo: Path | None, real_name: str | None, c
         return out
     for name in (real_name, real_name + ENCODER_SUFFIX):
         if not (real_repo / name / "config.pbtxt").is_file():
-            raise ModelConfigError(f"{real_repo}/{name} is missing: run `python -m bge_triton.export --model "
-                                   f"synthetic:bge-small-zh --repository {real_repo} --name {real_name} --precision "
+            raise ModelConfigError(f"{real_repo}/{name} is missing: run `bge-triton export --model-id "
+                                   f"synthetic:bge-small-zh --repository {real_repo} --model {real_name} --precision "
                                    "fp32`")
     write_config(load_config(DEFAULT_CANONICAL / EMULATED), out / EMULATED / "config.pbtxt", command)
     # The text endpoints: the export's config and tokenizer, but this checkout's model.py (an export made by an

@@ -1,13 +1,14 @@
 """`bge-triton bench soak --duration 20m`: a long run at 70% of the capacity measured in the same run, with a kill -9
 of the server, a dead python stub and an overload spike, recovered from as a user runs the kit: `python -m
 bge_triton.server up --watch`, SDK clients with its RetryPolicy; the encoder EMULATED (costmodel executor). Writes
-soak.md, soak.csv (per minute), soak_events.csv, soak_p99.png and soak_server_logs.txt. Only processes this module
-started are signalled: the watcher, its tritonserver, and that server's stubs.
+soak.md, soak.csv (per minute), soak_events.csv, soak_p99.png and soak_server_logs.txt. It starts the server it kills,
+so it takes no --url; only processes it started are signalled: the watcher, its tritonserver, and that server's stubs.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import itertools
 import math
 import os
@@ -24,14 +25,15 @@ from array import array
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import psutil
 
+from bge_triton import flags
 from bge_triton.client import AsyncEmbeddingClient, KitError, RetryPolicy
 from bge_triton.errors import InputError, ServerNotReady
-from bge_triton.loadtest import corpus, loadgen, report
-from bge_triton.loadtest.chaos_faults import PORT_RANGE, capacity, kill_orphan_stubs, remove_orphan_shm
+from bge_triton.loadtest import corpus, faults, loadgen, report
+from bge_triton.loadtest.faults import FAULTS, OVERLOAD_SPIKE, Outcome, Shot
 from bge_triton.loadtest.report import fmt
 from bge_triton.loadtest.stats import percentile, stub_pids, tree_rss_mb
 from bge_triton.paths import CANONICAL_REPOSITORY
@@ -40,16 +42,20 @@ from bge_triton.server.launcher import free_ports, log_tail, stop_pid
 COMMAND = "bge-triton bench soak"
 MODEL = "bge_large_zh"
 ENCODER = f"{MODEL}_onnx"
-EVENT_KINDS = ("kill9_server", "kill9_stub", "overload_spike")
+EVENT_KINDS = FAULTS
 MINUTE_COLS = ("bucket", "start_s", "sent", "ok", "errors", "lost", "p50_ms", "p99_ms", "server_rss_mb",
                "client_rss_mb", "loadavg1", "server_pid")
-EVENT_COLS = ("kind", "planned_s", "at_s", "length_s", "pid", "error", "detected_s", "reason", "ready_again_s",
-              "first_ok_s", "p99_normal_s", "p99_normal_after_end_s", "errors_after", "lost_after", "recovered")
+EVENT_COLS = ("kind", "planned_s", "at_s", "length_s", "pid", "error", "detected_s", "reason", "restart",
+              "ready_again_s", "first_ok_s", "p99_normal_s", "p99_normal_after_end_s", "errors_after", "lost_after",
+              "recovered")
 RETRY, TIMEOUT_S = RetryPolicy(), 10.0  # the SDK's default policy and timeout per attempt
 DEADLINE_S = RETRY.total_s + TIMEOUT_S + 10.0  # no result and no error after this long: LOST (the SDK answers sooner)
 RECOVER_TIMEOUT_S = 180.0  # a recovery is given up after this long without progress
 PROBE_USERS, MAX_CHARS, BUCKET_S, WATCH_S = 32, 128, 60.0, 1.0
-FAILED = 1e9  # the latency (s) a failed request stands for: beyond any threshold
+URL_HELP = ("not accepted: the soak kills a tritonserver and a python stub (kill -9) and restarts them, so it runs "
+            "only on a server it starts itself; leave out --url (to measure a running server, give --url to the "
+            "bench scenarios that take one, e.g. `bge-triton bench seed --url URL`)")
+RESTARTED_BY = "server up --watch"  # faults.Outcome.restart of the kills: the watcher restarts the server
 
 
 class Watcher:
@@ -68,7 +74,7 @@ class Watcher:
         (tok_dir := repo / MODEL / "1" / "tokenizer").mkdir(parents=True)
         vocab = {token: i for i, token in enumerate(build_vocab())}
         BertWordPieceTokenizer(vocab, lowercase=True, handle_chinese_chars=True).save(str(tok_dir / "tokenizer.json"))
-        http, self.grpc, metrics = free_ports(3, PORT_RANGE)
+        http, self.grpc, metrics = free_ports(3, faults.RESTART_PORTS)
         cmd = [sys.executable, "-m", "bge_triton.server", "up", "--repository", str(repo), "--http-port", str(http),
                "--grpc-port", str(self.grpc), "--metrics-port", str(metrics), "--executor", "costmodel",
                "--state-dir", str(self.state), "--watch", str(WATCH_S), "--ready-timeout", "300"]
@@ -108,16 +114,16 @@ class Watcher:
         self.stubs_seen.update(stub_pids(pid))
         return pid
 
-    def kill(self, what: str, every_instance: bool = False) -> int:
-        """SIGKILL our tritonserver ("server") or one encoder instance's stub (or each: "stub"); the first pid."""
+    def kill(self, kind: str, every_instance: bool = False) -> int:
+        """Inject faults.KILL9_SERVER (our tritonserver) or faults.KILL9_STUB (one encoder instance's stub, or each);
+        the first pid killed. ServerNotReady while the watcher restarts the server."""
         pid = self.server_pid()
-        stubs = sorted(p for p, cmd in stub_pids(pid).items() if f"/{ENCODER}/" in cmd) if pid else []
-        pids = ([pid] if pid else []) if what == "server" else stubs
-        if not pids:
-            raise ServerNotReady(f"no {what} to kill under tritonserver pid {pid}: the watcher is restarting it")
-        for p in pids if every_instance else pids[:1]:
-            os.kill(p, signal.SIGKILL)
-        return pids[0]
+        if kind == faults.KILL9_STUB:
+            return faults.kill_stub(pid, ENCODER, every_instance)[0]
+        if pid is None:
+            raise ServerNotReady("no tritonserver to kill: the watcher is restarting it")
+        faults.kill_server(pid)
+        return pid
 
     def stop(self) -> dict:
         """SIGTERM the watcher (it stops its server), then kill the stubs of killed servers that outlived them and
@@ -131,20 +137,14 @@ class Watcher:
             rc = self.proc.wait(timeout=10)
             if pid:
                 stop_pid(pid)
-        orphans = len(kill_orphan_stubs(self.stubs_seen))  # docs/reliability.md
+        orphans = len(faults.kill_orphan_stubs(self.stubs_seen))  # docs/reliability.md
         time.sleep(0.5)
-        shm = remove_orphan_shm(self.stubs_seen)
+        shm = faults.remove_orphan_shm(self.stubs_seen)
         return {"watcher_rc": rc, "orphan_stubs_killed": orphans, "shm_regions_removed": shm}
 
 
-# The arithmetic over plain records. Latency counts from the SCHEDULED send time; a failed or lost request counts as
-# infinitely slow in a recovery window, so a window of errors is never "normal".
-class Shot(NamedTuple):
-    sched: float
-    done: float
-    outcome: str  # "ok", an error kind, or "lost"
-
-
+# The arithmetic over plain records (faults.Shot). Latency counts from the SCHEDULED send time; a failed or lost
+# request counts as infinitely slow in a recovery window (faults.window_p99s), so a window of errors is never "normal".
 def parse_duration(text: str) -> float:
     """'20m', '40s', '1h', '90' (seconds) or '1m30s' -> seconds, at least 20; InputError naming the format."""
     if not re.fullmatch(r"\s*(\d+(\.\d+)?[smh]?\s*)+", text or ""):
@@ -178,32 +178,8 @@ class ShotLog:
 
 def plan_events(duration_s: float, spike_s: float = 30.0) -> list[tuple[str, float, float]]:
     """(kind, at, length): kill -9 of the server at 25%, of a stub at 50%, a spike at 75% (spike_s, <= 8% of it)."""
-    return [("kill9_server", 0.25 * duration_s, 0.0), ("kill9_stub", 0.50 * duration_s, 0.0),
-            ("overload_spike", 0.75 * duration_s, min(spike_s, 0.08 * duration_s))]
-
-
-def window_p99s(shots: list[Shot], t: float, width: float, n: int) -> list[tuple[float, int]]:
-    """(p99 latency in s, count) of the requests scheduled in each of n `width` s windows from t; failures are inf."""
-    lat: list[list[float]] = [[] for _ in range(n)]
-    for s in shots:
-        if s.sched >= t and (k := int((s.sched - t) // width)) < n:
-            lat[k].append(s.done - s.sched if s.outcome == "ok" else FAILED)
-    return [(math.inf if (p99 := percentile(b, 99)) >= FAILED / 1e3 else p99, len(b)) for b in lat]
-
-
-def calm_p99(shots: list[Shot], end: float) -> tuple[float, float]:
-    """p99 of the successes scheduled before `end` and 'back to normal': 2x that, never under 50 ms."""
-    base = percentile([s.done - s.sched for s in shots if s.outcome == "ok" and s.sched < end], 99)
-    return base, (math.inf if math.isnan(base) else max(2.0 * base, 0.05))
-
-
-def p99_back_after(shots: list[Shot], t: float, threshold_s: float, width: float, until: float,
-                   hold: int = 3, min_n: int = 5) -> float | None:
-    """Seconds from t to the start of the first `width` s window (of those from t, ending by `until`) whose p99 is
-    within threshold_s for `hold` windows running; a window of fewer than min_n requests is not normal."""
-    normal = [n >= min_n and p99 <= threshold_s
-              for p99, n in window_p99s(shots, t, width, max(0, int((until - t) / width + 1e-9)))]
-    return next((k * width for k in range(len(normal) - hold + 1) if all(normal[k:k + hold])), None)
+    return [(faults.KILL9_SERVER, 0.25 * duration_s, 0.0), (faults.KILL9_STUB, 0.50 * duration_s, 0.0),
+            (OVERLOAD_SPIKE, 0.75 * duration_s, min(spike_s, 0.08 * duration_s))]
 
 
 def rss_segments(samples: list[dict], restarts: list[float], ready_again: list[float],
@@ -230,21 +206,16 @@ def rss_drift(samples: list[dict], key: str, warmup_s: float = 0.0) -> dict:
 def summarize(res: dict, shots: list[Shot], samples: list[dict]) -> dict[str, Any]:
     """Every figure of the soak report from the run's records: the tally, each fault's recovery, RSS, per minute."""
     width, end = res["window_s"], res["end_s"]
-    base, thr = calm_p99(shots, min((e["at_s"] for e in res["events"]), default=end))
+    base, thr = faults.calm_p99(shots, min((e["at_s"] for e in res["events"]), default=end))
     events = []
     for e, upto in zip(res["events"], [e["at_s"] for e in res["events"][1:]] + [end + 1.0], strict=False):
         t = e["at_s"]
         detected, why = next(((r - t, why) for r, why in res["restarts"] if r >= t), (None, ""))
-        after = [x for x in shots if t <= x.sched < upto]  # from this fault to the next one
-        row = {**e, "detected_s": detected, "reason": why,
-               "ready_again_s": next((r - t for r in res["ready_again"] if r >= t), None),
-               "first_ok_s": min((x.done - t for x in shots if x.outcome == "ok" and x.sched >= t), default=None),
-               "p99_normal_s": p99_back_after(shots, t, thr, width, end),
-               "p99_normal_after_end_s": p99_back_after(shots, t + e["length_s"], thr, width, end),
-               "errors_after": sum(x.outcome not in ("ok", "lost") for x in after),
-               "lost_after": sum(x.outcome == "lost" for x in after)}
-        row["recovered"] = "error" not in e and row["first_ok_s"] is not None and row["p99_normal_s"] is not None and (
-            e["kind"] == "overload_spike" or row["ready_again_s"] is not None)
+        ready = next((r - t for r in res["ready_again"] if r >= t), None) if e["kind"] != OVERLOAD_SPIKE else None
+        o = Outcome(e["kind"], t, e["length_s"], e["pid"], e.get("error", ""),
+                    RESTARTED_BY if ready is not None else "", ready)
+        row = {"planned_s": e["planned_s"], "detected_s": detected, "reason": why,
+               **dataclasses.asdict(faults.judge(o, shots, thr, width, end, upto))}  # until the next fault
         events.append(row)
     buckets = []  # per minute of scheduled time: the requests' outcomes, p50 and p99 of the successes, the last sample
     for k in range(max(1, math.ceil(end / BUCKET_S - 1e-9))):
@@ -274,7 +245,7 @@ class Soak:
         self.s, self.w = s, watcher
         self.texts = corpus.sample("reviews", 2000, seed=s.seed, max_chars=MAX_CHARS)
         self.shots, self.samples, self.events = ShotLog(), list[dict](), list[dict]()
-        self.mult, self.events_done, self.t0 = 1.0, False, 0.0
+        self.rate, self.events_done, self.t0 = faults.Rate(0.0), False, 0.0  # the rate: set from the capacity
         self.pending: set[float] = set()  # scheduled times of the requests in flight
         self.messages: dict[str, list[str]] = {}  # error kind -> its first messages
         self.width = max(2.0, min(10.0, s.duration_s / 120.0))  # recovery windows: 10 s in a 20 min soak, 2 s at least
@@ -297,19 +268,19 @@ class Soak:
                                  "client_rss_mb": me.memory_info().rss / 2**20, "loadavg1": os.getloadavg()[0]})
             await asyncio.sleep(self.s.sample_s)
 
-    def _progress(self, fault_t: float, index: int, restart: bool) -> tuple[int, float]:
-        """The recovery stages reached since the fault at fault_t (restarted when the fault needs it, a success,
-        p99 back to normal) and the lowest p99 of a window ended since. Requests in flight count as failures;
-        only windows that ended at least one threshold ago are judged."""
-        restarted = not restart or any(t - self.t0 > fault_t for t, _ in self.w.seen("ready again"))
-        view = self.shots.view(index, fault_t)
-        first_ok = any(s.outcome == "ok" for s in view)
-        view += [Shot(t, math.inf, "pending") for t in list(self.pending) if t >= fault_t]
-        back = restarted and first_ok and p99_back_after(
-            view, fault_t, self.threshold, self.width, self.now() - min(self.threshold, 30.0)) is not None
+    def _progress(self, fault_t: float, index: int, kind: str) -> tuple[int, float]:
+        """The recovery stages (faults.judge's) reached since the fault at fault_t: ready again (a kill), a success,
+        recovered; and the lowest p99 of a window ended since. Requests in flight count as failures; only windows
+        that ended at least one threshold ago are judged."""
+        ready = next((t - self.t0 - fault_t for t, _ in self.w.seen("ready again") if t - self.t0 > fault_t), None)
+        view = self.shots.view(index, fault_t) + [Shot(t, math.inf, "pending") for t in list(self.pending)
+                                                   if t >= fault_t]
+        o = faults.judge(Outcome(kind, fault_t, ready_again_s=ready), view, self.threshold, self.width,
+                         self.now() - min(self.threshold, 30.0))
         ended = int((self.now() - fault_t) / self.width)
-        best = min((p99 for p99, _ in window_p99s(view, fault_t, self.width, ended)), default=math.inf)
-        return int(restarted) + int(first_ok) + int(back), best
+        best = min((p99 for p99, _ in faults.window_p99s(view, fault_t, self.width, ended)), default=math.inf)
+        restarted = kind == OVERLOAD_SPIKE or ready is not None
+        return int(restarted) + int(o.first_ok_s is not None) + int(o.recovered), best
 
     async def _events(self) -> None:
         """Each planned fault at its time, but never before the previous one recovered and a window settled."""
@@ -318,27 +289,24 @@ class Soak:
             await asyncio.sleep(max(0.0, max(at, ready_at) - self.now()))
             t, index = self.now(), len(self.shots.code)
             if math.isinf(self.threshold):
-                self.threshold = calm_p99(self.shots.view(), t)[1]
+                self.threshold = faults.calm_p99(self.shots.view(), t)[1]
             row = {"kind": kind, "planned_s": at, "at_s": t, "length_s": length, "pid": 0}
             try:
-                if kind != "overload_spike":
-                    row["pid"] = await asyncio.to_thread(self.w.kill, kind.removeprefix("kill9_"),
-                                                         self.s.stub_kill == "all")
+                if kind != OVERLOAD_SPIKE:
+                    row["pid"] = await asyncio.to_thread(self.w.kill, kind, self.s.stub_kill == "all")
             except KitError as exc:  # no server to kill (still restarting): the report says so, the soak goes on
                 row["error"] = str(exc)
                 print(f"[{t:7.1f} s] {kind} not injected: {exc}", flush=True)
-            if kind == "overload_spike":
-                self.mult = self.s.spike_factor
-                await asyncio.sleep(length)
-                self.mult = 1.0
+            if kind == OVERLOAD_SPIKE:
+                await self.rate.spike(self.s.spike_factor, length)
             self.events.append(row)
             print(f"[{t:7.1f} s] {kind} (pid {row['pid']})", flush=True)
             # until all three stages are reached, or RECOVER_TIMEOUT_S passed in which nothing moved (no stage reached,
             # no window p99 lower than before): a slow restart is waited for, a stuck one not
-            stages, best, moved_at = *self._progress(t, index, kind != "overload_spike"), self.now()
+            stages, best, moved_at = *self._progress(t, index, kind), self.now()
             while "error" not in row and stages < 3 and self.now() - moved_at < RECOVER_TIMEOUT_S:
                 await asyncio.sleep(1.0)
-                now_stages, now_best = self._progress(t, index, kind != "overload_spike")
+                now_stages, now_best = self._progress(t, index, kind)
                 if now_stages > stages or now_best < best:
                     moved_at = self.now()
                 stages, best = max(stages, now_stages), min(best, now_best)
@@ -353,8 +321,9 @@ class Soak:
         for text in self.texts[:20]:  # warm: first calls start the stubs' lazy paths
             await client.embed_documents([text])
         rng = random.Random(s.seed + 1)
-        cap = await capacity(lambda _k: client.embed_documents([rng.choice(self.texts)]), s.probe_s, PROBE_USERS, 0.05)
-        rate = s.load * cap
+        cap = await faults.capacity(lambda _k: client.embed_documents([rng.choice(self.texts)]), s.probe_s,
+                                    PROBE_USERS, 0.05)
+        rate = self.rate.base = s.load * cap
         print(f"capacity {cap:.1f} texts/s closed-loop ({PROBE_USERS} users, {s.probe_s:.0f} s); "
               f"soak at {rate:.1f}/s for {s.duration_s:.0f} s", flush=True)
         self.t0 = time.monotonic()
@@ -363,7 +332,7 @@ class Soak:
 
         async def times() -> AsyncIterator[float]:  # until the events are done (each bounded by progress) and after
             nonlocal end
-            async for end in loadgen.poisson(random.Random(s.seed), lambda: rate * self.mult, self.now, 0.0):
+            async for end in loadgen.poisson(random.Random(s.seed), self.rate, self.now, 0.0):
                 if self.events_done and end >= s.duration_s or events.done() and events.exception():
                     return
                 yield end
@@ -396,7 +365,7 @@ def _figure(summary: dict, shots: list[Shot], samples: list[dict], path: Path, t
 
     fig, (ax, ax2) = plt.subplots(2, 1, figsize=(10, 6.5), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
     width, end, rows = summary["window_s"], summary["end_s"], summary["buckets"]
-    p99s = window_p99s(shots, 0.0, width, int(end / width) + 1)
+    p99s = faults.window_p99s(shots, 0.0, width, int(end / width) + 1)
     ax.plot([(k + 0.5) * width for k in range(len(p99s))], [min(p * 1e3, 1e5) for p, _ in p99s], c="tab:grey",
             lw=0.8, label=f"p99 per {width:.0f} s window (errors count as infinite, drawn at 100 s)")
     ax.step([r["start_s"] for r in rows] + [end], [r["p99_ms"] for r in rows] + [rows[-1]["p99_ms"]],
@@ -493,7 +462,8 @@ def write_report(res: dict, summary: dict, shots: list[Shot], samples: list[dict
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """The flags, checked, plus duration_s, argv, and the probe and sample periods (a short soak: 3 s and 1 s)."""
-    p = argparse.ArgumentParser(prog=COMMAND, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = flags.parser(COMMAND, __doc__ or "")
+    flags.no_env(flags.add_url(p, None, help=URL_HELP))
     p.add_argument("--duration", required=True, metavar="DURATION", help="how long: 20m, 3m, 40s, 1h30m")
     p.add_argument("--out", type=Path, default=Path("reports/soak"), help="report directory (default reports/soak)")
     p.add_argument("--load", type=float, default=0.7, help="fraction of the measured capacity (default 0.7)")
@@ -502,8 +472,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--stub-kill", choices=["one", "all"], default="one",
                    help="the dead stub: one of the encoder's two instances (default; found when Triton routes a canary "
                         "there) or every instance (found at the next canary)")
-    p.add_argument("--seed", type=int, default=0)
-    s = p.parse_args(argv)
+    p.add_argument("--seed", type=int, default=0, help="seed of the arrival times and of the texts' order")
+    s = flags.parse(p, argv)
+    if s.url is not None:
+        raise InputError(f"--url {s.url}: {URL_HELP}")
     s.duration_s, s.argv = parse_duration(s.duration), tuple(argv)
     if not 0 < s.load <= 1.5 or s.spike_factor <= 1:
         raise InputError(f"--load {s.load} / --spike-factor {s.spike_factor}: need 0 < load <= 1.5, factor > 1")

@@ -1,4 +1,4 @@
-"""`python -m bge_triton.server up|down|status`: the local real tritonserver (CPU variant of the repository)."""
+"""`bge-triton serve up|down|status`: the local real tritonserver (CPU variant of the repository)."""
 from __future__ import annotations
 
 import argparse
@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from bge_triton import flags
 from bge_triton.errors import KitError
 from bge_triton.server.canary import canary_all
 from bge_triton.server.cpu_variant import CpuVariant
@@ -17,30 +18,37 @@ from bge_triton.server.repository import iter_models, load_config
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bge_triton.server", description=__doc__)
-    sub = p.add_subparsers(dest="cmd", required=True)
-    up = sub.add_parser("up", help="render the CPU variant, start tritonserver on 127.0.0.1, wait until ready")
-    up.add_argument("--repository", type=Path, default=Path("model_repository"))
-    up.add_argument("--http-port", type=int, default=8000)
-    up.add_argument("--grpc-port", type=int, default=8001)
-    up.add_argument("--metrics-port", type=int, default=8002)
-    up.add_argument("--model-control", choices=["none", "explicit"], default="none")
+    p = flags.parser("bge-triton serve", "The local tritonserver on 127.0.0.1 (the CPU variant of a model "
+                     "repository): up, status, down.")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    up = flags.subcommand(sub, "up", "render the CPU variant, start tritonserver on 127.0.0.1, wait until ready")
+    up.add_argument("--repository", type=Path, default=Path("model_repository"), metavar="DIR",
+                    help="the model repository to serve (its CPU variant is rendered under --state-dir)")
+    up.add_argument("--http-port", type=int, default=8000, help="Triton's HTTP port")
+    up.add_argument("--grpc-port", type=int, default=8001, help="Triton's gRPC port")
+    up.add_argument("--metrics-port", type=int, default=8002, help="Triton's metrics port")
+    up.add_argument("--model-control", choices=["none", "explicit"], default="none", help="Triton's model control "
+                    "mode; explicit loads every model at start and lets `bge-triton tune` load candidate configs")
     up.add_argument("--executor", choices=["onnxruntime", "costmodel"], default="onnxruntime",
                     help="encoder executor: ONNX Runtime, or the calibrated GPU cost model (emulated)")
-    up.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0 = all cores)")
+    up.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0: all cores)")
     up.add_argument("--no-cpu-lock", dest="cpu_lock", action="store_false",
                     help="one instance per ONNX Runtime model and no shared CPU lock: half the weights in memory, "
-                         "but a request that reaches a busy instance can wait for Triton 2.51's 500 ms lost "
-                         "wake-up (docs/architecture.md)")
-    up.add_argument("--ready-timeout", type=float, default=180.0)
+                         "but a request that reaches a busy instance can wait about 500 ms for Triton to wake it "
+                         "(docs/architecture.md)")
+    up.add_argument("--ready-timeout", type=float, default=180.0, metavar="SECONDS",
+                    help="how long to wait for the server and its models to be ready")
     up.add_argument("--watch", type=float, default=0.0, metavar="SECONDS",
                     help="stay in the foreground and send a canary inference to every model each SECONDS; "
-                         "restart the server when it died or a canary fails (a dead python stub: Triton 2.51 "
-                         "keeps reporting such a model ready). Ctrl-C stops watcher and server")
-    for name in ("down", "status"):
-        sub.add_parser(name, help=f"{name} the server started by `up`").add_argument(
-            "--state-dir", type=Path, default=DEFAULT_STATE)
-    up.add_argument("--state-dir", type=Path, default=DEFAULT_STATE)
+                         "restart the server when it died or a canary fails (a model whose python stub died still "
+                         "reports ready). Ctrl-C stops watcher and server (0: start and return)")
+    up.add_argument("--state-dir", type=Path, default=DEFAULT_STATE, metavar="DIR",
+                    help="where the server's pid, ports, log and rendered repository are kept")
+    for name, what in (("down", "stop the server started by `bge-triton serve up`"),
+                       ("status", "the server's state, a canary per model and `bge-triton verify` per text "
+                                  "endpoint (exit 0 healthy, 3 not)")):
+        flags.subcommand(sub, name, what).add_argument("--state-dir", type=Path, default=DEFAULT_STATE,
+                                                       metavar="DIR", help="the --state-dir given to `up`")
     return p
 
 
@@ -101,13 +109,13 @@ def watch(srv: LocalServer, every_s: float) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = flags.parse(_parser(), argv)
     try:
         if args.cmd == "up":
             info = _info(args.state_dir)
             if info and pid_alive(info["pid"]) and (args.state_dir / "server.pid").exists():
                 print(f"already running: pid {info['pid']} (http 127.0.0.1:{info['http_port']}); "
-                      "`python -m bge_triton.server down` first", file=sys.stderr)
+                      "`bge-triton serve down` first", file=sys.stderr)
                 return 1
             settings = ServerSettings(repository=args.repository, http_port=args.http_port,
                                       grpc_port=args.grpc_port, metrics_port=args.metrics_port,

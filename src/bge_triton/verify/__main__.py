@@ -1,4 +1,4 @@
-"""`bge-triton verify`: embed the export's probe texts through a running server and hold them to the reference.
+"""Embed the export's probe texts through a running server and hold them to the reference.
 
 Exit 0 verified, 1 below the tolerance (the message names model, precision, worst probe, cosine, and the
 tokenizer when the text endpoint alone is off), 2 when the check could not run (no server, no reference).
@@ -11,35 +11,36 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from bge_triton import flags
+from bge_triton.errors import InputError
+
 from . import DEFAULT_REPOSITORY
 from .standalone import CANNOT_CHECK, FAILED, OK, VerifyError, load_reference, resolve_reference, run_check
-from .triton import PROTOCOLS, TritonTransport
+from .triton import TritonTransport
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="bge-triton verify", description=__doc__.split("\n\n")[0])
-    p.add_argument("--url", default="127.0.0.1:8000", help="the server: HOST:PORT, http://HOST:PORT or "
-                   "grpc://HOST:PORT (default 127.0.0.1:8000)")
-    p.add_argument("--protocol", choices=PROTOCOLS, default=None, help="http or grpc for a HOST:PORT url "
-                   "(default http)")
-    p.add_argument("--model", default="bge_large_zh", help="the text endpoint (default bge_large_zh); its encoder "
-                   "is read from the server's config (parameter onnx_model)")
-    p.add_argument("--reference", type=Path, default=None, help="the export's reference.json (default: "
-                   "REPOSITORY/<encoder>/1/reference.json)")
-    p.add_argument("--repository", type=Path, default=DEFAULT_REPOSITORY, help="the exported model repository "
-                   f"(default ./{DEFAULT_REPOSITORY}, the one compose mounts)")
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds per request (default 60)")
-    p.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the result as JSON")
+    p = flags.parser("bge-triton verify", __doc__ or "")
+    flags.add_url(p)
+    flags.add_model(p, help="the served model's name (the text endpoint); its encoder is read from the server's "
+                    "config (parameter onnx_model)")
+    p.add_argument("--reference", type=Path, default=None, metavar="PATH", help="the export's reference.json "
+                   "(default: REPOSITORY/<encoder>/1/reference.json)")
+    p.add_argument("--repository", type=Path, default=DEFAULT_REPOSITORY, metavar="DIR",
+                   help="the exported model repository (the one compose mounts)")
+    p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS", help="seconds per request")
+    p.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the result as JSON here")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    a = build_parser().parse_args(argv)
+    a = flags.parse(build_parser(), argv)
     try:
-        with TritonTransport(a.url, a.protocol, a.timeout) as transport:
+        url = flags.server_url(a.url)
+        with TritonTransport(url.address, url.protocol, a.timeout) as transport:
             ref = load_reference(resolve_reference(transport, a.model, a.repository, a.reference))
             result = run_check(transport, a.model, ref)
-    except VerifyError as err:
+    except (VerifyError, InputError) as err:
         print(f"verify could not run: {err}", file=sys.stderr)
         return CANNOT_CHECK
     print(f"{len(ref.probes)} probes of {ref.path} ({ref.source}, {ref.precision}); cosine against PyTorch FP32:")

@@ -46,10 +46,11 @@ chaos: setup  ## bad input, overload, faults (reports/chaos)
 locust: setup  ## shaped Locust load on a running server: LOCUST_ARGS="--host http://127.0.0.1:8000 -u 32 -r 8 -t 120s ..." (docs/loadtest.md)
 	$(PY) -m locust -f src/bge_triton/loadtest/locustfile.py --headless $(LOCUST_ARGS)
 
-compose-check: setup  ## validate docker-compose.yml (+ override, + the CPU override) and the GPU configs (Triton schema + ORT backend keys)
+compose-check: setup  ## validate docker-compose.yml (+ override, + the CPU override), the GPU configs (Triton schema + ORT backend keys) and Prometheus' config and alert rules
 	docker-compose --env-file deploy/.env.example config -q
 	docker-compose --env-file deploy/.env.example -f docker-compose.yml -f docker-compose.cpu.yml config -q
 	$(PY) deploy/check_configs.py src/bge_triton/model_repository
+	promtool check config deploy/prometheus/prometheus.yml  # and its alert rules (Debian: apt-get install prometheus)
 
 gpu-wheels: $(STAMP)  ## what a bare GPU host lacks (wheels, tokenizer, review sample) -> src/bge_triton/loadtest/gpu/wheels (needs PyPI)
 	KIT_PYTHON=$(PY) bash src/bge_triton/loadtest/gpu/fetch_wheels.sh
@@ -61,6 +62,6 @@ images:  ## with podman: the base + stand-ins when missing (deploy/standins), th
 	bash deploy/standins/build.sh
 	bash deploy/build-images.sh
 
-deploy-test: setup  ## build every image from a clean archive on the stand-ins, run compose (CPU override) and kube play (tests/deploy)
+deploy-test: setup  ## build every image from a clean archive on the stand-ins; compose (CPU override) with the docs' examples; kube play of docs/k8s.md's steps (tests/deploy)
 	$(PY) -m pytest -m deploy tests/deploy
 	@cat .kit/deploy-test-timings.txt 2>/dev/null || true

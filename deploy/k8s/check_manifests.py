@@ -3,9 +3,10 @@
     python deploy/k8s/check_manifests.py deploy/k8s/overlays/gpu deploy/k8s/loadtest [-k 1.29.0 -k 1.37.0]
 
 Built-in kinds go through kubernetes-validate (strict: an unknown field is an error). CRDs have no
-offline schema: PodMonitor / ServiceMonitor get a structural check here instead. Also lists the
-metric names that the prometheus-adapter rules and the Grafana dashboard query (PromQL parsed by
-promql-parser), for the test that scrapes a real server for them.
+offline schema: PodMonitor / ServiceMonitor / PrometheusRule get a structural check here instead (a rule's
+PromQL parsed by promql-parser; `promtool check rules` runs on the same rules in the unit tests). Also lists
+the metric names that the prometheus-adapter rules, the alert rules and the Grafana dashboard query, for the
+tests that check them against a real server's and the gateway's /metrics.
 """
 from __future__ import annotations
 
@@ -21,9 +22,11 @@ import yaml
 
 K8S = Path(__file__).resolve().parent
 REPO = K8S.parent.parent
-TREES = (K8S / "overlays" / "gpu", K8S / "loadtest")
+TREES = (K8S / "overlays" / "gpu", K8S / "overlays" / "gpu-monitoring", K8S / "loadtest")
 ADAPTER_RULES = K8S / "prometheus-adapter" / "config.yaml"
 DASHBOARD = REPO / "deploy" / "grafana" / "dashboards" / "bge-triton.json"
+ALERTS = REPO / "deploy" / "prometheus" / "alerts.yml"
+RULE_KEYS = {"alert", "expr", "for", "labels", "annotations", "keep_firing_for"}
 VERSIONS = ("1.29.0", "1.37.0")  # an old supported minor and kubernetes-validate's newest
 MONITOR_KINDS = {"PodMonitor": "podMetricsEndpoints", "ServiceMonitor": "endpoints"}
 # Go-template and Grafana placeholders replaced before parsing: the rest must be plain PromQL
@@ -74,6 +77,29 @@ def check_monitor(doc: dict) -> None:
             raise ManifestError(f"{kind}/{name}: path {ep['path']!r} must start with /")
 
 
+def check_rule(doc: dict) -> None:
+    """Structure of a PrometheusRule: groups of named alerts whose expressions parse as PromQL."""
+    import promql_parser
+
+    name = doc.get("metadata", {}).get("name", "?")
+    if doc.get("apiVersion") != "monitoring.coreos.com/v1":
+        raise ManifestError(f"PrometheusRule/{name}: apiVersion {doc.get('apiVersion')!r}, "
+                            "want monitoring.coreos.com/v1")
+    groups = (doc.get("spec") or {}).get("groups") or []
+    if not groups:
+        raise ManifestError(f"PrometheusRule/{name}: spec.groups is empty: nothing would alert")
+    for group in groups:
+        if not group.get("name") or not group.get("rules"):
+            raise ManifestError(f"PrometheusRule/{name}: group {group.get('name')!r} needs a name and rules")
+        for rule in group["rules"]:
+            if not rule.get("alert") or set(rule) - RULE_KEYS:
+                raise ManifestError(f"PrometheusRule/{name}: rule {rule} needs `alert` and only {sorted(RULE_KEYS)}")
+            try:
+                promql_parser.parse(rule.get("expr", ""))
+            except ValueError as exc:
+                raise ManifestError(f"PrometheusRule/{name}: {rule['alert']}: expr does not parse: {exc}") from exc
+
+
 def validate(docs: list[dict], versions: tuple[str, ...] = VERSIONS) -> list[str]:
     """Validate every resource; return one line per resource checked. Raises ManifestError on the first bad one."""
     import kubernetes_validate
@@ -81,8 +107,8 @@ def validate(docs: list[dict], versions: tuple[str, ...] = VERSIONS) -> list[str
     lines = []
     for doc in docs:
         kind, name = doc.get("kind"), doc.get("metadata", {}).get("name")
-        if kind in MONITOR_KINDS:
-            check_monitor(doc)
+        if kind in MONITOR_KINDS or kind == "PrometheusRule":
+            (check_rule if kind == "PrometheusRule" else check_monitor)(doc)
             lines.append(f"{kind}/{name}: CRD, structure checked")
             continue
         for version in versions:
@@ -144,6 +170,13 @@ def dashboard_selectors(path: Path = DASHBOARD) -> dict[str, set[str]]:
         if match:
             exprs.append(match.group(1))
     return _merge(promql_selectors(e) for e in exprs)
+
+
+def alert_selectors(path: Path = ALERTS) -> dict[str, set[str]]:
+    """Every metric (-> labels matched) the alert rules query (deploy/prometheus/alerts.yml; the PrometheusRule of
+    components/monitoring holds the same groups)."""
+    groups = yaml.safe_load(path.read_text())["groups"]
+    return _merge(promql_selectors(r["expr"]) for g in groups for r in g["rules"])
 
 
 def adapter_metric_names(path: Path = ADAPTER_RULES) -> set[str]:

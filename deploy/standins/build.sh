@@ -18,12 +18,15 @@ have() { [ "${FORCE:-0}" != 1 ] && podman image exists "$1"; }
 log() { echo "[standins $(date -u +%H:%M:%S)] $*" >&2; }
 need podman "apt-get install -y podman buildah catatonit"
 
-# the Debian mirror apt uses on this machine (deb822 .sources first, then a one-line sources.list)
+# the Debian mirror apt uses on this machine (deb822 .sources first, then a one-line sources.list); MIRROR overrides.
+# No mirror is written here: the host's apt sources name the one this machine reaches.
 mirror() {
-  local m
-  m=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/*.sources 2>/dev/null || true)
+  local m=${MIRROR:-}
+  [ -n "$m" ] || m=$(awk '/^URIs:/ && $2 !~ /security/ {print $2; exit}' /etc/apt/sources.list.d/*.sources 2>/dev/null || true)
   [ -n "$m" ] || m=$(awk '$1 == "deb" && $0 !~ /security/ {print $2; exit}' /etc/apt/sources.list 2>/dev/null || true)
-  echo "${m:-http://deb.debian.org/debian}"
+  [ -n "$m" ] || { echo "build.sh: no Debian mirror in /etc/apt/sources.list.d/*.sources or /etc/apt/sources.list;" \
+    "set MIRROR=<the URL apt would use>" >&2; exit 3; }
+  echo "$m"
 }
 
 if have "$BASE_IMAGE"; then
@@ -34,8 +37,9 @@ else
   work=$(mktemp -d)
   trap 'rm -rf "$work"' EXIT
   root="$work/rootfs"
-  log "$BASE_IMAGE: debootstrap $SUITE from $(mirror)"
-  debootstrap --variant=minbase --include=ca-certificates "$SUITE" "$root" "$(mirror)" >"$work/debootstrap.log" 2>&1 \
+  url=$(mirror)
+  log "$BASE_IMAGE: debootstrap $SUITE from $url"
+  debootstrap --variant=minbase --include=ca-certificates "$SUITE" "$root" "$url" >"$work/debootstrap.log" 2>&1 \
     || { tail -20 "$work/debootstrap.log" >&2; exit 1; }
   # HTTPS from these machines is re-signed by a local CA: the images trust it too (pip in builds)
   if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then

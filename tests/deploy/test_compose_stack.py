@@ -18,11 +18,13 @@ import json
 import os
 import resource
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from tests.deploy.ci import must_run
 from tests.deploy.stack import (
     REPO,
     ApiService,
@@ -37,6 +39,7 @@ from tests.deploy.stack import (
 
 pytestmark = pytest.mark.deploy
 REASON = why_podman_cannot_run()
+must_run(REASON, "the compose deploy tests")
 if REASON:
     pytest.skip(f"deploy tests skipped: {REASON}", allow_module_level=True)
 
@@ -115,7 +118,8 @@ def images(checkout: Path) -> dict[str, str]:
 def project(images: dict[str, str], checkout: Path):
     """The compose project, up: exporter done, Triton healthy, gateway ready. `down -v` at the end, always."""
     directory = checkout
-    (directory / "model_repository").mkdir()
+    # a fresh clone, as it comes: model_repository/ holds only .gitkeep, and the test makes nothing
+    assert [p.name for p in (directory / "model_repository").iterdir()] == [".gitkeep"]
     service = ApiService(f"bge-deploy-{os.getpid()}-{directory.name}")
     nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     memlock = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
@@ -153,15 +157,20 @@ def _triton_embed(proj: Project, texts: list[str]) -> np.ndarray:
     return np.asarray(out["data"], dtype=np.float32).reshape(out["shape"])
 
 
+def _repository(proj: Project) -> Path:
+    """The model repository: ./model_repository of the compose directory."""
+    return proj.directory / "model_repository"
+
+
 def _onnx_sha(proj: Project) -> str:
-    return hashlib.sha256((proj.directory / "model_repository" / f"{MODEL}_onnx/1/model.onnx").read_bytes()).hexdigest()
+    return hashlib.sha256((_repository(proj) / f"{MODEL}_onnx/1/model.onnx").read_bytes()).hexdigest()
 
 
 def test_exporter_exported_a_validated_cpu_model(project: Project) -> None:
     assert project.exit_code("exporter") == 0
     logs = project.logs("exporter")
     assert f"exporting {EXPORT_MODEL} (fp32)" in logs, logs[-2000:]
-    repo = project.directory / "model_repository"
+    repo = _repository(project)
     report = json.loads((repo / f"{MODEL}_onnx/1/export_report.json").read_text())
     assert report["fidelity"]["passed"] is True and report["precision"] == "fp32" and report["model"] == EXPORT_MODEL
     assert report["onnx_sha256"] == _onnx_sha(project)
@@ -188,7 +197,7 @@ def test_triton_is_healthy_only_when_the_reference_vectors_verify(project: Proje
 
     cid = project.container("triton", running_only=True)
     assert run(["podman", "inspect", "--format", "{{.State.Health.Status}}", cid]).stdout.strip() == "healthy"
-    repo = project.directory / "model_repository"
+    repo = _repository(project)
     doc = json.loads((repo / f"{MODEL}_onnx/1/reference.json").read_text())
     doc["probes"][0]["vector"] = encode_vector(-decode_vector(doc["probes"][0]["vector"]))
     spoiled = repo / "spoiled-reference.json"
@@ -232,6 +241,13 @@ def test_admin_api_refused_without_its_key(project: Project) -> None:
     assert http("POST", url, {})[0] == 403
     status, index = http("POST", url, {}, {"triton-admin-key": key})
     assert status == 200 and {m["name"] for m in index} >= {MODEL, f"{MODEL}_onnx"}, index
+    assert {m["state"] for m in index if m["name"] in (MODEL, f"{MODEL}_onnx")} == {"READY"}  # --load-model=*
+    # explicit model control: the repository API loads (here: reloads) a model, with the key only
+    load = project.triton_url(f"/v2/repository/models/{MODEL}/load")
+    assert http("POST", load, {})[0] == 403
+    status, answer = http("POST", load, {}, {"triton-admin-key": key}, timeout=300)
+    assert status == 200, answer
+    assert _triton_embed(project, TEXTS).shape == (2, DIM)
 
 
 def test_restart_triton_keeps_the_keys(project: Project) -> None:
@@ -253,7 +269,7 @@ def test_restart_triton_keeps_the_keys(project: Project) -> None:
 
 
 def test_second_up_skips_the_export(project: Project) -> None:
-    onnx = project.directory / "model_repository" / f"{MODEL}_onnx/1/model.onnx"
+    onnx = _repository(project) / f"{MODEL}_onnx/1/model.onnx"
     sha, mtime = _onnx_sha(project), onnx.stat().st_mtime_ns
     t0 = time.monotonic()
     project.compose("up", "-d", "--no-build", timeout=900)
@@ -264,6 +280,29 @@ def test_second_up_skips_the_export(project: Project) -> None:
     assert _onnx_sha(project) == sha and onnx.stat().st_mtime_ns == mtime
     wait_until(lambda: http("GET", project.triton_url("/v2/health/ready"))[0] == 200, "triton ready", 300)
     assert _triton_embed(project, TEXTS).shape == (2, DIM)
+
+
+def _key_as_the_docs_read_it(proj: Project, service: str, path: str) -> str:
+    """`docker compose exec -T SERVICE cat PATH`, as docs/examples and the guides tell a user to read a key."""
+    return proj.compose("exec", "-T", service, "cat", path, timeout=120).stdout.strip()
+
+
+@pytest.mark.parametrize(("example", "says"), [
+    ("curl.sh", '"object":"embedding"'), ("openai_client.py", f"2 vectors of {DIM} dims"),
+    ("sdk.py", f"shape (2, {DIM})"), ("langchain.py", f"2 vectors of {DIM} dims")])
+def test_docs_examples_run_as_written(project: Project, example: str, says: str) -> None:
+    """docs/examples/* (the README embeds them) against the stack, unchanged: only the addresses come from the
+    environment variables the examples read (this stack's free ports), the key as the docs read it."""
+    path = project.directory / "docs" / "examples" / example
+    env = {**os.environ, "BGE_GATEWAY_URL": project.gateway_url(""),
+           "BGE_GATEWAY_KEY": _key_as_the_docs_read_it(project, "gateway", "/secrets/gateway_key"),
+           "BGE_TRITON_URL": f"127.0.0.1:{project.ports['TRITON_GRPC_PORT']}"}
+    cmd = ["sh", str(path)] if example.endswith(".sh") else [sys.executable, str(path)]
+    proc = run(cmd, env=env, cwd=project.directory, timeout=300)
+    assert says in proc.stdout.replace(" ", "" if example == "curl.sh" else " "), proc.stdout[-2000:]
+    if example == "curl.sh":
+        answer = json.loads(proc.stdout.splitlines()[-1])
+        assert [len(d["embedding"]) for d in answer["data"]] == [DIM, DIM]
 
 
 def test_down_leaves_nothing_of_the_project(project: Project) -> None:

@@ -49,7 +49,6 @@ import copy
 import json
 import os
 import re
-import secrets
 import subprocess
 import time
 from collections.abc import Callable
@@ -57,16 +56,14 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tests.deploy import k8s_steps
+from tests.deploy.ci import must_run
 from tests.deploy.stack import REPO, free_ports, why_podman_cannot_run
 from tests.deploy.stack import http_raw as http
 
 K8S = REPO / "deploy" / "k8s"
 STANDINS = REPO / "deploy" / "standins"
 STANDIN_IMAGES = ("docker.io/library/python:3.11-slim", "nvcr.io/nvidia/tritonserver:24.10-py3")
-# manifest image -> what deploy/build-images.sh builds
-IMAGES = {"bge-triton-kit": "localhost/bge-triton-kit:local",
-          "bge-triton-kit/server": "localhost/bge-triton-server:local",
-          "bge-triton-kit/gateway": "localhost/bge-triton-gateway:local"}
 MODEL, MODEL_DIM = "synthetic:bge-small-zh", 512
 EXPORTER = "/kit/deploy/prepare_model.py"
 PREFIX = f"kp{os.getpid()}"
@@ -74,6 +71,7 @@ START_TIMEOUT_S = 900  # generous: progress-bounded waits on a busy 2-core machi
 
 
 SKIP = why_podman_cannot_run(("kubectl",))
+must_run(SKIP, "the kube play tests")
 pytestmark = [pytest.mark.deploy, pytest.mark.timeout(3600),
               pytest.mark.skipif(SKIP is not None, reason=SKIP or "")]
 
@@ -86,22 +84,33 @@ def podman(*args: str, timeout: float = 600, check: bool = True, stdin: bytes | 
     return out
 
 
-# ---------------------------------------------------------------- images
+# ---------------------------------------------------------------- docs/k8s.md's steps
 
 
-def build_images() -> dict[str, str]:
-    """Stand-ins when missing (deploy/standins/build.sh), then the repository's images (deploy/build-images.sh:
-    a clean `git archive HEAD`, layer cache: seconds when nothing changed; skipped when KIT_IMAGES_BUILT=1 and the
-    images exist, as after `make deploy-test` built them once). Returns manifest image -> local image."""
+def bash(script: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 3600) -> str:
+    """Run lines of the doc in bash (-e: the first failing line fails the step); stdout, or the failure with output."""
+    proc = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+    assert proc.returncode == 0, f"exit {proc.returncode} of:\n{script}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def clone(tmp: Path) -> Path:
+    """A fresh clone of the commit under test (the doc's steps run from a clone's root)."""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True)
+    bash(f"git clone -q --no-checkout {REPO} clone && git -C clone checkout -q {head.stdout.strip()}", tmp, timeout=300)
+    return tmp / "clone"
+
+
+def steps_1_and_2(checkout: Path, found: dict[int, list[str]]) -> str:
+    """Steps 1-2 as written, but `--registry` for `--push` (no registry here: the images are tagged with the
+    registry's names and stay local, where kube play finds them); the stand-ins first when podman lacks them.
+    Returns the registry the doc names."""
     if not all(subprocess.run(["podman", "image", "exists", i]).returncode == 0 for i in STANDIN_IMAGES):
-        proc = subprocess.run(["bash", str(STANDINS / "build.sh")], capture_output=True, text=True, timeout=1800)
-        assert proc.returncode == 0, f"deploy/standins/build.sh failed:\n{proc.stderr[-3000:]}"
-    built = all(subprocess.run(["podman", "image", "exists", i]).returncode == 0 for i in IMAGES.values())
-    if not (built and os.environ.get("KIT_IMAGES_BUILT") == "1"):
-        proc = subprocess.run(["bash", str(REPO / "deploy" / "build-images.sh")], capture_output=True, text=True,
-                              timeout=3600, env={**os.environ, "LOADTEST": "0"})
-        assert proc.returncode == 0, f"deploy/build-images.sh failed:\n{proc.stderr[-3000:]}"
-    return dict(IMAGES)
+        bash(f"bash {checkout / 'deploy/standins/build.sh'}", checkout, timeout=1800)
+    lines = [line.replace("build-images.sh --push", "build-images.sh --registry") for line in found[1] + found[2]]
+    bash("\n".join(lines), checkout, env={"LOADTEST": "0"})
+    return bash("\n".join(found[1][:1]) + '\nprintf %s "$REGISTRY"', checkout)
 
 
 # ---------------------------------------------------------------- manifests -> kube play
@@ -128,13 +137,15 @@ def expand(value: str, env: dict[str, str]) -> str:
                   lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)), value)
 
 
-def adapt(docs: list[dict], images: dict[str, str], secret_values: dict[tuple[str, str], str],
+def adapt(docs: list[dict], registry: str, secret_values: dict[tuple[str, str], str],
           ports: dict[tuple[str, str], int], volumes: Path) -> tuple[list[dict], dict[str, dict[str, str]]]:
-    """The rendered base as podman 4.3 can play it (the module docstring lists every change).
-    secret_values: (Secret, key) -> value; ports: (Deployment, port name) -> host port on 127.0.0.1;
+    """The rendered overlay as podman 4.3 can play it (the module docstring lists every change).
+    registry: the one the overlay's `images:` named (every image must come from it); secret_values: (Secret, key)
+    -> value; ports: (Deployment, port name) -> host port on 127.0.0.1;
     volumes: the folder that holds the emptyDirs.
     Returns the Deployments + ConfigMaps, and the podman secrets to create: name -> {"kind": env|volume, key: value}."""
-    out = [copy.deepcopy(d) for d in docs if d["kind"] in ("Deployment", "ConfigMap")]
+    out = [copy.deepcopy(d) for d in docs if d["kind"] in ("Deployment", "ConfigMap")
+           and d["metadata"].get("namespace") == "bge-triton"]  # not the adapter rules (namespace monitoring)
     renamed = {d["metadata"]["name"]: f"{PREFIX}-{d['metadata']['name']}" for d in out if d["kind"] == "ConfigMap"}
     podman_secrets: dict[str, dict[str, str]] = {}
     for d in out:
@@ -167,7 +178,7 @@ def adapt(docs: list[dict], images: dict[str, str], secret_values: dict[tuple[st
                 src["secretName"] = name
                 src.setdefault("optional", False)  # Kubernetes' default; podman 4.3 dereferences it unset (panic)
         for c in pod.get("initContainers", []) + pod["containers"]:
-            c["image"] = images[c["image"].split(":")[0]]
+            assert c["image"].startswith(f"{registry}/"), f"{c['name']}: {c['image']} is not from the overlay's"
             for section in ("requests", "limits"):
                 c.get("resources", {}).get(section, {}).pop("nvidia.com/gpu", None)
             for m in c.get("volumeMounts", []):
@@ -268,20 +279,30 @@ def wait_http(url: str, container: str, ok: Callable[[int, bytes], bool], what: 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory):
+    """docs/k8s.md's steps, in their order, from a fresh clone: 1-2 build and tag the images and write the overlay,
+    3 the namespace (none in podman) and the Secrets (as podman secrets, with values made as the doc makes them),
+    4 apply (kube play of what `kubectl kustomize` renders, adapted) and wait, 5 call (the doc's curl, on the host
+    port kube play published instead of the port-forward)."""
+    problems = k8s_steps.order_problems()
+    assert not problems, "docs/k8s.md's steps cannot be followed in order: " + "; ".join(problems)
+    found = k8s_steps.steps()
     tmp = tmp_path_factory.mktemp("kube-play")
     timings: dict[str, float] = {}
     t0 = time.monotonic()
-    images = build_images()
-    timings["images (build or cache)"] = time.monotonic() - t0
-    docs = [d for d in yaml.safe_load_all(subprocess.run(["kubectl", "kustomize", str(K8S / "base")],
-                                                         capture_output=True, text=True, check=True).stdout) if d]
-    admin_key, gateway_key = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
-    values = {("triton-admin", "key"): admin_key, ("gateway-api-keys", "keys"): gateway_key}
+    checkout = clone(tmp)
+    registry = steps_1_and_2(checkout, found)
+    timings["steps 1-2: clone, images (build or cache), overlay"] = time.monotonic() - t0
+    tagged = [f"{registry}/{n}:{t}" for n, t in re.findall(r"newName: \S+/(\S+)\n\s+newTag: \"(\S+)\"",
+                                                            (checkout / "images.yaml").read_text())]
+    docs = [d for d in yaml.safe_load_all(bash("kubectl kustomize my-bge", checkout)) if d]
+    values = {(name, key): bash(f'printf %s "{expr}"', checkout) for name, key, expr in k8s_steps.secrets(found)}
+    assert set(values) == {("triton-admin", "key"), ("gateway-api-keys", "keys")}, values
+    admin_key, gateway_key = values[("triton-admin", "key")], values[("gateway-api-keys", "keys")]
     # every container port on a free one: two runs side by side (or a local Triton on 8001) must not collide
     triton_port, grpc_port, metrics_port, gateway_port = free_ports(4)
     ports = {("triton", "http"): triton_port, ("triton", "grpc"): grpc_port, ("triton", "metrics"): metrics_port,
              ("gateway", "http"): gateway_port}
-    played, podman_secrets = adapt(docs, images, values, ports, tmp / "volumes")
+    played, podman_secrets = adapt(docs, registry, values, ports, tmp / "volumes")
     names = {d["metadata"]["name"]: d for d in played}
     triton, gateway = names[f"{PREFIX}-triton"], names[f"{PREFIX}-gateway"]
     gateway_pod = gateway["spec"]["template"]["spec"]
@@ -289,7 +310,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
     files = {"triton": tmp / "triton.yaml", "gateway": tmp / "gateway.yaml"}
     made_secrets: list[str] = []
     state = {"admin_key": admin_key, "gateway_key": gateway_key, "triton_port": triton_port,
-             "gateway_port": gateway_port, "timings": timings,
+             "gateway_port": gateway_port, "timings": timings, "checkout": checkout, "steps": found,
              "triton_ctr": f"{triton['metadata']['name']}-pod-0-triton",
              "gateway_ctr": f"{gateway['metadata']['name']}-pod-0-gateway", "triton": triton}
     try:
@@ -323,6 +344,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
                 podman("volume", "rm", "-f", volume, check=False)
         for name in made_secrets:
             podman("secret", "rm", name, check=False)
+        for image in tagged:  # step 1's registry names (the images keep their local names)
+            podman("rmi", image, check=False)
 
 
 def test_export_init_container_completed_and_triton_serves_the_export(cluster: dict) -> None:
@@ -372,3 +395,16 @@ def test_gateway_answers_with_its_key_only(cluster: dict) -> None:
     assert status == 401, answer[:300]
     user = podman("exec", cluster["gateway_ctr"], "id", "-u").strip()
     assert user == "10001"
+
+
+def test_step_5_the_docs_call_answers_with_the_secrets_key(cluster: dict) -> None:
+    """docs/k8s.md's step 5 as written: the key read from the gateway's Secret, the curl through the gateway (on the
+    host port kube play published where the doc port-forwards 8080)."""
+    lines = cluster["steps"][5]
+    (read_key,) = [line for line in lines if line.startswith("KEY=")]
+    assert "get secret gateway-api-keys" in read_key and "{.data.keys}" in read_key, read_key
+    (curl,) = [line for line in lines if line.startswith("curl ")]
+    out = bash(curl.replace("127.0.0.1:8080", f"127.0.0.1:{cluster['gateway_port']}"), cluster["checkout"],
+               env={"KEY": cluster["gateway_key"]}, timeout=120)
+    (item,) = json.loads(out)["data"]
+    assert len(item["embedding"]) == MODEL_DIM

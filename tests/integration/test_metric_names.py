@@ -1,4 +1,5 @@
-"""Every metric the prometheus-adapter rules and the Grafana dashboard query exists on a real Triton's /metrics.
+"""Every Triton metric the prometheus-adapter rules, the alert rules and the Grafana dashboard query exists on a real
+Triton's /metrics.
 
 Scraped, not assumed: a real local tritonserver started with the deployment's metric flags (read from
 deploy/k8s/base/triton.yaml: summary_latencies adds the *_summary_us families the dashboard's p99 uses),
@@ -80,7 +81,10 @@ def scraped(minilm_repo: Path, server_factory) -> tuple[dict[str, list], dict]:
 
 
 def queried() -> dict[str, set[str]]:
-    return cm._merge([cm.adapter_selectors(), cm.dashboard_selectors()])
+    """Triton's names the adapter rules, the alert rules and the dashboard query (the gateway's own names are
+    checked against its exposition in tests/unit/test_compose_monitoring.py; `up` is Prometheus')."""
+    names = cm._merge([cm.adapter_selectors(), cm.alert_selectors(), cm.dashboard_selectors()])
+    return {n: labels for n, labels in names.items() if not n.startswith("gateway_") and n != "up"}
 
 
 def test_the_rules_and_dashboard_query_the_hpa_signal_at_all() -> None:

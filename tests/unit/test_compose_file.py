@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tests.deploy.ci import must_run
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "docker-compose.yml"
@@ -22,6 +23,7 @@ CPU = REPO / "docker-compose.cpu.yml"
 ENV_EXAMPLE = REPO / "deploy" / ".env.example"
 PROFILES = ("--profile", "monitoring", "--profile", "loadtest")
 DOCKER_COMPOSE = shutil.which("docker-compose")
+must_run(None if DOCKER_COMPOSE else "no docker-compose", "the compose file tests")
 needs_compose = pytest.mark.skipif(
     DOCKER_COMPOSE is None,
     reason="docker-compose binary absent: apt-get install -y docker-compose (Debian's 1.29)")
@@ -163,7 +165,9 @@ def test_triton_command_flags(raw: dict) -> None:
     cmd = raw["services"]["triton"]["command"]
     assert cmd[0] == "tritonserver"  # the entrypoint appends the admin-API restriction to this command only
     assert "--model-repository=/models" in cmd
-    assert "--model-control-mode=none" in cmd
+    # explicit control with every model loaded at start: tune --apply / bench seed --url load configs through the
+    # repository API, which the entrypoint puts behind the admin key
+    assert "--model-control-mode=explicit" in cmd and "--load-model=*" in cmd
     assert "--strict-readiness=true" in cmd
     assert "--metrics-config=summary_latencies=true" in cmd  # p99 panels need the summaries
     assert not [c for c in cmd if "restricted" in c]  # one place: deploy/triton-entrypoint.sh
@@ -171,14 +175,20 @@ def test_triton_command_flags(raw: dict) -> None:
 
 def test_model_repository_read_only_and_volumes(raw: dict) -> None:
     triton = raw["services"]["triton"]
-    mounts = {v["target"]: v for v in triton["volumes"]}
-    assert mounts["/models"]["source"] == "./model_repository" and mounts["/models"]["read_only"] is True
+    mounts = {v["target"]: v for v in triton["volumes"] if isinstance(v, dict)}
+    # the repository: ./model_repository, which a clone holds (model_repository/.gitkeep), in the short syntax that
+    # makes a missing folder on Compose 1.29 and v2 alike; read-only for Triton and the gateway, read-write for the
+    # exporter
+    repo = "${MODEL_REPOSITORY:-./model_repository}"
+    assert f"{repo}:/models:ro" in triton["volumes"]
+    tracked = subprocess.run(["git", "ls-files", "model_repository"], cwd=REPO, capture_output=True, text=True)
+    assert tracked.stdout.split() == ["model_repository/.gitkeep"]
+    assert f"{repo}:/models:ro" in raw["services"]["gateway"]["volumes"]
+    assert f"{repo}:/models" in raw["services"]["exporter"]["volumes"]
+    for service in raw["services"].values():
+        assert not [v for v in service.get("volumes", []) if isinstance(v, dict) and v.get("type") == "bind"]
     for target in ("/engine_cache", "/secrets"):
         assert mounts[target]["type"] == "volume" and mounts[target]["source"] in raw["volumes"]
-    exporter = {v["target"]: v for v in raw["services"]["exporter"]["volumes"]}
-    # the exporter writes the repository; the canonical configs it derives from come with the kit's wheel
-    assert exporter["/models"]["source"] == "./model_repository"
-    assert not exporter["/models"].get("read_only", False)
     assert " -e " not in (REPO / "deploy" / "Dockerfile.kit").read_text()
 
 

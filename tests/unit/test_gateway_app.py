@@ -360,7 +360,8 @@ def test_overload_unreachable_and_input_errors_from_triton(gw) -> None:
     backend.fail = Overloaded("infer 'minilm' (1 texts) at 127.0.0.1:37649: server is overloaded (Exceeds "
                               "maximum queue size)")
     r = post(client, {"model": "minilm", "input": "x"})
-    assert_error(r, 503, "server_overloaded") and r.headers["retry-after"] == "1"
+    assert_error(r, 503, "server_overloaded")
+    assert r.headers["retry-after"] == "1"
     assert "127.0.0.1" not in r.text
     backend.fail = InputError("infer 'minilm' (1 texts) at 127.0.0.1:37649: the server rejected the input: text 0 "
                               "is odd. Fix the input (e.g. truncate=True for over-long texts)")
@@ -369,7 +370,8 @@ def test_overload_unreachable_and_input_errors_from_triton(gw) -> None:
     backend.fail = ServerUnavailable("infer at 127.0.0.1:37649: connection failed; is tritonserver running at the "
                                      "url? (`python -m bge_triton.server up ...`)")
     r = post(client, {"model": "minilm", "input": "x"})
-    assert_error(r, 503, "triton_unavailable") and r.headers["retry-after"] == "1"
+    assert_error(r, 503, "triton_unavailable")
+    assert r.headers["retry-after"] == "1"
     assert "127.0.0.1" not in r.text and "python -m" not in r.text
     backend.fail = None
     assert post(client, {"model": "minilm", "input": "x"}).status_code == 200  # the gateway is untouched
@@ -410,6 +412,8 @@ def test_models_health_ready_metrics(gw) -> None:
     assert 'gateway_requests_total{route="/ready",status="503"} 1.0' in text
     assert "gateway_inputs_per_request_sum 3.0" in text and "gateway_tokens_per_request_count 1.0" in text
     assert 'gateway_request_duration_seconds_count{route="/v1/embeddings"} 2.0' in text
+    for stage in ("tokenization", "queue", "inference"):  # the timing headers' split, of the one embedded request
+        assert f'gateway_stage_duration_seconds_count{{stage="{stage}"}} 1.0' in text
     assert "gateway_in_flight_requests 1.0" in text  # the /metrics request itself
     assert "gateway_ready 0.0" in text
 

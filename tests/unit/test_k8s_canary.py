@@ -13,10 +13,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from tests.deploy.ci import must_run
 
 CANARY = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "base" / "canary.sh"
-pytestmark = pytest.mark.skipif(shutil.which("curl") is None or shutil.which("sh") is None,
-                                reason="canary.sh needs sh and curl (both in the server image): apt-get install curl")
+REASON = "canary.sh needs sh and curl (both in the server image): apt-get install curl"
+MISSING = shutil.which("curl") is None or shutil.which("sh") is None
+must_run(REASON if MISSING else None, "the Kubernetes canary tests")
+pytestmark = pytest.mark.skipif(MISSING, reason=REASON)
 DIM = 8
 UNIT = [1 / math.sqrt(DIM)] * DIM
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tests.deploy.ci import must_run
 
 from bge_triton.loadtest import shapes
 from bge_triton.server.repository import get_param, load_repository
@@ -26,6 +27,7 @@ _spec = importlib.util.spec_from_file_location("capacity", K8S / "capacity.py")
 capacity = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(capacity)
 
+must_run(None if cm.kubectl() else "kubectl absent", "the Kubernetes manifest tests")
 pytestmark = pytest.mark.skipif(
     cm.kubectl() is None,
     reason="kubectl absent (on PATH or beside this Python): install kubectl >= 1.27, it bundles kustomize v5")
@@ -39,6 +41,11 @@ WORKLOADS = {"Deployment", "Job"}
 @pytest.fixture(scope="module")
 def gpu() -> list[dict]:
     return cm.render(K8S / "overlays" / "gpu")
+
+
+@pytest.fixture(scope="module")
+def monitored() -> list[dict]:
+    return cm.render(K8S / "overlays" / "gpu-monitoring")
 
 
 @pytest.fixture(scope="module")
@@ -71,22 +78,40 @@ def env(c: dict) -> dict[str, str]:
     return {e["name"]: e.get("value") for e in c.get("env", [])}
 
 
-def test_every_resource_is_valid_for_the_kubernetes_schemas(gpu: list[dict], loadtest: list[dict]) -> None:
+def test_every_resource_is_valid_for_the_kubernetes_schemas(gpu: list[dict], monitored: list[dict],
+                                                            loadtest: list[dict]) -> None:
     assert {"Namespace", "ConfigMap", "Service", "Deployment", "PodDisruptionBudget", "HorizontalPodAutoscaler",
-            "PodMonitor", "NetworkPolicy"} <= {d["kind"] for d in gpu}
-    for docs in (gpu, loadtest):
+            "NetworkPolicy"} <= {d["kind"] for d in gpu}
+    for docs in (gpu, monitored, loadtest):
         assert len(cm.validate(docs)) == len(docs)
 
 
-def test_the_validator_rejects_what_a_cluster_would(gpu: list[dict]) -> None:
+def test_only_the_monitoring_overlay_needs_the_prometheus_operator(base: list[dict], gpu: list[dict],
+                                                                  monitored: list[dict]) -> None:
+    """A cluster without the operator's CRDs takes the base and the gpu overlay; gpu-monitoring is gpu + the
+    PodMonitors and the PrometheusRule, nothing else changed."""
+    for docs in (base, gpu):
+        assert not [d["kind"] for d in docs if d["apiVersion"].startswith("monitoring.coreos.com/")]
+    crds = [d for d in monitored if d["apiVersion"].startswith("monitoring.coreos.com/")]
+    assert sorted((d["kind"], d["metadata"]["name"]) for d in crds) == [
+        ("PodMonitor", "gateway"), ("PodMonitor", "triton"), ("PrometheusRule", "bge-triton-alerts")]
+    assert [d for d in monitored if d not in crds] == gpu
+    assert all(d["metadata"]["labels"]["release"] == "prometheus" for d in crds)  # kube-prometheus-stack selects
+
+
+def test_the_validator_rejects_what_a_cluster_would(gpu: list[dict], monitored: list[dict]) -> None:
     bad = copy.deepcopy(one(gpu, "Deployment", "triton"))
     bad["spec"]["template"]["spec"]["containers"][0]["resource"] = {}  # typo of `resources`
     with pytest.raises(cm.ManifestError, match="'resource' was unexpected"):
         cm.validate([bad])
-    monitor = copy.deepcopy(one(gpu, "PodMonitor", "triton"))
+    monitor = copy.deepcopy(one(monitored, "PodMonitor", "triton"))
     monitor["spec"]["podMetricsEndpoints"] = []
     with pytest.raises(cm.ManifestError, match="nothing would be scraped"):
         cm.validate([monitor])
+    rule = copy.deepcopy(one(monitored, "PrometheusRule", "bge-triton-alerts"))
+    rule["spec"]["groups"][0]["rules"][0]["expr"] = "rate(up[5m]"
+    with pytest.raises(cm.ManifestError, match="does not parse"):
+        cm.validate([rule])
 
 
 def test_gpu_is_requested_in_the_overlay_only_and_by_the_server_only(base: list[dict], gpu: list[dict]) -> None:
@@ -183,8 +208,8 @@ def _selects(selector: dict, labels: dict) -> bool:
     return selector.get("matchLabels", {}).items() <= labels.items()
 
 
-def test_selectors_select_pods_and_their_named_ports(gpu: list[dict], loadtest: list[dict]) -> None:
-    docs = gpu + loadtest
+def test_selectors_select_pods_and_their_named_ports(monitored: list[dict], loadtest: list[dict]) -> None:
+    docs = monitored + loadtest
     pods = _pods(docs)
     for d in docs:
         kind, spec = d["kind"], d.get("spec", {})
@@ -286,16 +311,24 @@ def test_queue_target_is_the_measured_one_at_the_stated_p99() -> None:
     assert targets[capacity.QUEUE_METRIC] == round(want * 2) / 2  # to the half millisecond
 
 
-def test_images_are_overridable_with_kustomize_images(tmp_path: Path) -> None:
+BUILT = ("bge-triton-server", "bge-triton-gateway", "bge-triton-kit", "bge-triton-loadtest")
+
+
+def test_images_are_the_built_ones_and_take_a_registry_through_kustomize_images(gpu: list[dict], loadtest: list[dict],
+                                                                              tmp_path: Path) -> None:
+    """The manifests name exactly what deploy/build-images.sh builds, at the kit's version; an overlay's `images:`
+    (the block `build-images.sh --push REGISTRY` prints) moves every one of them to the registry."""
+    version = re.search(r'^version = "(.+)"$', (REPO / "pyproject.toml").read_text(), re.M).group(1)
+    script = (REPO / "deploy" / "build-images.sh").read_text()
+    assert all(f"build {name} -f" in script for name in BUILT)
+    images = {c["image"] for d in gpu + loadtest if d["kind"] in WORKLOADS for c in containers(d)}
+    assert images == {f"{name}:{version}" for name in BUILT}
     overlay = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
                "resources": [os.path.relpath(K8S / tree, tmp_path) for tree in ("overlays/gpu", "loadtest")],
-               "images": [{"name": n, "newName": f"registry.example/{n}", "newTag": "test"}
-                          for n in ("bge-triton-kit/server", "bge-triton-kit/gateway", "bge-triton-kit",
-                                    "bge-triton-kit/loadtest")]}
+               "images": [{"name": n, "newName": f"registry.example/bge/{n}", "newTag": "test"} for n in BUILT]}
     (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
     images = {c["image"] for d in cm.render(tmp_path) if d["kind"] in WORKLOADS for c in containers(d)}
-    assert images == {"registry.example/bge-triton-kit/server:test", "registry.example/bge-triton-kit/gateway:test",
-                      "registry.example/bge-triton-kit:test", "registry.example/bge-triton-kit/loadtest:test"}
+    assert images == {f"registry.example/bge/{name}:test" for name in BUILT}
 
 
 def test_gateway_and_locust_point_at_services_that_exist(gpu: list[dict], loadtest: list[dict]) -> None:

@@ -58,14 +58,16 @@ ENTRY = REPO / "deploy" / "triton-entrypoint.sh"
 ADMIN_APIS = "model-repository,shared-memory,logging,trace"
 
 
-def test_compose_keeps_model_control_off_and_loopback() -> None:
+def test_compose_keeps_model_control_behind_the_key_and_loopback() -> None:
     triton = yaml.safe_load((REPO / "docker-compose.yml").read_text())["services"]["triton"]
     args = [str(a) for a in triton["command"]]
-    assert "--model-control-mode=none" in args and args[0] == "tritonserver"
+    # explicit model control (tune --apply loads configs), started by the entrypoint that restricts the
+    # repository API to the admin key (test_entrypoint_* below)
+    assert "--model-control-mode=explicit" in args and args[0] == "tritonserver"
+    assert not [a for a in args if "restricted" in a]  # the entrypoint appends them, with the key
     for port in triton["ports"]:
         assert str(port).startswith("${BIND_ADDR:-127.0.0.1}:"), port  # loopback unless the operator says
-    repo_mount = next(v for v in triton["volumes"] if isinstance(v, dict) and v.get("target") == "/models")
-    assert repo_mount.get("read_only") is True
+    assert "${MODEL_REPOSITORY:-./model_repository}:/models:ro" in triton["volumes"]
 
 
 def _entry(tmp_path: Path, *command: str, script: Path = ENTRY, **env: str) -> subprocess.CompletedProcess:

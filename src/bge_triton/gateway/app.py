@@ -249,6 +249,7 @@ def _answer(gw: Gateway, route: str, fn: Callable[[Request, dict[str, float]], A
             raw.append((b"x-%s-time" % name.encode(), _ms(seconds)))
         raw.append((b"x-total-time", _ms(elapsed)))
         gw.metrics.observe(route, response.status_code, elapsed)
+        gw.metrics.stages(timing)
         return response
 
     return handler

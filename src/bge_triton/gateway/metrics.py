@@ -25,6 +25,9 @@ class GatewayMetrics:
         self.triton_latency = Histogram("gateway_triton_duration_seconds", "Time of the embedding call to "
                                         "Triton, by priority level", ["priority"], buckets=LATENCY_BUCKETS,
                                         registry=r)
+        self.stage = Histogram("gateway_stage_duration_seconds", "Where an embeddings request's time went, as its "
+                               "x-<stage>-time headers say: tokenization, queue, inference", ["stage"],
+                               buckets=LATENCY_BUCKETS, registry=r)
         self.inputs = Histogram("gateway_inputs_per_request", "Texts per embeddings request",
                                 buckets=COUNT_BUCKETS, registry=r)
         self.tokens = Histogram("gateway_tokens_per_request", "Tokens per embeddings request (server tokenizer)",
@@ -50,6 +53,11 @@ class GatewayMetrics:
         child.observe(seconds)
         self.inputs.observe(inputs)
         self.tokens.observe(tokens)
+
+    def stages(self, timing: dict[str, float]) -> None:
+        """One request's split of its time (the timing headers): seconds per stage."""
+        for stage, seconds in timing.items():
+            self.stage.labels(stage).observe(seconds)
 
     def observe(self, route: str, status: int, seconds: float) -> None:
         """Count one answer and its latency (the labelled children are looked up once per route and status)."""

@@ -93,7 +93,7 @@ def test_every_flag_reaches_the_settings(tmp_path):
               "--precision": "int8", "--max-length": "64", "--pooling": "mean", "--opset": "18",
               "--int8-recipe": "plain", "--seed": "3", "--cache-dir": str(tmp_path / "c"),
               "--hf-cache": str(tmp_path / "hf"), "--threads": "1", "--retrieval-queries": "7",
-              "--retrieval-corpus": "70", "--server-onnxruntime": "1.23.2"}
+              "--retrieval-corpus": "70", "--server-onnxruntime": "1.23.2", "--task": "embed"}
     flags = {a.option_strings[-1] for a in build_parser()._actions if a.option_strings} - {"--help", "--quiet"}
     assert flags == set(values), "a new flag needs a value in this test"
     s = parse_settings([x for kv in values.items() for x in kv] + ["--quiet"])

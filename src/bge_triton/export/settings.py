@@ -84,6 +84,7 @@ class ExportSettings:
     retrieval_max_length: int = 128  # truncation for the neighbour check only: keeps it to a minute on CPU
     thresholds: Thresholds = field(default_factory=Thresholds)
     quiet: bool = False  # no progress bars (tests)
+    task: str | None = None  # embed | rerank; None = from the model's config.json architectures (export.task)
 
     @property
     def synthetic(self) -> bool:
@@ -193,6 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retrieval-corpus", type=int, default=None, help="texts searched by the neighbour check "
                    f"(default {REAL_CORPUS}; synthetic models: not run unless given)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--task", choices=("embed", "rerank"), default=None, help="what to export: an embedder or a "
+                   "reranker (default: read from the model's config.json; *ForSequenceClassification = rerank)")
     return p
 
 
@@ -207,4 +210,5 @@ def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str]
         server_onnxruntime=a.server_onnxruntime, seed=a.seed, cache_dir=cache_dir, hf_cache=a.hf_cache,
         threads=a.threads,
         retrieval_queries=a.retrieval_queries, retrieval_corpus=a.retrieval_corpus, quiet=a.quiet,
+        task=a.task,
     ).check()

@@ -7,11 +7,13 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 from numpy.typing import NDArray
 
 from bge_triton.client.base import BaseEmbeddingClient
 from bge_triton.client.core import CANARY_TEXT, Embedded, InferCall, Timed, Utf8
 from bge_triton.client.errors import classify
+from bge_triton.client.rerank import Ranked, decode_scores, ranked, rerank_calls
 from bge_triton.client.retry import acall_with_retry
 from bge_triton.client.transport import make_async_transport
 
@@ -145,6 +147,37 @@ class AsyncEmbeddingClient(BaseEmbeddingClient):
             return vectors, None, timings
         row_counts = [(idx, c) for (_, idx), (_, c, _) in zip(plan, results, strict=True) if c is not None]
         return vectors, self._assemble_counts(n, row_counts), timings
+
+    # -- rerank -----------------------------------------------------------------------------
+    async def rerank(self, query: str, documents: Sequence[str], top_n: int | None = None, *,
+                     model: str | None = None, timeout_s: float | None = None, truncate: bool | None = None,
+                     truncation_direction: str | None = None, priority: int = 0) -> list[Ranked]:
+        """Rank documents by relevance to the query: [Ranked(index, score, logit)], highest score first; see
+        EmbeddingClient.rerank. Requests of one call (over 1000 documents) are sent concurrently."""
+        s = self.settings
+        self._transport = self._transport or make_async_transport(s)
+        timeout = s.timeout_s if timeout_s is None else timeout_s
+        calls = rerank_calls(model or s.rerank_model, query, documents, s.truncate if truncate is None else truncate,
+                             truncation_direction, priority)
+
+        async def one(call: InferCall) -> Any:
+            where = f"rerank '{call.model}' ({call.rows} documents) at {s.url}"
+            result = await acall_with_retry(lambda t: self._transport.infer(call, t), s.retry, timeout, where,
+                                           budget=self._retry_budget)
+            return decode_scores(result, call.rows)[0]
+
+        tasks = [asyncio.ensure_future(one(call)) for call, _ in calls]
+        try:
+            parts = await asyncio.gather(*tasks)
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        logits = np.empty(len(documents), np.float32)
+        for (_, part), values in zip(calls, parts, strict=True):
+            logits[part] = values
+        return ranked(logits, top_n)
 
     # -- health -----------------------------------------------------------------------------
     async def health(self) -> dict[str, Any]:

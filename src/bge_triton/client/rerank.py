@@ -13,10 +13,11 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from bge_triton.client.core import DIRECTIONS, TOKEN_COUNT, InferCall
+from bge_triton.client.core import DIRECTIONS, TIMING, TOKEN_COUNT, InferCall, Timing
 from bge_triton.client.errors import InputError, KitError
 
-__all__ = ["RERANK_MODEL", "MAX_DOCUMENTS_PER_REQUEST", "Ranked", "rerank_calls", "decode_scores", "ranked"]
+__all__ = ["RERANK_MODEL", "MAX_DOCUMENTS_PER_REQUEST", "Ranked", "Reranked", "rerank_calls", "decode_scores",
+           "ranked"]
 
 RERANK_MODEL = "bge_reranker"
 SCORE = "score"
@@ -35,6 +36,15 @@ class Ranked:
     logit: float
 
 
+@dataclass(frozen=True)
+class Reranked:
+    """rerank_with_timing's result: the ranking, the tokens of every pair as scored, and where the time went."""
+
+    results: list[Ranked]
+    total_tokens: int
+    timing: Timing
+
+
 def _utf8(text: str, what: str) -> bytes:
     if not isinstance(text, str):
         raise InputError(f"{what} is a {type(text).__name__}: pass a str")
@@ -46,8 +56,10 @@ def _utf8(text: str, what: str) -> bytes:
 
 
 def rerank_calls(model: str, query: str, documents: Sequence[str], truncate: bool = True,
-                 direction: str | None = None, priority: int = 0) -> list[tuple[InferCall, slice]]:
-    """The requests of one rerank and the documents each carries (MAX_DOCUMENTS_PER_REQUEST at most)."""
+                 direction: str | None = None, priority: int = 0, timing: bool = False
+                 ) -> list[tuple[InferCall, slice]]:
+    """The requests of one rerank and the documents each carries (MAX_DOCUMENTS_PER_REQUEST at most); timing:
+    ask for `timing_us` too."""
     if isinstance(documents, str):
         raise InputError("documents is one str: pass a list of documents, e.g. [text]")
     if not documents:
@@ -62,13 +74,14 @@ def rerank_calls(model: str, query: str, documents: Sequence[str], truncate: boo
         parameters["truncation_direction"] = direction
     if priority:  # Triton's queue priority, and the same level for the endpoint's scheduler (priority_level)
         parameters["priority_level"] = int(priority)
+    outputs = (SCORE, TOKEN_COUNT, *((TIMING,) if timing else ()))
     calls = []
     for start in range(0, len(encoded), MAX_DOCUMENTS_PER_REQUEST):
         part = slice(start, min(start + MAX_DOCUMENTS_PER_REQUEST, len(encoded)))
         docs = np.empty((1, part.stop - part.start), dtype=np.object_)
         docs[0, :] = encoded[part]
         calls.append((InferCall(model, (("query", "BYTES", q), ("documents", "BYTES", docs)), dict(parameters),
-                                part.stop - part.start, priority=int(priority), outputs=(SCORE, TOKEN_COUNT)),
+                                part.stop - part.start, priority=int(priority), outputs=outputs),
                       part))
     return calls
 

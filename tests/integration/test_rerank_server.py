@@ -184,3 +184,30 @@ def test_async_client_reranks_the_same(rerank_server) -> None:
     got = asyncio.run(go())
     assert [r.index for r in got] == [r.index for r in sync] and np.allclose([r.score for r in got],
                                                                              [r.score for r in sync], atol=1e-6)
+
+
+def test_langchain_compressor_and_llamaindex_postprocessor_rank_as_the_sdk(rerank_server) -> None:
+    import asyncio
+
+    from langchain_core.documents import Document
+    from llama_index.core.schema import NodeWithScore, TextNode
+
+    from bge_triton.integrations.langchain_rerank import BgeTritonRerank as LcRerank
+    from bge_triton.integrations.llama_index_rerank import BgeTritonRerank as LiRerank
+
+    with Reranker(rerank_server.grpc_url, "ce") as client:
+        want = client.rerank(QUERY, DOCS, top_n=3)
+    lc = LcRerank(url=rerank_server.grpc_url, model="ce", top_n=3)
+    docs = [Document(page_content=d, metadata={"i": i}) for i, d in enumerate(DOCS)]
+    got = lc.compress_documents(docs, QUERY)
+    assert [d.metadata["i"] for d in got] == [r.index for r in want]
+    assert np.allclose([d.metadata["relevance_score"] for d in got], [r.score for r in want], atol=1e-6)
+    again = asyncio.run(lc.acompress_documents(docs, QUERY))
+    assert [d.metadata["i"] for d in again] == [r.index for r in want]
+    lc.close()
+    li = LiRerank(url=rerank_server.grpc_url, model="ce", top_n=3)
+    nodes = [NodeWithScore(node=TextNode(text=d, id_=str(i)), score=0.0) for i, d in enumerate(DOCS)]
+    ranked = li.postprocess_nodes(nodes, query_str=QUERY)
+    assert [n.node.id_ for n in ranked] == [str(r.index) for r in want]
+    assert np.allclose([n.score for n in ranked], [r.score for r in want], atol=1e-6)
+    li.close()

@@ -211,3 +211,19 @@ def test_langchain_compressor_and_llamaindex_postprocessor_rank_as_the_sdk(reran
     assert [n.node.id_ for n in ranked] == [str(r.index) for r in want]
     assert np.allclose([n.score for n in ranked], [r.score for r in want], atol=1e-6)
     li.close()
+
+
+def test_verify_holds_the_served_reranker_to_its_export_reference(rerank_repo, rerank_server, tmp_path) -> None:
+    import json
+
+    from bge_triton.verify.__main__ import main as verify
+
+    url = rerank_server.http_url
+    for name in ("ce", "rr"):
+        assert verify(["--url", url, "--model", name, "--repository", str(rerank_repo["repo"])]) == 0
+    ref = json.loads((rerank_repo["repo"] / "ce_onnx" / "1" / "reference.json").read_text())
+    for p in ref["pairs"]:
+        p["score"] += 0.5  # another model's numbers
+    bad = tmp_path / "reference.json"
+    bad.write_text(json.dumps(ref))
+    assert verify(["--url", url, "--model", "ce", "--reference", str(bad)]) == 1

@@ -15,14 +15,15 @@ import contextlib
 import dataclasses
 import logging
 import time
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError
+from pydantic import ValidationError
 
 from bge_triton.client import AsyncEmbeddingClient, Ranked, RetryPolicy
 from bge_triton.errors import InputError, KitError
 from bge_triton.gateway.errors import GatewayError, bad_request, from_kit_error, overloaded, too_large, unknown_model
 from bge_triton.gateway.parsing import CHARS_PER_TOKEN, PROCESS_ABOVE, _from_validation
+from bge_triton.gateway.rerank_models import RerankRequest, RerankResponse, TeiRerankRequest, TeiRerankResponse
 from bge_triton.gateway.settings import GatewaySettings
 
 __all__ = ["TeiRerankRequest", "RerankRequest", "RerankResponse", "TeiRerankResponse", "RerankParsed",
@@ -31,66 +32,6 @@ __all__ = ["TeiRerankRequest", "RerankRequest", "RerankResponse", "TeiRerankResp
 log = logging.getLogger("bge_triton.gateway")
 QUERY_DOCUMENTS = 100  # up to this many documents a rerank goes at the queries' priority (x-priority overrides)
 MAX_LENGTH = 512  # characters per document are limited to CHARS_PER_TOKEN x this (or --max-input-chars)
-
-
-class TeiRerankRequest(BaseModel):
-    """POST /rerank: text-embeddings-inference's request."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    query: str = Field(description="the query; never truncated")
-    texts: list[str] = Field(description="the documents to rank (at least one)")
-    raw_scores: bool = Field(False, description="true: the raw logit; false: its sigmoid (0..1)")
-    return_text: bool = Field(False, description="echo each document as `text`")
-    truncate: bool | None = Field(None, description="cut a document whose pair is over the token limit (default "
-                                                    "false: refuse it)")
-    truncation_direction: Literal["Right", "Left", "right", "left"] = Field(
-        "Right", description="Right cuts the document's end, Left its start")
-
-
-class TeiRank(BaseModel):
-    index: int
-    score: float
-    text: str | None = None
-
-
-class TeiRerankResponse(RootModel[list[TeiRank]]):
-    """TEI's answer: the documents sorted by score, highest first."""
-
-
-class CohereDocument(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    text: str
-
-
-class RerankRequest(BaseModel):
-    """POST /v1/rerank: Cohere's and Jina's request."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    model: str = Field(description="the served reranker's name (--rerank-model)")
-    query: str
-    documents: list[str | CohereDocument] = Field(description="strings, or objects with `text`")
-    top_n: int | None = Field(None, ge=1, description="return the top_n best documents (default: all)")
-    return_documents: bool = Field(False, description="echo each document in `document`")
-    max_chunks_per_doc: int | None = Field(None, description="accepted for compatibility; documents are not "
-                                                             "chunked (a long one is cut at the token limit)")
-
-
-class RerankResult(BaseModel):
-    index: int
-    relevance_score: float
-    document: CohereDocument | None = None
-
-
-class RerankUsage(BaseModel):
-    total_tokens: int
-
-
-class RerankResponse(BaseModel):
-    model: str
-    results: list[RerankResult]
-    usage: RerankUsage
 
 
 @dataclasses.dataclass

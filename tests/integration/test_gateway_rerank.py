@@ -106,3 +106,31 @@ def test_rerank_needs_the_key(rag) -> None:
     gw, _ = rag
     assert post(gw, "/rerank", {"query": QUERY, "texts": DOCS}, key=None).status_code == 401
     assert post(gw, "/v1/rerank", {"model": "ce", "query": QUERY, "documents": DOCS}, key="wrong").status_code == 401
+
+
+def test_a_2000_document_body_does_not_stall_small_reranks(rag) -> None:
+    """Parsed off the loop (a body over 64 KiB) and sent at the bulk level: small reranks beside it are answered
+    first."""
+    import concurrent.futures as cf
+    import threading
+    import time
+
+    gw, _ = rag
+    big_docs = [f"{DOCS[i % len(DOCS)]} Note {i}." for i in range(2000)]
+    finished: list[str] = []
+    lock = threading.Lock()
+
+    def call(name, body):
+        r = post(gw, "/rerank", body)
+        with lock:
+            finished.append(name)
+        return r
+
+    with cf.ThreadPoolExecutor(5) as pool:
+        big = pool.submit(call, "big", {"query": QUERY, "texts": big_docs, "truncate": True})
+        time.sleep(0.5)  # the big body is in first (ordering, not a timing assertion)
+        small = [pool.submit(call, f"small{i}", {"query": QUERY, "texts": DOCS[:3]}) for i in range(4)]
+        assert all(f.result(timeout=120).status_code == 200 for f in small)
+        r = big.result(timeout=300)
+    assert r.status_code == 200, r.text[:300]
+    assert len(r.json()) == 2000 and finished[-1] == "big", finished

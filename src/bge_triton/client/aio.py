@@ -168,7 +168,7 @@ class AsyncEmbeddingClient(BaseEmbeddingClient):
         self._transport = self._transport or make_async_transport(s)
         timeout = s.timeout_s if timeout_s is None else timeout_s
         calls = rerank_calls(model or s.rerank_model, query, documents, s.truncate if truncate is None else truncate,
-                             truncation_direction, priority, timing=True)
+                             truncation_direction, priority, timing=True, timeout_s=timeout)
 
         async def one(call: InferCall) -> Any:
             where = f"rerank '{call.model}' ({call.rows} documents) at {s.url}"

@@ -56,10 +56,12 @@ def _utf8(text: str, what: str) -> bytes:
 
 
 def rerank_calls(model: str, query: str, documents: Sequence[str], truncate: bool = True,
-                 direction: str | None = None, priority: int = 0, timing: bool = False
-                 ) -> list[tuple[InferCall, slice]]:
+                 direction: str | None = None, priority: int = 0, timing: bool = False,
+                 timeout_s: float | None = None) -> list[tuple[InferCall, slice]]:
     """The requests of one rerank and the documents each carries (MAX_DOCUMENTS_PER_REQUEST at most); timing:
-    ask for `timing_us` too."""
+    ask for `timing_us` too; timeout_s: Triton's per-request timeout, so the pairs wait in the endpoint's queue as
+    long as the caller waits (allow_timeout_override), not its 5 s default: a long list on a busy server is slow,
+    not refused."""
     if isinstance(documents, str):
         raise InputError("documents is one str: pass a list of documents, e.g. [text]")
     if not documents:
@@ -74,6 +76,8 @@ def rerank_calls(model: str, query: str, documents: Sequence[str], truncate: boo
         parameters["truncation_direction"] = direction
     if priority:  # Triton's queue priority, and the same level for the endpoint's scheduler (priority_level)
         parameters["priority_level"] = int(priority)
+    if timeout_s:  # Triton's reserved `timeout` request parameter (microseconds)
+        parameters["timeout"] = int(timeout_s * 1e6)
     outputs = (SCORE, TOKEN_COUNT, *((TIMING,) if timing else ()))
     calls = []
     for start in range(0, len(encoded), MAX_DOCUMENTS_PER_REQUEST):

@@ -134,7 +134,7 @@ class EmbeddingClient(BaseEmbeddingClient):
         self._transport = self._transport or make_sync_transport(s)
         timeout = s.timeout_s if timeout_s is None else timeout_s
         calls = rerank_calls(model or s.rerank_model, query, documents, s.truncate if truncate is None else truncate,
-                             truncation_direction, priority)
+                             truncation_direction, priority, timeout_s=timeout)
         logits = np.empty(len(documents), np.float32)
         for call, part in calls:
             where = f"rerank '{call.model}' ({call.rows} documents) at {s.url}"

@@ -95,7 +95,7 @@ def test_every_flag_reaches_the_settings(tmp_path):
               "--int8-recipe": "plain", "--seed": "3", "--cache-dir": str(tmp_path / "c"),
               "--hf-cache": str(tmp_path / "hf"), "--threads": "1", "--retrieval-queries": "7",
               "--retrieval-corpus": "70", "--server-onnxruntime": "1.23.2", "--revision": "v2",
-              "--instance-kind": "cpu"}
+              "--instance-kind": "cpu", "--task": "embed"}
     aliases = {"--name"}  # the older spelling of --model: tested below
     switches = {"--quiet", "--offline", "--skip-existing"}
     field = {"--model-id": "model", "--model": "name"}

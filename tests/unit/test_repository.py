@@ -31,7 +31,7 @@ from bge_triton.server.repository import (
 
 def test_every_committed_config_parses_with_triton_schema() -> None:
     configs = load_repository(DEFAULT_CANONICAL)
-    assert set(configs) == {"bge_large_zh", "bge_large_zh_onnx"}
+    assert set(configs) == {"bge_large_zh", "bge_large_zh_onnx", "bge_reranker", "bge_reranker_onnx"}
     enc, txt = configs["bge_large_zh_onnx"], configs["bge_large_zh"]
     assert enc.backend == "onnxruntime" and txt.backend == "python"
     assert [(i.name, i.data_type, list(i.dims)) for i in enc.input] == [

@@ -17,6 +17,7 @@ from bge_triton.client.core import (
     Utf8,
 )
 from bge_triton.client.errors import InputError, KitError, ModelConfigError, Overloaded, ServerUnavailable
+from bge_triton.client.rerank import Ranked
 from bge_triton.client.retry import RetryBudget, RetryPolicy
 from bge_triton.client.sync import EmbeddingClient
 
@@ -24,6 +25,7 @@ __all__ = [
     "EmbeddingClient",
     "AsyncEmbeddingClient",
     "MicroBatcher",
+    "Ranked",
     "RetryPolicy",
     "RetryBudget",
     "ClientSettings",

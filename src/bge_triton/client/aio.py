@@ -7,11 +7,13 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 from numpy.typing import NDArray
 
 from bge_triton.client.base import BaseEmbeddingClient
 from bge_triton.client.core import CANARY_TEXT, Embedded, InferCall, Timed, Utf8
 from bge_triton.client.errors import classify
+from bge_triton.client.rerank import Ranked, Reranked, decode_scores, ranked, rerank_calls
 from bge_triton.client.retry import acall_with_retry
 from bge_triton.client.transport import make_async_transport
 
@@ -147,6 +149,48 @@ class AsyncEmbeddingClient(BaseEmbeddingClient):
             return vectors, None, timings
         row_counts = [(idx, c) for (_, idx), (_, c, _) in zip(plan, results, strict=True) if c is not None]
         return vectors, self._assemble_counts(n, row_counts), timings
+
+    # -- rerank -----------------------------------------------------------------------------
+    async def rerank(self, query: str, documents: Sequence[str], top_n: int | None = None, *,
+                     model: str | None = None, timeout_s: float | None = None, truncate: bool | None = None,
+                     truncation_direction: str | None = None, priority: int = 0) -> list[Ranked]:
+        """Rank documents by relevance to the query: [Ranked(index, score, logit)], highest score first; see
+        EmbeddingClient.rerank. Requests of one call (over 1000 documents) are sent concurrently."""
+        return (await self.rerank_with_timing(query, documents, top_n, model=model, timeout_s=timeout_s,
+                                              truncate=truncate, truncation_direction=truncation_direction,
+                                              priority=priority)).results
+
+    async def rerank_with_timing(self, query: str, documents: Sequence[str], top_n: int | None = None, *,
+                                 model: str | None = None, timeout_s: float | None = None,
+                                 truncate: bool | None = None, truncation_direction: str | None = None,
+                                 priority: int = 0) -> Reranked:
+        """rerank plus the tokens of every pair as scored and where the time went (Reranked)."""
+        s = self.settings
+        start = time.perf_counter()
+        self._transport = self._transport or make_async_transport(s)
+        timeout = s.timeout_s if timeout_s is None else timeout_s
+        calls = rerank_calls(model or s.rerank_model, query, documents, s.truncate if truncate is None else truncate,
+                             truncation_direction, priority, timing=True, timeout_s=timeout)
+
+        async def one(call: InferCall) -> Any:
+            where = f"rerank '{call.model}' ({call.rows} documents) at {s.url}"
+            result = await acall_with_retry(lambda t: self._transport.infer(call, t), s.retry, timeout, where,
+                                           budget=self._retry_budget)
+            return (*decode_scores(result, call.rows), self._decode_timing(call, result))
+
+        tasks = [asyncio.ensure_future(one(call)) for call, _ in calls]
+        try:
+            parts = await asyncio.gather(*tasks)
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        logits = np.empty(len(documents), np.float32)
+        for (_, part), (values, _, _) in zip(calls, parts, strict=True):
+            logits[part] = values
+        return Reranked(ranked(logits, top_n), int(sum(int(c.sum()) for _, c, _ in parts)),
+                        self._timing([t for _, _, t in parts], time.perf_counter() - start))
 
     # -- health -----------------------------------------------------------------------------
     async def health(self) -> dict[str, Any]:

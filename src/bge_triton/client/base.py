@@ -46,13 +46,14 @@ class BaseEmbeddingClient:
                  tokenizer: str | None = None, buckets: Sequence[int] | None = None,
                  max_length: int | None = None, truncate: bool = True,
                  query_instruction: str | None = ClientSettings.query_instruction,
-                 expected_dim: int | None = None, settings: ClientSettings | None = None) -> None:
+                 expected_dim: int | None = None, rerank_model: str = ClientSettings.rerank_model,
+                 settings: ClientSettings | None = None) -> None:
         if settings is None:
             extra: dict[str, Any] = {"buckets": tuple(buckets)} if buckets is not None else {}
             settings = ClientSettings(url=url, model=model, protocol=protocol, mode=mode, timeout_s=timeout_s,
                                       retry=retry or RetryPolicy(), tokenizer=tokenizer, max_length=max_length,
                                       truncate=truncate, query_instruction=query_instruction,
-                                      expected_dim=expected_dim, **extra)
+                                      expected_dim=expected_dim, rerank_model=rerank_model, **extra)
         self.settings = settings
         self._retry_budget: RetryBudget | None = settings.retry.make_budget()  # shared by the client's calls
         self._spec: ModelSpec | None = None

@@ -67,6 +67,7 @@ class ClientSettings:
     truncate: bool = True
     query_instruction: str | None = BGE_QUERY_INSTRUCTION
     expected_dim: int | None = None
+    rerank_model: str = "bge_reranker"  # the reranker's text-pair endpoint that rerank() calls
 
     def __post_init__(self) -> None:
         if self.protocol not in ("grpc", "http"):

@@ -5,11 +5,13 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 from numpy.typing import NDArray
 
 from bge_triton.client.base import BaseEmbeddingClient
 from bge_triton.client.core import CANARY_TEXT, Embedded, Timed, Utf8
 from bge_triton.client.errors import classify
+from bge_triton.client.rerank import Ranked, decode_scores, ranked, rerank_calls
 from bge_triton.client.retry import call_with_retry
 from bge_triton.client.transport import make_sync_transport
 
@@ -122,6 +124,29 @@ class EmbeddingClient(BaseEmbeddingClient):
             if row_counts is not None:
                 count_parts.append((idx, row_counts))
         return self._assemble(n, parts), self._assemble_counts(n, count_parts) if counts else None
+
+    # -- rerank -----------------------------------------------------------------------------
+    def rerank(self, query: str, documents: Sequence[str], top_n: int | None = None, *, model: str | None = None,
+               timeout_s: float | None = None, truncate: bool | None = None,
+               truncation_direction: str | None = None, priority: int = 0) -> list[Ranked]:
+        """Rank documents by relevance to the query with the reranker (default settings.rerank_model):
+        [Ranked(index, score, logit)], highest score first; score = sigmoid(logit). Over max_length the document
+        is cut (truncation_direction: its end, default, or start), never the query; truncate=False refuses it."""
+        s = self.settings
+        self._transport = self._transport or make_sync_transport(s)
+        timeout = s.timeout_s if timeout_s is None else timeout_s
+        calls = rerank_calls(model or s.rerank_model, query, documents, s.truncate if truncate is None else truncate,
+                             truncation_direction, priority, timeout_s=timeout)
+        logits = np.empty(len(documents), np.float32)
+        for call, part in calls:
+            where = f"rerank '{call.model}' ({call.rows} documents) at {s.url}"
+
+            def infer(t: float, c: Any = call) -> Any:
+                return self._transport.infer(c, t)
+
+            logits[part] = decode_scores(call_with_retry(infer, s.retry, timeout, where, budget=self._retry_budget),
+                                         call.rows)[0]
+        return ranked(logits, top_n)
 
     # -- health -----------------------------------------------------------------------------
     def health(self) -> dict[str, Any]:

@@ -14,6 +14,10 @@ from .settings import parse_settings
 def results_table(result: ExportResult) -> str:
     """A markdown table of what was exported and how close it is to PyTorch; synthetic exports say SYNTHETIC."""
     r, f = result.report, result.fidelity
+    if r.get("task") == "rerank":
+        from .rerank_pipeline import rerank_table
+
+        return rerank_table(result)
     skipped = f.not_run.get(f"top{f.topk or 10}_agreement")
     if f.topk_agreement is not None:
         topk = f"{f.topk_agreement:.3f} ({f.retrieval['queries']} queries / {f.retrieval['corpus']} texts" + (

@@ -123,12 +123,29 @@ def check_probes(probes: dict, graph: Path, s: ExportSettings, fid: Fidelity) ->
         fid.failures.append(f"{s.precision} verify probes mean cosine {cos.mean():.6f}, bar >= {tol['mean_cosine']}")
 
 
+def export_task(s: ExportSettings) -> str:
+    """'embed' or 'rerank': --task, else the model's config.json (export.task)."""
+    import json
+
+    from .source import resolve_path
+    from .task import model_task
+
+    path, _ = resolve_path(s)
+    cfg_file = path / "config.json"
+    cfg = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
+    return model_task(cfg, s.task, s.model)
+
+
 def run_export(s: ExportSettings) -> ExportResult:
     """Run every stage; raise ExportError (nothing written to the repository) when validation fails.
 
     The PyTorch model is used for the reference vectors and the ONNX export only, then freed, so ONNX Runtime's
     stages (fusion, quantisation, validation) never share the process with a second copy of the weights.
     """
+    if export_task(s) == "rerank":  # a cross-encoder: its own stages (export.rerank_pipeline)
+        from .rerank_pipeline import run_rerank_export
+
+        return run_rerank_export(s)
     timings: dict[str, float] = {}
     memory: dict[str, float] = {}
     tag = "SYNTHETIC " if s.synthetic else ""

@@ -90,6 +90,7 @@ class ExportSettings:
     revision: str = "main"  # the hub revision a hub id is downloaded at
     skip_existing: bool = False  # nothing to do when the repository holds a validated export of this model
     instance_kind: str | None = None  # gpu | cpu: the device the written configs are put on
+    task: str | None = None  # embed | rerank; None = from the model's config.json architectures (export.task)
 
     @property
     def synthetic(self) -> bool:
@@ -234,6 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retrieval-corpus", type=int, default=None, help="texts searched by the neighbour check "
                    f"(default: {REAL_CORPUS}; synthetic models: not run unless given)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--task", choices=("embed", "rerank"), default=None, help="what to export: an embedder or a "
+                   "reranker (default: read from the model's config.json; *ForSequenceClassification = rerank)")
     return p
 
 
@@ -270,5 +273,5 @@ def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str]
         server_onnxruntime=a.server_onnxruntime, seed=a.seed, cache_dir=cache_dir, hf_cache=a.hf_cache,
         threads=a.threads, retrieval_queries=a.retrieval_queries, retrieval_corpus=a.retrieval_corpus,
         quiet=a.quiet, offline=offline, revision=a.revision, skip_existing=a.skip_existing,
-        instance_kind=a.instance_kind,
+        instance_kind=a.instance_kind, task=a.task,
     ).check()

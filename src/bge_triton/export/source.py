@@ -10,6 +10,7 @@ from bge_triton.errors import ExportError
 
 from .settings import SYNTHETIC_PREFIX, ExportSettings
 from .synthetic import MARKER_FILE, synthetic_model_dir
+from .task import model_task
 
 # model_type -> positions the tokenizer cannot use (RoBERTa-style models offset positions by padding_idx + 1)
 BERT_LIKE = {"bert": 0, "roberta": 2, "xlm-roberta": 2}
@@ -115,6 +116,10 @@ def inspect_model(settings: ExportSettings) -> ModelSource:
         raise ExportError(f"--model-id {settings.model!r}: {path} has no config.json; pass a Hugging Face model "
                           "directory.")
     cfg = json.loads(cfg_file.read_text())
+    if model_task(cfg, settings.task, settings.model) != "embed":
+        raise ExportError(f"--model {settings.model!r} is a reranker (cross-encoder), not an embedder: export it "
+                          "with `bge-triton export` (it picks the reranker export), or pass --task embed to export "
+                          "its encoder trunk as an embedder.")
     model_type = cfg.get("model_type", "?")
     if model_type not in BERT_LIKE:
         raise ExportError(f"--model-id {settings.model!r} is a {model_type!r} model, not BERT-like "

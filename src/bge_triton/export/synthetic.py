@@ -74,8 +74,13 @@ def _expected_marker(kind: str, seed: int) -> dict:
 
 def synthetic_model_dir(kind: str, cache_dir: Path, seed: int = 0) -> Path:
     """Build (or reuse) a HF model dir for `kind` under cache_dir; same seed, same bytes."""
+    from .rerank_synthetic import RERANK_ARCHS, synthetic_reranker_dir
+
+    if kind in RERANK_ARCHS:
+        return synthetic_reranker_dir(kind, cache_dir, seed)
     if kind not in ARCHS:
-        raise ExportError(f"synthetic model {kind!r} is unknown; use synthetic:bge-large-zh or synthetic:bge-small-zh.")
+        raise ExportError(f"synthetic model {kind!r} is unknown; use synthetic:bge-large-zh or synthetic:bge-small-zh "
+                          "(embedders), synthetic:bge-reranker-large or synthetic:bge-reranker-small (rerankers).")
     import torch
     from transformers import BertConfig, BertModel
 

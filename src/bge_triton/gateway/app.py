@@ -44,6 +44,7 @@ from bge_triton.gateway.errors import (
 from bge_triton.gateway.metrics import GatewayMetrics, watch_loop
 from bge_triton.gateway.openapi import Operation, build_openapi, docs_html
 from bge_triton.gateway.parsing import CHARS_PER_TOKEN, PROCESS_ABOVE, Parsed, ParseLimits, parse, parse_in_worker
+from bge_triton.gateway.rerank import Reranker, rerank_routes
 from bge_triton.gateway.settings import GatewaySettings
 from bge_triton.gateway.texts import TextPreparer
 from bge_triton.gateway.verified import Check, ReferenceGate
@@ -119,6 +120,7 @@ class Gateway:
         self.limits = ParseLimits(settings.max_inputs, settings.max_input_chars)
         self._limited = False
         self._openapi: bytes | None = None
+        self.reranker = Reranker(settings) if settings.rerank_model else None  # --rerank-model: /rerank, /v1/rerank
 
     def not_ready(self) -> str | None:
         """Why /ready is 503 (None: ready): no embedding went through lately, or --reference does not hold yet."""
@@ -126,7 +128,7 @@ class Gateway:
             return self.backend.last_error
         if self.gate is not None and not self.gate.ok:
             return self.gate.message
-        return None
+        return self.reranker.not_ready() if self.reranker is not None else None
 
     async def connected(self) -> None:
         """Make sure the model's config was read (dim, max_length); KitError -> 503 when Triton is down."""
@@ -315,6 +317,7 @@ def _routes(gw: Gateway) -> tuple[list[Route], list[Operation]]:
                    "model reproduced its export's reference vectors (no key needed)", m.Ready,
                    auth=False, extra=(503,)), ready, "/ready"),
         (Operation("/metrics", "GET", "Prometheus metrics (no key needed)", None, auth=False), metrics, "/metrics"),
+        *rerank_routes(gw),
     ]
     routes = [Route(op.path.replace("{name}", "{name:path}"),
                     _answer(gw, label, fn, auth=op.auth, tei=op.tei), methods=[op.method])
@@ -335,6 +338,8 @@ def create_app(settings: GatewaySettings, backend: Backend | None = None,
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await real.start()
+        if gw.reranker is not None:
+            await gw.reranker.start()
         if gw.gate is not None:
             await gw.gate.start()  # after the canary: it checks once an embedding went through
         warm = asyncio.create_task(_warm_parser(gw))  # the first big body should not wait for a worker to start
@@ -349,6 +354,8 @@ def create_app(settings: GatewaySettings, backend: Backend | None = None,
             if gw.gate is not None:
                 await gw.gate.close()
             await real.close()
+            if gw.reranker is not None:
+                await gw.reranker.close()
 
     async def openapi(request: Request) -> Response:
         if gw._openapi is None:

@@ -64,6 +64,7 @@ class GatewaySettings:
     # the export's NAME_onnx/1/reference.json: /ready stays 503 until the served model reproduces its vectors
     reference: str | None = None
     verify_retry_s: float = 30.0  # a failed verdict is checked again after this long (a fixed model may be loaded)
+    rerank_model: str | None = None  # the reranker's text-pair endpoint: serves /rerank and /v1/rerank when set
 
     def __post_init__(self) -> None:
         if not self.api_keys and not self.unsafe_no_auth and not is_loopback(self.host):
@@ -183,6 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "its reference vectors (checked at start and whenever Triton comes back; `bge-triton verify`)")
     p.add_argument("--verify-retry", type=float, default=d.verify_retry_s, metavar="SECONDS",
                    help="with --reference: check a failed verdict again after this many seconds")
+    p.add_argument("--rerank-model", default=None, metavar="RERANKER", help="the Triton reranker (e.g. "
+                   "bge_reranker): serves POST /rerank (TEI) and /v1/rerank (Cohere, Jina); none when not set")
     p.add_argument("--log-level", default=d.log_level, choices=["debug", "info", "warning", "error"],
                    help="the gateway's log level")
     return p
@@ -212,7 +215,8 @@ def settings_from_args(args: argparse.Namespace) -> GatewaySettings:
         canary_interval_s=args.canary_interval, ready_max_age_s=args.ready_max_age, log_level=args.log_level,
         micro_batch=not args.no_micro_batch, micro_batch_wait_s=args.micro_batch_wait_ms / 1e3,
         keep_alive_s=args.keep_alive, max_input_chars=args.max_input_chars, parse_workers=args.parse_workers,
-        reference=_reference(args.reference), verify_retry_s=args.verify_retry)
+        reference=_reference(args.reference), verify_retry_s=args.verify_retry,
+        rerank_model=args.rerank_model)
 
 
 def _reference(path: str | None) -> str | None:

@@ -36,6 +36,21 @@ class SdkClients:
             client = self._async[loop] = AsyncEmbeddingClient(self.url, model=self.model, **self.kwargs)
         return await client.connect()
 
+    def unchecked(self) -> EmbeddingClient:
+        """The sync client without the embedder's config check (rerank() needs only the transport)."""
+        with self._lock:
+            if self._sync is None:
+                self._sync = EmbeddingClient(self.url, model=self.model, **self.kwargs)
+            return self._sync
+
+    def aio_unchecked(self) -> AsyncEmbeddingClient:
+        """The running loop's async client without the embedder's config check (for rerank())."""
+        loop = asyncio.get_running_loop()
+        client = self._async.get(loop)
+        if client is None:
+            client = self._async[loop] = AsyncEmbeddingClient(self.url, model=self.model, **self.kwargs)
+        return client
+
     def close(self) -> None:
         """Close the sync client (async clients close with their loop's aclose())."""
         with self._lock:

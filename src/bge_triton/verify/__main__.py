@@ -33,10 +33,38 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _rerank_main(a: argparse.Namespace, reference: Path) -> int:
+    """A reranker's reference (format bge-triton-rerank-reference/1): its pairs through the served reranker."""
+    from .rerank_standalone import check
+    url = flags.server_url(a.url)
+    if url.protocol != "http":
+        print(f"verify could not run: a reranker is checked over HTTP; pass --url http://HOST:8000 (got {a.url})",
+              file=sys.stderr)
+        return CANNOT_CHECK
+    code, message = check(url.address, a.model, reference, None, a.timeout)
+    print(message, file=sys.stdout if code == OK else sys.stderr)
+    return code
+
+
+def _is_rerank(path: Path) -> bool:
+    try:
+        return json.loads(path.read_text(encoding="utf-8")).get("task") == "rerank"
+    except (OSError, ValueError):
+        return False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     a = flags.parse(build_parser(), argv)
     try:
         url = flags.server_url(a.url)
+        with TritonTransport(url.address, url.protocol, a.timeout) as transport:
+            path = resolve_reference(transport, a.model, a.repository, a.reference)
+    except (VerifyError, InputError) as err:
+        print(f"verify could not run: {err}", file=sys.stderr)
+        return CANNOT_CHECK
+    if _is_rerank(path):
+        return _rerank_main(a, path)
+    try:
         with TritonTransport(url.address, url.protocol, a.timeout) as transport:
             ref = load_reference(resolve_reference(transport, a.model, a.repository, a.reference))
             result = run_check(transport, a.model, ref)

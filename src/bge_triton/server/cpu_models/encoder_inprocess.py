@@ -62,13 +62,14 @@ class InProcessBackend(EncoderBackend):
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         self.session = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
         self.inputs = {i.name for i in self.session.get_inputs()}
+        self.output = self.session.get_outputs()[0].name  # embedding (embedder) or score (reranker)
         self.lock = _FileLock(os.path.join(root, ".cpu_compute.lock")) \
             if truthy(_param(cfg, "cpu_lock", "0")) else None
 
-    def run(self, ids, mask):
-        feeds = {k: v for k, v in (("input_ids", ids), ("attention_mask", mask)) if k in self.inputs}
+    def run(self, ids, mask, **extra):
+        feeds = {k: v for k, v in (("input_ids", ids), ("attention_mask", mask), *extra.items()) if k in self.inputs}
         try:
-            return self.session.run(["embedding"], feeds)[0]
+            return self.session.run([self.output], feeds)[0]
         except Exception as exc:  # ORT's own exception types: answer the sub-batch, keep the model up
             raise encoder_error(f"{self.model} (in-process)", f"batch {list(ids.shape)}: {exc}") from exc
 

@@ -71,6 +71,9 @@ class TritonPythonModel:
     def initialize(self, args):
         cfg = json.loads(args["model_config"])
         self.dim = int(cfg["output"][0]["dims"][-1])
+        self.output = cfg["output"][0]["name"]  # embedding (embedder) or score (reranker)
+        self.extra_inputs = [i["name"] for i in cfg.get("input", [])
+                             if i["name"] not in ("input_ids", "attention_mask")]  # token_type_ids (BERT rerankers)
         self.executor = _param(cfg, "executor", "onnxruntime")
         self.cost_a = float(_param(cfg, "cost_a_us", "6260")) / 1e6
         self.cost_b = float(_param(cfg, "cost_b_us", "10")) / 1e6
@@ -128,15 +131,15 @@ class TritonPythonModel:
             return "attention_mask has a row with no real token: every text needs at least [CLS]"
         return None
 
-    def _run(self, ids, mask):
+    def _run(self, ids, mask, extra=None):
         if self.session is None:  # the emulated GPU (execute holds its lock) is busy exactly t(B, L)
             deadline = time.perf_counter() + self.cost_a + self.cost_b * ids.shape[0] * ids.shape[1]
             vecs = self.rng.standard_normal((ids.shape[0], self.dim)).astype(np.float32)
             vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
             _wait_until(deadline)
             return vecs
-        feeds = {"input_ids": ids, "attention_mask": mask}
-        return self.session.run(["embedding"], {k: v for k, v in feeds.items() if k in self.input_names})[0]
+        feeds = {"input_ids": ids, "attention_mask": mask, **(extra or {})}
+        return self.session.run([self.output], {k: v for k, v in feeds.items() if k in self.input_names})[0]
 
     def finalize(self):
         if self.run_lock is not None:
@@ -156,7 +159,9 @@ class TritonPythonModel:
             if problem:
                 responses[i] = pb_utils.InferenceResponse(error=_input_error(problem))
                 continue
-            groups.setdefault(ids.shape[1], []).append((i, ids, mask))
+            extra = {name: pb_utils.get_input_tensor_by_name(request, name).as_numpy().astype(np.int64, copy=False)
+                     for name in self.extra_inputs}
+            groups.setdefault(ids.shape[1], []).append((i, ids, mask, extra))
         if self.run_lock is not None:  # the GPU (or the cores) for the whole Triton batch: batches never interleave
             fcntl.flock(self.run_lock, fcntl.LOCK_EX)
         try:
@@ -171,18 +176,20 @@ class TritonPythonModel:
         for items in groups.values():
             if len(items) == 1:  # one request (e.g. one planned sub-batch of the text endpoint): no copy
                 ids, mask = items[0][1].astype(np.int64, copy=False), items[0][2].astype(np.int64, copy=False)
+                extra = items[0][3]
             else:
                 ids = np.concatenate([it[1] for it in items]).astype(np.int64, copy=False)
                 mask = np.concatenate([it[2] for it in items]).astype(np.int64, copy=False)
+                extra = {name: np.concatenate([it[3][name] for it in items]) for name in self.extra_inputs}
             try:
-                out = self._run(ids, mask).astype(np.float32, copy=False)
+                out = self._run(ids, mask, extra).astype(np.float32, copy=False)
             except Exception as exc:  # ORT raises its own types (e.g. index out of range): answer, don't crash
-                for i, _, _ in items:
+                for i, *_ in items:
                     responses[i] = pb_utils.InferenceResponse(error=pb_utils.TritonError(
                         f"encoder failed on batch {list(ids.shape)}: {exc}"))
                 continue
             start = 0
-            for i, req_ids, _ in items:
+            for i, req_ids, *_ in items:
                 n = req_ids.shape[0]
                 rows = out[start:start + n]
                 start += n
@@ -192,4 +199,4 @@ class TritonPythonModel:
                             f"injected fault: token {self.fault_token}"))
                         continue
                     rows = np.ascontiguousarray(rows[:, :-1])
-                responses[i] = pb_utils.InferenceResponse([pb_utils.Tensor("embedding", rows)])
+                responses[i] = pb_utils.InferenceResponse([pb_utils.Tensor(self.output, rows)])

@@ -41,28 +41,30 @@ OUTPUTS = ("embedding", "token_count", "timing_us")  # config.pbtxt's outputs, i
 
 
 class BlsBackend(EncoderBackend):
-    """The encoder model reached through BLS (exec, from the scheduler's dispatcher threads)."""
+    """The encoder model reached through BLS (exec, from the scheduler's dispatcher threads); `output` is the
+    encoder's output (the reranker's model.py, beside a copy of this file, asks for `score`)."""
 
-    def __init__(self, model: str) -> None:
-        self.model = model
+    def __init__(self, model: str, output: str = "embedding") -> None:
+        self.model, self.output = model, output
 
-    def run(self, ids, mask):
-        return self._result(self._request(ids, mask).exec())
+    def run(self, ids, mask, **extra):
+        return self._result(self._request(ids, mask, **extra).exec())
 
-    def _request(self, ids, mask):
+    def _request(self, ids, mask, **extra):
+        inputs = [pb_utils.Tensor("input_ids", ids), pb_utils.Tensor("attention_mask", mask)]
+        inputs += [pb_utils.Tensor(name, value) for name, value in extra.items()]
         return pb_utils.InferenceRequest(
-            model_name=self.model, requested_output_names=["embedding"],
-            inputs=[pb_utils.Tensor("input_ids", ids), pb_utils.Tensor("attention_mask", mask)],
+            model_name=self.model, requested_output_names=[self.output], inputs=inputs,
             preferred_memory=pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_CPU, 0))
 
     def _result(self, response):
         if response.has_error():
             error = response.error()
             raise encoder_error(self.model, error.message(), error.code() == pb_utils.TritonError.UNAVAILABLE)
-        tensor = pb_utils.get_output_tensor_by_name(response, "embedding")
+        tensor = pb_utils.get_output_tensor_by_name(response, self.output)
         if not tensor.is_cpu():  # preferred_memory asks for CPU: the server image carries no GPU array library
-            raise encoder_error(self.model, "answered 'embedding' in GPU memory although the request asked for "
-                                "CPU memory (preferred_memory): check the encoder's output placement", False)
+            raise encoder_error(self.model, f"answered {self.output!r} in GPU memory although the request asked "
+                                "for CPU memory (preferred_memory): check the encoder's output placement", False)
         return tensor.as_numpy()
 
 
@@ -111,7 +113,12 @@ def _backend(settings: TextSettings, cfg: dict, args: dict) -> EncoderBackend:
 
 
 class TritonPythonModel:
-    """Decode and tokenize (text_stages), then the scheduler plans, runs through BLS and answers."""
+    """Decode and tokenize (text_stages), then the scheduler plans, runs through BLS and answers.
+
+    The reranker's model.py subclasses it (a copy of this file beside it, as text_model.py) through the hooks
+    OUTPUTS, _setup, _inputs and _arrays."""
+
+    OUTPUTS = OUTPUTS
 
     def initialize(self, args):
         if not faulthandler.is_enabled():  # a crash of this stub prints every Python thread's stack to the server log
@@ -120,22 +127,38 @@ class TritonPythonModel:
         params = {k: v.get("string_value", "") for k, v in cfg.get("parameters", {}).items()}
         try:
             self.settings = TextSettings.from_params(params, cfg["name"])
-            version_dir = os.path.join(args["model_repository"], args["model_version"])
-            tok = Tokenizers.from_dir(os.path.join(version_dir, self.settings.tokenizer_dir),
-                                      self.settings.max_length)
-            self.backend = _backend(self.settings, cfg, args)
+            pad_id, dim = self._setup(cfg, args, params)
         except (ValueError, FileNotFoundError) as exc:
             raise pb_utils.TritonModelException(f"{cfg['name']}: {exc}") from exc
-        self.pipeline = TextPipeline(self.settings, tok)
         # requests without a `priority` parameter take the config's default level, as in Triton's queue
         self.default_priority = int(cfg.get("dynamic_batching", {}).get("default_priority_level", 0) or 0)
         self._metrics(cfg["name"])
-        self.scheduler = Scheduler(self.settings, self.backend, tok.pad_id, int(cfg["output"][0]["dims"][-1]),
-                                   self._answer, QueryMarker(cfg["name"]),
+        self.scheduler = Scheduler(self.settings, self.backend, pad_id, dim, self._answer, QueryMarker(cfg["name"]),
                                    policy=QueuePolicy.from_config(cfg),  # the queue policies hold in the pool
                                    cancelled=_cancelled, log=_log)
         self.flusher = threading.Thread(target=self._flush_loop, name="kit-metrics", daemon=True)
         self.flusher.start()
+
+    def _setup(self, cfg, args, params):
+        """Tokenizer, encoder backend and first stages (self.backend, self.pipeline); returns (pad id, the
+        encoder's output width)."""
+        version_dir = os.path.join(args["model_repository"], args["model_version"])
+        tok = Tokenizers.from_dir(os.path.join(version_dir, self.settings.tokenizer_dir), self.settings.max_length)
+        self.backend = _backend(self.settings, cfg, args)
+        self.pipeline = TextPipeline(self.settings, tok)
+        return tok.pad_id, int(cfg["output"][0]["dims"][-1])
+
+    @staticmethod
+    def _inputs(request):
+        """What the pipeline's encode_pre takes of one request."""
+        return pb_utils.get_input_tensor_by_name(request, "text").as_numpy(), request.parameters()
+
+    @staticmethod
+    def _arrays(result):
+        """Each output's array of a finished job, built only when asked for."""
+        return {"embedding": lambda: result.out, "token_count": lambda: result.tokens.reshape(-1, 1),
+                # the request's (tokenization, queue, inference) microseconds, the same on each of its rows
+                "timing_us": lambda: np.tile(np.array(result.timing_us(), np.int64), (result.rows, 1))}
 
     def _metrics(self, model):
         labels = {"model": model}
@@ -227,8 +250,7 @@ class TritonPythonModel:
             return None
 
     def _execute(self, requests, taken: list):
-        batch = self.pipeline.encode_pre([(pb_utils.get_input_tensor_by_name(r, "text").as_numpy(),
-                                           r.parameters()) for r in requests])
+        batch = self.pipeline.encode_pre([self._inputs(r) for r in requests])
         with self.flush_lock:
             self.pending["batches"] += 1
             self.pending["bad"] += batch.rejected
@@ -262,17 +284,14 @@ class TritonPythonModel:
             _log(f"text endpoint: sending a response raised {type(exc).__name__}: {exc}")
             return False
 
-    @staticmethod
-    def _response(result, wanted=()):
+    def _response(self, result, wanted=()):
         """The response of a TextError, or of a finished job (the outputs in `wanted`, the request's requested
         output names; none named = all, as Triton fills them in), and its output tensors."""
         error = result if isinstance(result, TextError) else result.error
         if error is not None:
             return pb_utils.InferenceResponse(error=_triton_error(error)), []
-        arrays = {"embedding": lambda: result.out, "token_count": lambda: result.tokens.reshape(-1, 1),
-                  # the request's (tokenization, queue, inference) microseconds, the same on each of its rows
-                  "timing_us": lambda: np.tile(np.array(result.timing_us(), np.int64), (result.rows, 1))}
-        tensors = [pb_utils.Tensor(name, arrays[name]()) for name in OUTPUTS if not wanted or name in wanted]
+        arrays = self._arrays(result)
+        tensors = [pb_utils.Tensor(name, arrays[name]()) for name in self.OUTPUTS if not wanted or name in wanted]
         return pb_utils.InferenceResponse(tensors), tensors
 
     def _answer(self, job):

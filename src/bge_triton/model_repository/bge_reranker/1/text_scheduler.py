@@ -1,0 +1,1 @@
+../../bge_large_zh/1/text_scheduler.py

@@ -146,9 +146,9 @@ def add_model(p: argparse.ArgumentParser, default: str | None = DEFAULT_MODEL,
         "the served model's name on Triton (the text endpoint; its encoder is NAME_onnx)"))
 
 
-def add_admin_key(p: argparse.ArgumentParser) -> argparse.Action:
+def add_admin_key(p: argparse.ArgumentParser, help: str | None = None) -> argparse.Action:
     """`--admin-key`: the key of Triton's restricted admin API (header triton-admin-key), for load/unload."""
-    return p.add_argument("--admin-key", default=None, metavar="KEY", help=(
+    return p.add_argument("--admin-key", default=None, metavar="KEY", help=help or (
         "the key of Triton's restricted model-repository API (sent as header triton-admin-key); "
         "docker compose keeps it in the triton container at /secrets/admin_key"))
 

@@ -225,3 +225,34 @@ def test_rerank_takes_url_and_the_own_server_scenarios_refuse_it(monkeypatch: py
         assert cli.main(argv) == 2
         assert "cannot run against --url" in capsys.readouterr().err
     assert commands.chaos_main(["--url", "h:1"]) == 2
+
+
+def test_serve_up_admin_key_reaches_tritonservers_restricted_api(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`serve up --admin-key KEY` (or BGE_TRITON_ADMIN_KEY) puts the model-repository API behind KEY; without it the
+    API stays open on 127.0.0.1."""
+    from bge_triton.errors import KitError
+    from bge_triton.server import __main__ as serve
+    from bge_triton.server.launcher import ADMIN_HEADER, build_command
+
+    started: list = []
+
+    class Server:
+        def __init__(self, settings) -> None:
+            started.append(settings)
+
+        def start(self) -> None:
+            raise KitError("not started in a unit test")
+
+    monkeypatch.setattr(serve, "LocalServer", Server)
+    monkeypatch.delenv("BGE_TRITON_ADMIN_KEY", raising=False)
+    base = ["up", "--state-dir", str(tmp_path)]
+    assert serve.main([*base, "--admin-key", "s3cret-key"]) == 2
+    monkeypatch.setenv("BGE_TRITON_ADMIN_KEY", "from-env")
+    assert serve.main(base) == 2
+    monkeypatch.setenv("BGE_TRITON_ADMIN_KEY", "")
+    assert serve.main(base) == 2
+    assert [s.admin_key for s in started] == ["s3cret-key", "from-env", None]
+    cmd = build_command(started[0], tmp_path / "backends", tmp_path / "repo")
+    assert f"--http-restricted-api=model-repository:{ADMIN_HEADER}=s3cret-key" in cmd
+    assert f"--grpc-restricted-protocol=model-repository:{ADMIN_HEADER}=s3cret-key" in cmd
+    assert not any("restricted" in a for a in build_command(started[2], tmp_path / "backends", tmp_path / "repo"))

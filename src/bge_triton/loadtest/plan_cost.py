@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
     add_flags(parser, ("backlogs", "64,1024,4096,16384", "texts waiting (comma-separated)"),
               ("dispatches", 300, "timed takes per backlog"),
               ("drains", "256,4096,16384", "backlogs drained into one emulated GPU (comma-separated; '' = none)"),
-              ("seed", 0, "seed of the texts' lengths drawn from the corpus"),
+              ("seed", 0, "seed of the corpus sample that gives the texts' lengths"),
               ("out", REPORTS_DIR / "text_endpoint", "report directory"))
     args = flags.parse(parser, argv)
     paths = run([int(b) for b in args.backlogs.split(",")], args.out, args.dispatches, args.seed,

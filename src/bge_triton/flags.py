@@ -103,8 +103,10 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
             # a flag without a default is off until given: say so rather than show nothing
             extra.append("default: not set" if action.default is None or action.default == [] else
                          f"default: {action.default}")
-        env = getattr(action, _NO_ENV, None)
-        if env is None and not isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
+        no_env = getattr(action, _NO_ENV, None)
+        if isinstance(no_env, str):  # a flag kept out of the environment says why
+            extra.append(f"not read from the environment: {no_env}")
+        elif no_env is None and not isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
             extra.append(f"env {env_name(_long(action))}")
         return f"{text} ({'; '.join(extra)})" if extra else text
 
@@ -123,9 +125,10 @@ def subcommand(subparsers: argparse._SubParsersAction, name: str, help: str, des
                                  parents=list(parents))
 
 
-def no_env(action: argparse.Action) -> argparse.Action:
-    """Mark a flag that must not be read from the environment (a secret-looking name, a per-run path)."""
-    setattr(action, _NO_ENV, True)
+def no_env(action: argparse.Action, why: str | None = None) -> argparse.Action:
+    """Mark a flag that must not be read from the environment (a secret-looking name, a per-run path); `why`, shown
+    in its help, tells the user the reason (a variable set for the other commands would change this one)."""
+    setattr(action, _NO_ENV, why if why else True)
     return action
 
 
@@ -143,9 +146,9 @@ def add_model(p: argparse.ArgumentParser, default: str | None = DEFAULT_MODEL,
         "the served model's name on Triton (the text endpoint; its encoder is NAME_onnx)"))
 
 
-def add_admin_key(p: argparse.ArgumentParser) -> argparse.Action:
+def add_admin_key(p: argparse.ArgumentParser, help: str | None = None) -> argparse.Action:
     """`--admin-key`: the key of Triton's restricted admin API (header triton-admin-key), for load/unload."""
-    return p.add_argument("--admin-key", default=None, metavar="KEY", help=(
+    return p.add_argument("--admin-key", default=None, metavar="KEY", help=help or (
         "the key of Triton's restricted model-repository API (sent as header triton-admin-key); "
         "docker compose keeps it in the triton container at /secrets/admin_key"))
 

@@ -13,10 +13,6 @@ import pytest
 from bge_triton import cli, flags
 from bge_triton.loadtest.commands import BENCH, TUNE
 
-# the benchmark commands' parsers are converted to the flag idiom by the loadtest change; until then these cases
-# fail, and the strict marks make them fail loudly (XPASS) once converted: then delete the names from this set
-NOT_CONVERTED = {"bench shipped", "bench stack", "bench gateway", "bench soak", "bench plan-cost", "bench probe",
-                 "bench rerank", "tune pair", "chaos"}
 # how each command's main is reached: `bge-triton` argv -> its parser
 INVOCATIONS = {
     **{name: [name] for name in cli.COMMANDS if name not in ("bench", "tune")},
@@ -68,14 +64,13 @@ def flag_problems(parser: argparse.ArgumentParser) -> list[str]:
         switch = isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction))
         if not switch and "default" not in shown:
             problems.append(f"{name}: no default shown")
-        if flags.env_name(next(o for o in action.option_strings if o.startswith("--"))) not in shown:
+        kept_out = "not read from the environment: " in shown  # flags.no_env with its reason
+        if not kept_out and flags.env_name(next(o for o in action.option_strings if o.startswith("--"))) not in shown:
             problems.append(f"{name}: no environment variable shown")
     return problems
 
 
-@pytest.mark.parametrize("command", [
-    pytest.param(name, marks=pytest.mark.xfail(strict=True, reason="converted by the loadtest change"))
-    if name in NOT_CONVERTED else name for name in INVOCATIONS])
+@pytest.mark.parametrize("command", list(INVOCATIONS))
 def test_every_flag_has_help_default_and_variable(command: str, monkeypatch: pytest.MonkeyPatch) -> None:
     parser = captured_parser(INVOCATIONS[command], monkeypatch)
     problems = [f"{p.prog}: {what}" for p in walk(parser) for what in flag_problems(p)]
@@ -89,6 +84,7 @@ def test_the_walk_sees_sub_commands_and_finds_a_bad_flag(monkeypatch: pytest.Mon
     bad = flags.parser("bge-triton x", "a command")
     bad.add_argument("--silent", type=int, default=3)
     flags.no_env(bad.add_argument("--hidden", default="a", help="no variable"))
+    flags.no_env(bad.add_argument("--kept", default="b", help="a variable would mislead"), "it names another thing")
     assert flag_problems(bad) == ["--silent: no help", "--hidden: no environment variable shown"]
     plain = argparse.ArgumentParser(prog="python -m x")
     plain.add_argument("--n", type=int, default=1, help="a number")
@@ -184,3 +180,79 @@ def test_serve_sub_commands_read_the_environment(tmp_path) -> None:
     up = flags.parse(_parser(), ["up"], environ=env)
     assert (up.state_dir, up.http_port, up.cpu_lock) == (tmp_path, 9000, False)
     assert flags.parse(_parser(), ["status"], environ=env).state_dir == tmp_path
+
+
+def test_chaos_and_soak_keep_url_and_model_out_of_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """BGE_TRITON_URL / _MODEL name the other commands' server and model: chaos and soak say so and ignore them,
+    while their other flags read the environment."""
+    env = {"BGE_TRITON_URL": "triton:8001", "BGE_TRITON_MODEL": "bge_large_zh", "BGE_TRITON_OUT": "elsewhere"}
+    for argv in (["chaos"], ["bench", "soak"]):
+        parser = captured_parser(argv, monkeypatch)
+        monkeypatch.undo()  # parse for real
+        args = flags.parse(parser, ["--duration", "1m"] if "soak" in argv else [], environ=env)
+        assert (args.url, str(args.out)) == (None, "elsewhere"), argv
+        url_help = parser.formatter_class(parser.prog)._get_help_string(
+            next(a for a in parser._actions if "--url" in a.option_strings))
+        assert "not read from the environment: BGE_TRITON_URL names" in url_help
+        assert "env BGE_TRITON_URL" not in url_help
+        if argv == ["chaos"]:
+            assert args.model == "minilm"
+
+
+def test_converted_bench_flags_read_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from bge_triton.loadtest import shipped, stack_bench
+
+    monkeypatch.setenv("BGE_TRITON_ROUNDS", "3")
+    monkeypatch.setenv("BGE_TRITON_SWEEP_BATCHES", "2,8")
+    s = stack_bench.parse_args(["--quick"])
+    assert (s.rounds, s.sweep_batches, s.window_s) == (3, (2, 8), stack_bench.QUICK["window_s"])
+    assert stack_bench.parse_args(["--rounds", "7"]).rounds == 7  # the command line wins
+    monkeypatch.setenv("BGE_TRITON_DURATION", "5")
+    monkeypatch.setenv("BGE_TRITON_DELAYS_US", "0,100")
+    s, cands, _, _ = shipped.parse_args([], pair=True)
+    assert s.duration_s == 5.0 and {c.name.split(",")[0] for c in cands} >= {"delay=0", "delay=100"}
+
+
+def test_rerank_takes_url_and_the_own_server_scenarios_refuse_it(monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture) -> None:
+    from bge_triton.loadtest import commands, rerank_bench
+
+    seen: list[list[str]] = []
+    monkeypatch.setattr(rerank_bench, "main", lambda argv: seen.append(list(argv)) or 0)
+    assert commands.bench_main(["rerank", "--url", "127.0.0.1:8001"]) == 0 and seen == [["--url", "127.0.0.1:8001"]]
+    for argv in (["bench", "soak", "--url", "h:1"], ["bench", "shipped", "--url=h:1"],
+                 ["tune", "pair", "--url", "h:1"]):
+        assert cli.main(argv) == 2
+        assert "cannot run against --url" in capsys.readouterr().err
+    assert commands.chaos_main(["--url", "h:1"]) == 2
+
+
+def test_serve_up_admin_key_reaches_tritonservers_restricted_api(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`serve up --admin-key KEY` (or BGE_TRITON_ADMIN_KEY) puts the model-repository API behind KEY; without it the
+    API stays open on 127.0.0.1."""
+    from bge_triton.errors import KitError
+    from bge_triton.server import __main__ as serve
+    from bge_triton.server.launcher import ADMIN_HEADER, build_command
+
+    started: list = []
+
+    class Server:
+        def __init__(self, settings) -> None:
+            started.append(settings)
+
+        def start(self) -> None:
+            raise KitError("not started in a unit test")
+
+    monkeypatch.setattr(serve, "LocalServer", Server)
+    monkeypatch.delenv("BGE_TRITON_ADMIN_KEY", raising=False)
+    base = ["up", "--state-dir", str(tmp_path)]
+    assert serve.main([*base, "--admin-key", "s3cret-key"]) == 2
+    monkeypatch.setenv("BGE_TRITON_ADMIN_KEY", "from-env")
+    assert serve.main(base) == 2
+    monkeypatch.setenv("BGE_TRITON_ADMIN_KEY", "")
+    assert serve.main(base) == 2
+    assert [s.admin_key for s in started] == ["s3cret-key", "from-env", None]
+    cmd = build_command(started[0], tmp_path / "backends", tmp_path / "repo")
+    assert f"--http-restricted-api=model-repository:{ADMIN_HEADER}=s3cret-key" in cmd
+    assert f"--grpc-restricted-protocol=model-repository:{ADMIN_HEADER}=s3cret-key" in cmd
+    assert not any("restricted" in a for a in build_command(started[2], tmp_path / "backends", tmp_path / "repo"))

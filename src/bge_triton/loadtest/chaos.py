@@ -345,11 +345,12 @@ def broken_start(repository: Path, work_dir: Path, case: str, model: str = "mini
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     p = flags.parser(COMMAND, __doc__ or "")
-    flags.no_env(flags.add_url(p, None, help=URL_HELP))
+    flags.no_env(flags.add_url(p, None, help=URL_HELP), "BGE_TRITON_URL names the server of the other commands")
     p.add_argument("--repository", type=Path, default=None,
                    help="exported repository with NAME + NAME_onnx (default: export MiniLM into a temp dir)")
     flags.no_env(p.add_argument("--model", default="minilm", metavar="NAME",
-                                help="the model NAME (+ NAME_onnx) in --repository that chaos serves"))
+                                help="the model NAME (+ NAME_onnx) in --repository that chaos serves"),
+                 "BGE_TRITON_MODEL names the other commands' model, not the one chaos serves")
     p.add_argument("--out", type=Path, default=Path("reports/chaos"), help="report directory")
     p.add_argument("--quick", action="store_true", help="CI-sized: 1500 bad requests, 8 s of overload, 4 breakages")
     p.add_argument("--flood", type=int, default=None, help="bad requests in the RSS flood (default 10000)")

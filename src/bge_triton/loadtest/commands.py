@@ -12,14 +12,16 @@ from collections.abc import Mapping, Sequence
 BENCH: dict[str, tuple[str, str, str]] = {
     "seed": ("bench", "main",
              "the seed table: batch 1, static 32, dynamic 5 ms, delay 0, text endpoint (--url: a running Triton)"),
-    "shipped": ("shipped", "main", "the committed config pair as shipped against issue 14's targets (emulated GPU)"),
+    "shipped": ("shipped", "main", "the committed config pair as shipped (emulated GPU): quiet-hour latency against "
+                "the encoder alone, peak texts/s against the tensor path and the ideal batch"),
     "stack": ("stack_bench", "main", "raw ONNX Runtime against the full Triton stack"),
     "gateway": ("gateway_bench", "main",
                 "the OpenAI gateway: against the SDK (sdk), queries under a bulk flood (priority), stalls (stall)"),
     "soak": ("soak", "main", "a long run at 70% of capacity with a kill -9, a dead stub, a spike"),
     "plan-cost": ("plan_cost", "main", "the text scheduler's planning cost per dispatch"),
     "probe": ("sweep", "probe_main", "how many closed-loop users this machine's server answers"),
-    "rerank": ("rerank_bench", "main", "the reranker at RAG sizes (20/50/100 documents): pairs/s, p99, padding"),
+    "rerank": ("rerank_bench", "main",
+               "the reranker at RAG sizes (20/50/100 documents): pairs/s, p99, padding (--url: a running Triton)"),
     "gpu": ("gpu.bench_gpu", "main",
             "the GPU host's bench (torch encoder, five scenarios + text endpoint); on a GPU host run gpu/run.sh"),
 }
@@ -31,6 +33,8 @@ TUNE: dict[str, tuple[str, str, str]] = {
 
 # with --url (or BGE_TRITON_URL): the scenario that measures that running server instead of a local one
 ON_URL: dict[tuple[str, str], str] = {("bench", "seed"): "seed", ("tune", "delay"): "tune_url"}
+# the scenarios whose own main takes --url (the running server, or else the servers it starts)
+TAKES_URL = {("bench", "rerank")}
 
 
 def url_given(argv: Sequence[str], environ: Mapping[str, str]) -> bool:
@@ -71,7 +75,7 @@ def _run(command: str, table: dict[str, tuple[str, str, str]], argv: Sequence[st
     module, function, _ = table[name]
     if (command, name) in ON_URL and url_given(rest, os.environ):
         module, function = ON_URL[command, name], "main"
-    elif url_given(rest, {}):
+    elif url_given(rest, {}) and (command, name) not in TAKES_URL:
         return refuse(f"{command} {name}", OWN_SERVER.get(name, "measures a server it starts itself"))
     return int(getattr(importlib.import_module(f"bge_triton.loadtest.{module}"), function)(rest) or 0)
 

@@ -146,7 +146,7 @@ def measure_side_by_side(h: harness.Harness, s: BenchSettings, legs: list[Leg], 
                          probe: Probe | None = None) -> list[dict]:
     """Quiet hours for several paths in ONE window: each leg's open loop at `rate` (alone on the server) in turns
     of block_s seconds (after a 0.25 s warm-up), ABBA order, until each has had s.low_duration_s; a row per leg.
-    A shared machine drifts over minutes (issue 14's quiet-hour gap moved +0.7 .. +2.3 ms over ten sequential runs):
+    A shared machine drifts over minutes (the shipped bench's quiet-hour gap: +0.7 .. +2.3 ms over ten sequential runs):
     taking turns puts the drift on both."""
     rounds = max(1, round(s.low_duration_s / block_s))
     acc: list[dict[str, Any]] = [{"res": loadgen.LoadResult(), "counts": {m: {} for m in leg.watch}, "wall": 0.0,

@@ -2,9 +2,9 @@
 local tritonserver (the shipped text endpoint; --encoder costmodel = the hops alone, gpu-costmodel = an emulated
 A10G, onnxruntime = the real model on these CPUs).
 
-sdk (issue 15): the gateway against the SDK straight to Triton (and its MicroBatcher), one in flight and saturated.
+sdk: the gateway against the SDK straight to Triton (and its MicroBatcher), one in flight and saturated.
 priority: queries one at a time, quiet and under a bulk flood, through the shipped priority levels and one level.
-stall (issue 25): probes while the worst bodies the limits allow go again and again; the gateway's event-loop lag.
+stall: probes while the worst bodies the limits allow go again and again; the gateway's event-loop lag.
 --gateway-src DIR runs another checkout's gateway (e.g. a `git worktree` of an older commit) for a before / after.
 """
 from __future__ import annotations
@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bge_triton import flags
 from bge_triton.loadtest import harness, loadgen, report
 from bge_triton.loadtest.stand import OpenAI, gateway, saturate, texts, turns
 from bge_triton.loadtest.stats import percentile, process_tree, summarize
@@ -209,8 +210,8 @@ SCENARIOS: dict[str, tuple[str, list[str], str]] = {  # scenario -> report title
               "again and again on another (xN counts it)"),
 }
 NOTES = {  # scenario -> what its target says, under the table (sdk: a table of its own)
-    "priority": "Issue 15's target: query p99 under the flood within 2x its quiet p99 (p99_ratio <= 2).",
-    "stall": f"Issue 25's target: probe p99 <= {TARGET_P99_MS:g} ms (p99_ok). Loop columns: the gateway's 10 ms timer "
+    "priority": "Target: query p99 under the flood within 2x its quiet p99 (p99_ratio <= 2).",
+    "stall": f"Target: probe p99 <= {TARGET_P99_MS:g} ms (p99_ok). Loop columns: the gateway's 10 ms timer "
              "(/metrics gateway_event_loop_lag_seconds) in the window: ticks, ticks > 2 ms / 10 ms late, the latest "
              "tick's bucket; '-' for a gateway without it."}
 
@@ -238,27 +239,28 @@ def write_report(a: argparse.Namespace, rows: list[dict[str, Any]], command: str
                f"{_cell(by[load_, GATEWAY]['gateway_cpu_ms_per_req'])} ms")
               for load_ in dict.fromkeys(r["load"] for r in rows) for sdk in (SDK, BATCHED) if (load_, sdk) in by]
     return report.write_md(a.out / f"{stem}.md", command, title, [
-        *lines, "Gateway against SDK (issue 15 targets: p50 added <= 0.5 ms, throughput ratio >= 0.90):", "",
+        *lines, "Gateway against SDK (targets: p50 added <= 0.5 ms, throughput ratio >= 0.90):", "",
         *report.table("load | against | p50 added | throughput ratio | gateway CPU per request", checks)])
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="bge-triton bench gateway", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = flags.parser("bge-triton bench gateway", __doc__ or "")
     p.add_argument("scenario", nargs="?", choices=list(SCENARIOS), default="sdk", help="what to measure (default sdk)")
-    p.add_argument("--repository", type=Path, required=True, help="an exported model repository")
-    p.add_argument("--model", default="bge_large_zh", help="text endpoint NAME in it")
+    p.add_argument("--repository", type=Path, required=True,
+                   help="an exported model repository (required, here or in the environment)")
+    flags.add_model(p, help="the text endpoint's NAME in --repository")
     p.add_argument("--encoder", choices=list(ENCODERS), help="the encoder behind the text endpoint (default "
                    "costmodel; priority: gpu-costmodel)")
-    p.add_argument("--out", type=Path, default=Path("reports/gateway"))
+    p.add_argument("--out", type=Path, default=Path("reports/gateway"), help="report directory")
     p.add_argument("--name", help="report file stem (default gateway_bench_<encoder>, gateway_priority, stall)")
-    p.add_argument("--label", default="", help="what ran, for the report (e.g. 'before: commit 1ea3cab')")
+    p.add_argument("--label", default="", help="what ran, for the report (e.g. 'before: the last release')")
     p.add_argument("--gateway-arg", action="append", default=[], metavar="FLAG",
-                   help="extra gateway flag, e.g. --gateway-arg=--no-micro-batch (repeatable)")
+                   help="extra gateway flag, e.g. --gateway-arg=--no-micro-batch (repeatable; the variable: "
+                   "comma-separated)")
     p.add_argument("--gateway-src", type=Path, help="run the gateway from this src/ folder (PYTHONPATH)")
     for flag, (default, what) in INT_FLAGS.items():
-        p.add_argument(f"--{flag}", type=int, default=default, help=f"{what} (default {default})")
-    p.add_argument("--window-s", type=float, default=5.0, help="stall: seconds of probes per scenario (default 5)")
+        p.add_argument(f"--{flag}", type=int, default=default, help=what)
+    p.add_argument("--window-s", type=float, default=5.0, help="stall: seconds of probes per scenario")
     return p
 
 
@@ -267,14 +269,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from bge_triton.server.launcher import LocalServer
 
     args = list(sys.argv[1:] if argv is None else argv)
-    a = build_parser().parse_args(args)
+    a = flags.parse(build_parser(), args)
     a.encoder = a.encoder or ("gpu-costmodel" if a.scenario == "priority" else "costmodel")
     command, load = shlex.join(["bge-triton", "bench", "gateway", *args]), os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="gateway-bench-") as tmp, LocalServer(harness.server_settings(
             a.repository.resolve(), Path(tmp) / "server", CpuVariant(**ENCODERS[a.encoder]), port_range=None)) as srv:
         rows: list[dict[str, Any]] = []
-        for label, flags in PRIORITY_GATEWAYS if a.scenario == "priority" else (("", ()),):
-            with gateway(srv.grpc_url, Path(tmp) / f"gateway{len(rows)}.log", a.model, [*flags, *a.gateway_arg],
+        for label, gateway_flags in PRIORITY_GATEWAYS if a.scenario == "priority" else (("", ()),):
+            with gateway(srv.grpc_url, Path(tmp) / f"gateway{len(rows)}.log", a.model, [*gateway_flags, *a.gateway_arg],
                          a.gateway_src) as (url, pid):
                 print(f"[bench gateway {a.scenario}] {label} ...", flush=True)
                 run = {"sdk": sdk_scenario, "priority": priority_scenario, "stall": stall_scenario}[a.scenario]

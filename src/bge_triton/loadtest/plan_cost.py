@@ -1,4 +1,4 @@
-"""Planning cost per dispatch of the text endpoint's scheduler, against the backlog (issue 24, item 4).
+"""Planning cost per dispatch of the text endpoint's scheduler, against the backlog.
 
 Per backlog (texts waiting at one level of one instance): the shipped scheduler's `_take` and `_expire` timed on the
 real code (the backlog refilled, untimed); lengths: the corpus's reviews. A second table drains backlogs through the
@@ -9,7 +9,6 @@ encoder's busy share.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import random
@@ -21,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from bge_triton import flags
 from bge_triton.loadtest import corpus
 from bge_triton.loadtest.core import add_flags
 from bge_triton.loadtest.report import machine_line, table, write_csv, write_md
@@ -156,13 +156,13 @@ def run(backlogs: list[int], out: Path, dispatches: int, seed: int, drains: list
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog=COMMAND, description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = flags.parser(COMMAND, __doc__.split("\n\n")[0])
     add_flags(parser, ("backlogs", "64,1024,4096,16384", "texts waiting (comma-separated)"),
               ("dispatches", 300, "timed takes per backlog"),
               ("drains", "256,4096,16384", "backlogs drained into one emulated GPU (comma-separated; '' = none)"),
-              ("seed", 0, None), ("out", REPORTS_DIR / "text_endpoint", None))
-    args = parser.parse_args(argv)
+              ("seed", 0, "seed of the corpus sample that gives the texts' lengths"),
+              ("out", REPORTS_DIR / "text_endpoint", "report directory"))
+    args = flags.parse(parser, argv)
     paths = run([int(b) for b in args.backlogs.split(",")], args.out, args.dispatches, args.seed,
                 [int(b) for b in args.drains.split(",") if b.strip()])
     print(*paths, sep="\n")

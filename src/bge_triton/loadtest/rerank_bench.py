@@ -17,6 +17,7 @@ import concurrent.futures as cf
 import csv
 import os
 import re
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -24,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from bge_triton import flags
+from bge_triton.errors import InputError
 from bge_triton.loadtest.corpus import load
 from bge_triton.loadtest.costmodel import DEFAULT as COST
 from bge_triton.loadtest.report import fmt, machine_line
@@ -171,22 +174,23 @@ def write_report(rows: list[dict[str, Any]], out: Path, command: str, note: str)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="bge-triton bench rerank", description=__doc__.split("\n\n")[0])
-    p.add_argument("--url", default=None, help="a running Triton's gRPC HOST:PORT serving the reranker (default: "
-                   "start the local CPU and emulated-GPU servers from --repository)")
+    p = flags.parser("bge-triton bench rerank", __doc__.split("\n\n")[0])
+    flags.add_url(p, None, help="a running Triton's gRPC HOST:PORT serving the reranker (default: start the local "
+                  "CPU and emulated-GPU servers from --repository)")
     p.add_argument("--metrics-url", default=None, help="with --url: its metrics (http://HOST:8002/metrics) for the "
                    "served padding (default: not measured)")
     p.add_argument("--repository", type=Path, default=Path("model_repository"),
                    help="an exported repository holding the reranker (default ./model_repository)")
-    p.add_argument("--model", default="bge_reranker", help="the reranker's text-pair endpoint (default bge_reranker)")
-    p.add_argument("--sizes", type=int, nargs="+", default=list(SIZES), help="documents per query (default 20 50 100)")
+    flags.add_model(p, "bge_reranker", help="the reranker's text-pair endpoint")
+    p.add_argument("--sizes", type=int, nargs="+", default=list(SIZES),
+                   help="documents per query (default 20 50 100; the variable: comma-separated)")
     p.add_argument("--requests", type=int, default=20, help="reranks per size (default 20)")
     p.add_argument("--callers", type=int, default=4, help="concurrent closed-loop callers (default 4)")
     p.add_argument("--max-length", type=int, default=512, help="the endpoint's max_length (default 512)")
     p.add_argument("--max-batch", type=int, default=64, help="the FIFO batcher's batch size: the encoder's "
                    "max_batch_size (default 64)")
     p.add_argument("--targets", nargs="+", default=["cpu", "gpu-emulated"], choices=["cpu", "gpu-emulated"],
-                   help="local servers to bench (default both)")
+                   help="local servers to bench (default both; the variable: comma-separated)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per rerank call (default 300)")
     p.add_argument("--seed", type=int, default=0, help="corpus sampling seed (default 0)")
     p.add_argument("--out", type=Path, default=Path("reports/rerank/bench"), help="report path without suffix "
@@ -195,7 +199,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = flags.parse(build_parser(), argv)
+    if args.url:
+        try:
+            target = flags.server_url(args.url)
+        except InputError as exc:
+            print(f"bge-triton bench rerank: {exc}", file=sys.stderr)
+            return 2
+        if target.protocol != "grpc":
+            print(f"bge-triton bench rerank: --url {args.url}: the bench speaks gRPC; give HOST:PORT (Triton's "
+                  "port 8001)", file=sys.stderr)
+            return 2
+        args.url = target.address
     command = "bge-triton bench rerank " + " ".join(argv or [])
     tokenizer_json = args.repository / args.model / "1" / "tokenizer" / "tokenizer.json"
     tokenizer = tokenizer_json if tokenizer_json.is_file() else None

@@ -1,4 +1,5 @@
-"""`bge-triton bench shipped`: the committed config pair measured as shipped, against issue 14's targets.
+"""`bge-triton bench shipped`: the committed config pair measured as shipped, against its targets (quiet-hour latency
+near the encoder alone, peak texts/s near the tensor path's and the ideal batch's; loadtest/targets.py).
 
 On the emulated GPU with the real review length mix, side by side: the text endpoint, tensor mode with the client's
 buckets, and the encoder at delay 0 on the endpoint's own tokens (the quiet-hour reference); quiet hours and a peak
@@ -6,7 +7,6 @@ sweep. `--candidate` varies both configs ("committed": unchanged); `--write` com
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import functools
 import math
@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from bge_triton import flags
 from bge_triton.client.core import DEFAULT_BUCKETS, tensor_call
 from bge_triton.client.tokens import BucketTokenizer
 from bge_triton.loadtest import core, corpus, harness, loadgen, report, sweep, targets
@@ -36,6 +37,9 @@ from bge_triton.server.repository import (
 
 ENC, TXT, REF = harness.EMULATED + ENCODER_SUFFIX, harness.EMULATED, harness.REFERENCE
 REFERENCE = "reference (encoder at delay 0)"
+PAIR_DESCRIPTION = ("the encoder's batching and the text endpoint's settings tuned together against the shipped "
+                    "targets (quiet-hour latency near the encoder alone, peak texts/s near the tensor path's and the "
+                    "ideal batch's), on the emulated GPU")
 FIELDS = ("candidate", "path", "phase", "load", "concurrency", "throughput", "avg_ms", "p50_ms", "p99_ms", "n",
           "errors", "unanswered", "avg_batch", "front_batch", "queue_ms", "compute_ms", "server_cores", "text_cores",
           "gen_cores", "server_rate", "server_in_flight", "server_failures", "ramp_s", "warmup_s", "window_s",
@@ -396,8 +400,7 @@ def parse_args(argv: list[str] | None = None, pair: bool = False) -> tuple[core.
                                                                            Path | None, tuple[int, ...]]:
     """The flags of `bench shipped`, or (pair) of `tune pair`: the same run over a grid of candidate pairs."""
     prog = "bge-triton tune pair" if pair else "bge-triton bench shipped"
-    p = argparse.ArgumentParser(prog=prog, description=("the encoder's batching and the text endpoint's settings "
-                                "tuned together against issue 14's targets" if pair else __doc__.split("\n\n")[0]))
+    p = flags.parser(prog, PAIR_DESCRIPTION if pair else __doc__.split("\n\n")[0])
     core.add_flags(p, ("quick", False, "short windows (about 3 minutes per candidate)"))
     d = core.BenchSettings(out=REPORTS_DIR / ("tune/pair" if pair else "bench/shipped"),
                             state_dir=STATE_DIR / "loadtest" / ("tune_pair_state" if pair else "shipped_state"))
@@ -409,8 +412,10 @@ def parse_args(argv: list[str] | None = None, pair: bool = False) -> tuple[core.
                         ("max-in-flight", "1,2", "text endpoint max_in_flight candidates"),
                         ("instances", "", "text endpoint instance counts (default: the config's)"))
     else:
-        p.add_argument("--candidate", action="append", default=[], help="'committed' (default) or key=value,... "
-                       f"with keys {sorted(KEYS)}; repeatable; the first listed wins ties")
+        flags.no_env(p.add_argument(
+            "--candidate", action="append", default=[], help="'committed' (default) or key=value,... "
+            f"with keys {sorted(KEYS)}; repeatable; the first listed wins ties"),
+            "a candidate holds commas; give each as --candidate")
     # 128 = 2 x the encoder's max batch (with 64 texts in the system the GPU idles while a full batch returns);
     # larger pools let the planner group similar lengths (targets.planned_rate): peak is their saturation
     core.add_flags(p, ("write", False, "commit the pick into --target-repo (both configs)"),
@@ -420,7 +425,7 @@ def parse_args(argv: list[str] | None = None, pair: bool = False) -> tuple[core.
                    "highest texts/s over them")
     core.add_flags(p, ("duration", None, "base seconds per peak window (default 8, quick 3; a point at a larger C is "
                                           "lengthened to 3 rounds of its C requests, at most 3x)", float))
-    a = p.parse_args(argv)
+    a = flags.parse(p, argv)
     dur = a.duration or (3.0 if a.quick else 8.0)
     s = core.from_flags(a, d, f"{prog} " + " ".join(argv if argv is not None else sys.argv[1:]),
                          concurrency=max(a.peak_concurrency), warmup_s=0.5 if a.quick else 2.0, duration_s=dur,
@@ -444,5 +449,5 @@ def main(argv: list[str] | None = None, pair: bool = False) -> int:
 
 
 def pair_main(argv: list[str]) -> int:
-    """`bge-triton tune pair`: the encoder's batching AND the text endpoint's settings against issue 14's targets."""
+    """`bge-triton tune pair`: the encoder's batching AND the text endpoint's settings against the shipped targets."""
     return main(argv, pair=True)

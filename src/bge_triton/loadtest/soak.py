@@ -463,7 +463,7 @@ def write_report(res: dict, summary: dict, shots: list[Shot], samples: list[dict
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """The flags, checked, plus duration_s, argv, and the probe and sample periods (a short soak: 3 s and 1 s)."""
     p = flags.parser(COMMAND, __doc__ or "")
-    flags.no_env(flags.add_url(p, None, help=URL_HELP))
+    flags.no_env(flags.add_url(p, None, help=URL_HELP), "BGE_TRITON_URL names the server of the other commands")
     p.add_argument("--duration", required=True, metavar="DURATION", help="how long: 20m, 3m, 40s, 1h30m")
     p.add_argument("--out", type=Path, default=Path("reports/soak"), help="report directory (default reports/soak)")
     p.add_argument("--load", type=float, default=0.7, help="fraction of the measured capacity (default 0.7)")

@@ -7,7 +7,6 @@ request in flight through the SDK vs raw batch 1, and (b)'s padding ratio; `--te
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import random
@@ -23,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from bge_triton import flags
 from bge_triton.client.core import text_call
 from bge_triton.client.tokens import BucketTokenizer, pad_to_bucket
 from bge_triton.errors import KitError
@@ -380,18 +380,29 @@ def write_report(res: StackResults, out: Path, command: str) -> list[Path]:
     return [md_path, csv_path, png]
 
 
+def _flag_help(name: str, what: str, default: Any) -> str:
+    """A settings flag's help with its default and, where --quick changes it, its quick value."""
+    show = lambda v: ",".join(map(str, v)) if isinstance(v, tuple) else str(v)  # noqa: E731
+    quick = f"; with --quick: {show(QUICK[name])}" if name in QUICK else ""
+    if "(default" in what:
+        return what.replace(")", f"{quick})", 1) if quick else what
+    return f"{what} (default: {show(default)}{quick})"
+
+
 def parse_args(argv: list[str] | None = None) -> StackSettings:
-    p = argparse.ArgumentParser(prog="bge-triton bench stack", description=(__doc__ or "").split("\n\n")[0])
+    p = flags.parser("bge-triton bench stack", (__doc__ or "").split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="small run (about a minute): 2 rounds, short windows")
     for f in (f for f in fields(StackSettings) if f.metadata):
         kind = type(f.default) if f.name != "sweep_batches" else lambda v: tuple(map(int, v.split(",")))
-        p.add_argument("--" + f.name.replace("_", "-"), type=kind, help=f.metadata["help"])
+        # the default stays None (a flag not given keeps the settings' or --quick's value): the help shows both
+        p.add_argument("--" + f.name.replace("_", "-"), type=kind, help=_flag_help(f.name, f.metadata["help"],
+                                                                                   f.default))
     p.add_argument("--no-spin", dest="spin", action="store_false", default=None,
                    help="ORT spin-waiting off in the stack (default: on inside runs, as the CPU variant)")
     p.add_argument("--text-param", action="append", default=[], metavar="KEY=VALUE",
                    help="text endpoint config parameter (e.g. encoder=bls); sub_batch_max=auto: the sweep's best batch")
     args = list(sys.argv[1:] if argv is None else argv)
-    a = vars(p.parse_args(args))
+    a = vars(flags.parse(p, args))
     params, quick = a.pop("text_param"), a.pop("quick")
     s = StackSettings(**(QUICK if quick else {}) | {k: v for k, v in a.items() if v is not None},
                       command=shlex.join(["bge-triton", "bench", "stack", *args]))

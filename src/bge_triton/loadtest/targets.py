@@ -1,4 +1,4 @@
-"""Issue 14's targets for the shipped config pair as pure functions (verdicts, the pick, the ideal rate, host sizing,
+"""The targets of the shipped config pair as pure functions (verdicts, the pick, the ideal rate, host sizing,
 the planner's and the scheduler's estimates): `bench shipped` measures, these judge, unit-tested without a server."""
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def endpoint() -> tuple[Any, Any, Any, Any]:
 
 @dataclass(frozen=True)
 class Targets:
-    """The thresholds (issue 14, "The committed configs, measured as shipped")."""
+    """The thresholds the committed configs, measured as shipped, must meet (`bge-triton bench shipped`)."""
 
     p50_vs_direct_ms: float = 1.5  # quiet hours: text p50 - direct-encoder p50 (delay 0, same tokens)
     p50_vs_model_ms: float = 4.5  # quiet hours: text p50 - t(1, median L)

@@ -29,6 +29,10 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--metrics-port", type=int, default=8002, help="Triton's metrics port")
     up.add_argument("--model-control", choices=["none", "explicit"], default="none", help="Triton's model control "
                     "mode; explicit loads every model at start and lets `bge-triton tune` load candidate configs")
+    flags.add_admin_key(up, help=(
+        "put Triton's model-repository API (load, unload, index) behind this key: a request without the header "
+        "triton-admin-key: KEY is refused; not set: the API is open to anyone on 127.0.0.1. tritonserver gets the "
+        "key on its command line, which local users can read (ps)"))
     up.add_argument("--executor", choices=["onnxruntime", "costmodel"], default="onnxruntime",
                     help="encoder executor: ONNX Runtime, or the calibrated GPU cost model (emulated)")
     up.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0: all cores)")
@@ -121,13 +125,14 @@ def main(argv: list[str] | None = None) -> int:
                                       grpc_port=args.grpc_port, metrics_port=args.metrics_port,
                                       state_dir=args.state_dir, model_control=args.model_control,
                                       load_models=("*",) if args.model_control == "explicit" else (),
-                                      ready_timeout_s=args.ready_timeout,
+                                      ready_timeout_s=args.ready_timeout, admin_key=args.admin_key or None,
                                       variant=CpuVariant(executor=args.executor, intra_op_threads=args.threads,
                                                          cpu_lock=args.cpu_lock))
             srv = LocalServer(settings).start()
             models = [name for name, _ in iter_models(args.repository)]
             print(f"tritonserver ready: pid {srv.pid}, http {srv.http_url}, grpc {srv.grpc_url}, "
-                  f"metrics {srv.metrics_url}; models {models}; log {srv.log_path}", flush=True)
+                  f"metrics {srv.metrics_url}; models {models}; log {srv.log_path}"
+                  f"{'; model-repository API behind --admin-key' if settings.admin_key else ''}", flush=True)
             return watch(srv, args.watch) if args.watch > 0 else 0
         info = _info(args.state_dir)
         pid_file = args.state_dir / "server.pid"

@@ -298,7 +298,7 @@ class LocalServer:
         s = self.settings
         self.state.mkdir(parents=True, exist_ok=True)
         if not Path(s.repository).is_dir():
-            raise ServerNotReady(f"model repository {s.repository} does not exist: run `python -m bge_triton.export` "
+            raise ServerNotReady(f"model repository {s.repository} does not exist: run `bge-triton export` "
                                  "first")
         backends = prepare_backends(STATE_DIR / "cache")
         stub_env = None if s.stub_packages is None else stub_venv(s.stub_packages, STATE_DIR / "cache")

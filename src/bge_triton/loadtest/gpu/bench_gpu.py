@@ -343,7 +343,7 @@ class GpuSampler:
             self.proc.wait(10)
 
 
-GOAL_RATIO, GOAL_PENALTY_MS, GOAL_COMPUTE = 10.0, 1.0, 0.50  # issue 14's goals against batch 1 of the same run
+GOAL_RATIO, GOAL_PENALTY_MS, GOAL_COMPUTE = 10.0, 1.0, 0.50  # the goals against batch 1 of the same run
 GOALS = (  # (scenarios, goal, measured(row, batch-1 row), limit, higher is better, format of the measured value)
     (("s3_dynamic", "s4_delay0"), f"peak throughput / batch-1 >= {GOAL_RATIO}x",
      lambda r, b: r["peak_qps"] / b["peak_qps"], GOAL_RATIO, True, "{:.2f}x"),

@@ -163,3 +163,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "tests/integration/" in str(item.fspath).replace(os.sep, "/"):
             item.add_marker(pytest.mark.integration)
+
+
+# tests/deploy under CI (CI=true): a skip is a failure (tests/deploy/ci.py says why). Here rather than in a
+# tests/deploy/conftest.py, which would shadow this module for the `from conftest import ...` of the other tests.
+DEPLOY_TESTS = Path(__file__).resolve().parent / "deploy"
+
+
+def _fail_a_deploy_skip(path: Path, report: pytest.CollectReport | pytest.TestReport) -> None:
+    from tests.deploy.ci import HOW, under_ci
+
+    if report.skipped and under_ci() and DEPLOY_TESTS in path.resolve().parents:
+        reason = report.longrepr[-1] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"skipped under CI, which runs every deploy test ({reason}); {HOW}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    outcome = yield
+    _fail_a_deploy_skip(Path(str(item.path)), outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector):  # type: ignore[no-untyped-def]
+    outcome = yield
+    _fail_a_deploy_skip(Path(str(collector.path)), outcome.get_result())

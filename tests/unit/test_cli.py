@@ -15,7 +15,8 @@ from bge_triton.loadtest.commands import BENCH, TUNE
 
 # the benchmark commands' parsers are converted to the flag idiom by the loadtest change; until then these cases
 # fail, and the strict marks make them fail loudly (XPASS) once converted: then delete the names from this set
-NOT_CONVERTED = {*(f"bench {s}" for s in BENCH), *(f"tune {s}" for s in TUNE), "chaos"}
+NOT_CONVERTED = {"bench shipped", "bench stack", "bench gateway", "bench soak", "bench plan-cost", "bench probe",
+                 "bench rerank", "tune pair", "chaos"}
 # how each command's main is reached: `bge-triton` argv -> its parser
 INVOCATIONS = {
     **{name: [name] for name in cli.COMMANDS if name not in ("bench", "tune")},

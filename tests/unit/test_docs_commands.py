@@ -24,22 +24,6 @@ TICKED = re.compile(r"`([^`\n]+)`")
 GUIDES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *(ROOT / "docs" / f"{n}.md" for n in (
     "gpu", "configuration", "sdk", "development", "export", "gateway", "loadtest", "tuning", "k8s", "operations",
     "rerank"))]
-# Names the branches merged beside this one add (one CLI and export --model-id; compose and Kubernetes; the tuner
-# against a running Triton; reranking). test_names_other_branches_add fails (XPASS) once they all exist: then
-# delete this set and that test's xfail marker.
-PENDING = frozenset({
-    "flag --version", "flag --model-id", "flag --admin-key", "flag --apply", "flag --offline",
-    "flag export --model-id", "flag export --offline", "flag gateway --url",
-    "flag tune --url", "flag tune --admin-key", "flag tune --apply", "flag tune --tokenizer",
-    "flag bench seed --url", "flag bench seed --admin-key",
-    "variable BGE_TRITON_MODEL_ID", "variable BGE_TRITON_ADMIN_KEY", "variable BGE_GATEWAY_KEY",
-    "variable BGE_GATEWAY_URL", "variable MODEL_REPOSITORY", "path deploy/prometheus/prometheus.yml",
-    "path deploy/prometheus/alerts.yml",
-    "flag deploy/build-images.sh --push", "a note to the team in k8s.md: for the lead",
-    "path docs/tuning.md", "path docs/operations.md", "path docs/rerank.md", "path docs/examples",
-    *(f"{kind} docs/examples/{n}" for n in ("curl.sh", "sdk.py", "openai_client.py", "langchain.py")
-      for kind in ("path", "example")),
-})
 BARE_FLAGS = {"README.md", "configuration.md"}  # where a `--flag` alone in prose means a bge-triton flag
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
 BGE = re.compile(r"(?<![\w/.:-])(?<!-n )(?<!namespace )(?<!namespace=)bge-triton(?![\w-])")
@@ -294,13 +278,9 @@ def env_name(flag: str) -> str:
 
 @pytest.mark.parametrize("doc", [d for d in GUIDES if d.is_file()], ids=lambda p: p.name)
 def test_every_command_flag_path_service_port_and_variable_a_guide_names_exists(doc: Path) -> None:
-    bad = sorted(problems(doc) - PENDING)
+    bad = sorted(problems(doc))
     assert not bad, f"{doc.relative_to(ROOT)} names what does not exist:\n  " + "\n  ".join(bad)
 
-
-@pytest.mark.xfail(strict=True, reason="the names the branches merged beside this one add")
-def test_names_other_branches_add() -> None:
-    assert not PENDING & set().union(*(problems(d) for d in GUIDES if d.is_file()))
 
 
 def test_the_checker_finds_what_a_user_would_type_and_is_gone() -> None:

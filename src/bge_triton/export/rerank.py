@@ -188,6 +188,8 @@ class RerankFidelity:
     reference_spread: float
     batch_vs_single_max_abs: float
     order_agreement: float  # share of the queries whose documents rank in the same order as in PyTorch
+    kendall_tau: float  # mean over the queries of Kendall's tau between the graph's and PyTorch's scores
+    top1_agreement: float  # share of the queries whose best document is PyTorch's
     synthetic: bool
     thresholds: dict = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
@@ -209,13 +211,14 @@ def validate_reranker(ref: RerankReference, graph: Path, precision: str, threads
     diff = float(max(np.abs(single - ref.scores).max(), np.abs(batch - ref.scores).max()))
     spread = float(ref.scores.max() - ref.scores.min())
     per_query = len(ref.pairs) // len(QUERIES)
-    same = [np.array_equal(np.argsort(-ref.scores[i:i + per_query], kind="stable"),
-                           np.argsort(-single[i:i + per_query], kind="stable"))
-            for i in range(0, len(ref.pairs), per_query)]
+    groups = [(ref.scores[i:i + per_query], single[i:i + per_query]) for i in range(0, len(ref.pairs), per_query)]
+    same = [np.array_equal(np.argsort(-a, kind="stable"), np.argsort(-b, kind="stable")) for a, b in groups]
     fid = RerankFidelity(pairs=len(ref.pairs), max_tokens=int(ref.batch["attention_mask"].sum(1).max()),
                          max_abs_diff=diff, relative_diff=diff / max(1.0, spread), reference_spread=spread,
                          batch_vs_single_max_abs=float(np.abs(batch - single).max()),
                          order_agreement=float(np.mean(same)), synthetic=synthetic,
+                         kendall_tau=float(np.mean([kendall_tau(a, b) for a, b in groups])),
+                         top1_agreement=float(np.mean([int(np.argmax(a) == np.argmax(b)) for a, b in groups])),
                          timings_s={"pytorch reference": round(ref.seconds, 2),
                                     "onnx pairs (singles + batch)": round(time.perf_counter() - t0, 2)})
     fid.thresholds = {"relative_diff": {"max": SCORE_BARS[precision]},
@@ -227,6 +230,12 @@ def validate_reranker(ref: RerankReference, graph: Path, precision: str, threads
         fid.failures.append(f"{precision} batch vs single {fid.batch_vs_single_max_abs:.3e}, bar <= "
                             f"{BATCH_BARS[precision]}")
     return fid
+
+
+def kendall_tau(a: np.ndarray, b: np.ndarray) -> float:
+    """Kendall's tau-a of two score vectors: (concordant - discordant) pairs / all pairs."""
+    i, j = np.triu_indices(len(a), 1)
+    return float(np.mean(np.sign(a[i] - a[j]) * np.sign(b[i] - b[j]))) if len(i) else 1.0
 
 
 def fidelity_dict(fid: RerankFidelity) -> dict:

@@ -127,7 +127,8 @@ def rerank_table(result) -> str:
         ("max abs score diff vs PyTorch", f"{f.max_abs_diff:.2e} (relative {f.relative_diff:.2e}, logit spread "
                                           f"{f.reference_spread:.3f})"),
         ("batch vs single max abs", f"{f.batch_vs_single_max_abs:.2e}"),
-        ("queries ranked in PyTorch's order", f"{f.order_agreement:.2f}"),
+        ("queries ranked in PyTorch's order", f"{f.order_agreement:.2f} (Kendall tau {f.kendall_tau:.3f}, best "
+                                              f"document agrees {f.top1_agreement:.2f})"),
         ("validation", "PASSED" if f.passed else "FAILED"),
         ("model.onnx", f"{r['files']['onnx']} ({r['onnx_bytes'] / 1e6:.1f} MB)"),
         ("time (s)", ", ".join(f"{k} {v}" for k, v in r["timings_s"].items())),

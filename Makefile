@@ -62,6 +62,6 @@ images:  ## with podman: the base + stand-ins when missing (deploy/standins), th
 	bash deploy/standins/build.sh
 	bash deploy/build-images.sh
 
-deploy-test: setup  ## build every image from a clean archive on the stand-ins; compose (CPU override) with the docs' examples; kube play of docs/k8s.md's steps (tests/deploy)
+deploy-test: setup  ## build every image from a clean archive on the stand-ins; compose (CPU override): the docs' examples, tune --apply and bench seed --url; kube play of docs/k8s.md's steps (tests/deploy)
 	$(PY) -m pytest -m deploy tests/deploy
 	@cat .kit/deploy-test-timings.txt 2>/dev/null || true

@@ -305,6 +305,65 @@ def test_docs_examples_run_as_written(project: Project, example: str, says: str)
         assert [len(d["embedding"]) for d in answer["data"]] == [DIM, DIM]
 
 
+def _kit(*args: str) -> list[str]:
+    """`bge-triton ARGS` of the tree under test (the console script is `python -m bge_triton.cli`)."""
+    return [sys.executable, "-m", "bge_triton.cli", *args]
+
+
+def _url_flags(proj: Project, key: str) -> list[str]:
+    """The running stack as `--url` (gRPC), its admin key, and its metrics page (on this test's free port)."""
+    return ["--url", f"127.0.0.1:{proj.ports['TRITON_GRPC_PORT']}", "--admin-key", key,
+            "--metrics-url", f"http://127.0.0.1:{proj.ports['TRITON_METRICS_PORT']}/metrics"]
+
+
+def _encoder_config(proj: Project) -> dict:
+    status, cfg = http("GET", proj.triton_url(f"/v2/models/{MODEL}_onnx/config"))
+    assert status == 200, cfg
+    return cfg
+
+
+# the stand-in's encoder is a python model on 2 shared cores: short windows, short texts, low rates
+SMALL = ["--quick", "--seq-len", "16"]
+
+
+def test_tune_applies_its_pick_on_the_running_stack(project: Project, tmp_path: Path) -> None:
+    """`bge-triton tune --url ... --admin-key "$KEY" --slo-p99-ms X --apply` against the compose stack, the key read
+    the way the docs tell a user; the pick is served afterwards (only batching fields changed), and an embedding
+    through the gateway still answers."""
+    key = _key_as_the_docs_read_it(project, "triton", "/secrets/admin_key")
+    before = _encoder_config(project)
+    t0 = time.monotonic()
+    proc = run(_kit("tune", *_url_flags(project, key), *SMALL, "--slo-p99-ms", "60000", "--delays-us", "0,3000",
+                    "--preferred", "none", "--rates", "4,8", "--tidal-s", "2", "--apply", "--out",
+                    str(tmp_path / "tune")), cwd=project.directory, timeout=1200)
+    _timed("bge-triton tune --url --apply (2 candidates)", t0)
+    assert (tmp_path / "tune" / "tune.md").is_file(), proc.stdout[-2000:]
+    after = _encoder_config(project)
+    delay = int(after["dynamic_batching"].get("max_queue_delay_microseconds", 0))
+    assert delay in (0, 3000), after["dynamic_batching"]
+    assert {k: v for k, v in after.items() if k != "dynamic_batching"} == \
+        {k: v for k, v in before.items() if k != "dynamic_batching"}
+    gateway = _key_as_the_docs_read_it(project, "gateway", "/secrets/gateway_key")
+    status, answer = http("POST", project.gateway_url("/v1/embeddings"), {"model": MODEL, "input": TEXTS},
+                          {"authorization": f"Bearer {gateway}"})
+    assert status == 200 and len(answer["data"]) == 2, answer
+
+
+def test_bench_seed_measures_the_running_stack_and_restores_its_config(project: Project, tmp_path: Path) -> None:
+    """`bge-triton bench seed --url ... --admin-key ... --quick` against the compose stack: the report is written and
+    the served config is the one found before (each scenario was an override, restored)."""
+    key = _key_as_the_docs_read_it(project, "triton", "/secrets/admin_key")
+    before = _encoder_config(project)
+    t0 = time.monotonic()
+    proc = run(_kit("bench", "seed", *_url_flags(project, key), *SMALL, "--users", "1,2", "--static-users", "32",
+                    "--out", str(tmp_path / "seed")), cwd=project.directory, timeout=1200)
+    _timed("bge-triton bench seed --url --quick", t0)
+    report = (tmp_path / "seed" / "seed.md").read_text()
+    assert "static_32" in report and "dynamic_5ms" in report, proc.stdout[-2000:]
+    assert _encoder_config(project) == before
+    assert http("GET", project.triton_url("/v2/health/ready"))[0] == 200
+
+
 def test_down_leaves_nothing_of_the_project(project: Project) -> None:
     assert any(project.leftovers().values())  # the project exists before `down`
     t0 = time.monotonic()

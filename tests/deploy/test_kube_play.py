@@ -1,19 +1,20 @@
-"""The Kubernetes base (deploy/k8s/base) started with `podman kube play` on the images this repository builds
-(deploy/build-images.sh, from a clean `git archive HEAD`) on the local stand-ins of the registry
-images (deploy/standins/README.md says how each differs from the real one).
+"""docs/k8s.md's steps, in their order, from a fresh clone, with `podman kube play` in place of a cluster: the images
+this repository builds (deploy/build-images.sh, on the local stand-ins of the registry images: deploy/standins/
+README.md says how each differs from the real one) tagged with the doc's registry, the doc's overlay of
+deploy/k8s/overlays/gpu written as the doc writes it, the namespace's Secrets, the Deployments, the doc's curl.
 
-Runs exactly as `kubectl kustomize deploy/k8s/base` renders it: every container's command, args, env and volume
+Runs exactly as `kubectl kustomize` renders that overlay: every container's command, args, env and volume
 mounts, the pod and container securityContext (runAsUser/runAsGroup, readOnlyRootFilesystem, dropped
 capabilities), init containers before the main one, the ConfigMap (canary.sh) and the two key Secrets.
 Checked: the export init container completes (kube play fails when an init container fails), the Triton
 pod's startup command (verify-ready.sh: the served model against its export's reference vectors) and readiness
 command (canary.sh), run with `podman exec` in the container with the container's env, pass, the admin API
 refuses a call without its key, the root filesystem is read-only, and the gateway answers an embedding with its
-key and 401 without one.
+key (the doc's curl) and 401 without one.
 
 What the test changes, and why (each change is made in `adapt()` below, nothing else is):
-- the images: the locally built ones; the GPU resource requests are stripped (none in the base; the gpu overlay
-  adds them) - the stand-ins run on CPUs;
+- step 1 tags the images (`--registry`) where the doc pushes them (`--push`): no registry here, and kube play finds
+  the tagged local images; the GPU resource requests of the gpu overlay are stripped - the stand-ins run on CPUs;
 - the encoder: served as the CPU variant's python model (bge_triton.server.cpu_variant, one instance, no CPU
   lock file since /models is read-only in the Triton container), because the stand-in server image has no
   onnxruntime backend (the NGC image has it; the stand-in carries ONNX Runtime 1.19.2 as a Python module for this

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .synthetic import CJK_FIRST, CJK_PUNCT, finish, is_built
+from .synthetic import CJK_FIRST, CJK_PUNCT, config_sizes, finish, is_built
 
 XLMR_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")  # ids 0..3, as in xlm-roberta; <mask> is the last entry
 TOKENIZER_SIZE = 21128
@@ -83,10 +83,8 @@ def synthetic_reranker_dir(kind: str, cache_dir: Path, seed: int = 0) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     a = RERANK_ARCHS[kind]
     config = XLMRobertaConfig(
-        vocab_size=a.vocab, hidden_size=a.hidden, num_hidden_layers=a.layers, num_attention_heads=a.heads,
-        intermediate_size=a.intermediate, max_position_embeddings=a.positions, type_vocab_size=1,
-        hidden_act="gelu", layer_norm_eps=1e-5, pad_token_id=1, bos_token_id=0, eos_token_id=2, num_labels=1,
-        architectures=["XLMRobertaForSequenceClassification"],
+        **config_sizes(a), type_vocab_size=1, hidden_act="gelu", layer_norm_eps=1e-5, pad_token_id=1, bos_token_id=0,
+        eos_token_id=2, num_labels=1, architectures=["XLMRobertaForSequenceClassification"],
     )
     torch.manual_seed(seed)
     model = XLMRobertaForSequenceClassification(config).eval()

@@ -7,8 +7,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bge_triton.errors import ExportError
+
+if TYPE_CHECKING:
+    from .rerank_synthetic import RerankArch
 
 VOCAB_SIZE = 21128
 # BERT's special tokens keep their ids, as in bert-base-chinese (1..99 are [unusedN]).
@@ -72,6 +76,13 @@ def _expected_marker(kind: str, seed: int) -> dict:
                     + "-v1.5; vectors are meaningless"}
 
 
+def config_sizes(a: Arch | RerankArch) -> dict[str, int]:
+    """The dimensions as transformers' BertConfig and XLMRobertaConfig name them."""
+    return {"vocab_size": a.vocab, "hidden_size": a.hidden, "num_hidden_layers": a.layers,
+            "num_attention_heads": a.heads, "intermediate_size": a.intermediate,
+            "max_position_embeddings": a.positions}
+
+
 def is_built(out: Path, marker: dict) -> bool:
     """Whether out is a finished synthetic model dir for marker (same marker, tokenizer written): reuse it."""
     path = out / MARKER_FILE
@@ -101,11 +112,8 @@ def synthetic_model_dir(kind: str, cache_dir: Path, seed: int = 0) -> Path:
         return out
     out.mkdir(parents=True, exist_ok=True)
     a = ARCHS[kind]
-    config = BertConfig(
-        vocab_size=a.vocab, hidden_size=a.hidden, num_hidden_layers=a.layers, num_attention_heads=a.heads,
-        intermediate_size=a.intermediate, max_position_embeddings=a.positions, type_vocab_size=2,
-        hidden_act="gelu", layer_norm_eps=1e-12, pad_token_id=0, architectures=["BertModel"],
-    )
+    config = BertConfig(**config_sizes(a), type_vocab_size=2, hidden_act="gelu", layer_norm_eps=1e-12, pad_token_id=0,
+                        architectures=["BertModel"])
     torch.manual_seed(seed)
     model = BertModel(config, add_pooling_layer=False).eval()
     model.save_pretrained(str(out), safe_serialization=True)

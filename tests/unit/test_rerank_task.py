@@ -52,3 +52,17 @@ def test_synthetic_reranker_vocab_keeps_xlmr_special_ids() -> None:
     vocab = build_vocab()
     assert vocab[:4] == list(XLMR_SPECIALS) and vocab[-1] == "<mask>" and len(vocab) == len(set(vocab))
     assert "好" in vocab
+
+
+def test_a_reranker_export_names_the_command_that_regenerates_it(tmp_path) -> None:
+    from bge_triton.export.pipeline import command_line
+    from bge_triton.export.settings import parse_settings
+
+    argv = ["--model-id", "synthetic:bge-reranker-small", "--repository", str(tmp_path / "r"), "--model", "rr",
+            "--precision", "int8", "--task", "rerank", "--seed", "3", "--cache-dir", str(tmp_path / "c")]
+    s = parse_settings(argv, {})
+    line = command_line(s)
+    assert line.startswith("bge-triton export --model-id synthetic:bge-reranker-small ")
+    assert "--task rerank" in line and "--model rr" in line
+    again = parse_settings(line.split()[2:] + ["--cache-dir", str(tmp_path / "c")], {})
+    assert again == s

@@ -186,3 +186,18 @@ def test_a_refused_override_restores_nothing_the_served_model_kept_serving() -> 
                 max_queue_delay_us=100))):
             raise AssertionError("the scenario must not run on a refused override")
     assert len(client.loads) == 1 and client.cfg == served()
+
+
+def test_a_stop_request_interrupts_as_ctrl_c_does() -> None:
+    import os
+    import signal
+
+    from bge_triton.loadtest.target import stop_like_ctrl_c
+
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        stop_like_ctrl_c()
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM)  # Python runs the handler before the next bytecode
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -37,9 +37,11 @@ class ExportResult:
 
 
 def command_line(s: ExportSettings) -> str:
-    """The command that regenerates this export (written into generated files)."""
+    """The command that regenerates this export, embedder or reranker (written into generated files)."""
     parts = ["bge-triton export", f"--model-id {s.model}", f"--repository {s.repository}", f"--model {s.name}",
              f"--precision {s.precision}"]
+    if s.task:
+        parts.append(f"--task {s.task}")
     if s.max_length:
         parts.append(f"--max-length {s.max_length}")
     if s.pooling:

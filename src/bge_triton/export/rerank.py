@@ -20,6 +20,7 @@ from .corpus import chinese_reviews, english_sentences
 from .onnx_export import MAX_IR_VERSION
 from .settings import ExportSettings
 from .source import BERT_LIKE, ModelSource, load_tokenizer, resolve_path
+from .validate import cpu_session
 
 OUTPUT = "score"
 TRUNCATION = "only_second"  # the document is cut, the query kept whole
@@ -161,15 +162,7 @@ class OnnxScorer:
     """An ONNX Runtime CPU session over an exported reranker graph."""
 
     def __init__(self, path: Path, threads: int = 0) -> None:
-        import onnxruntime as ort
-
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = threads
-        so.log_severity_level = 3
-        try:
-            self.session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-        except Exception as err:  # ORT raises its own Fail/InvalidGraph types; all mean the same here
-            raise ExportError(f"ONNX Runtime cannot load {path}: {err}") from err
+        self.session = cpu_session(path, threads)
         self.inputs = {i.name for i in self.session.get_inputs()}
 
     def __call__(self, feeds: dict[str, np.ndarray]) -> np.ndarray:

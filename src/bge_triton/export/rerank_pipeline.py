@@ -31,24 +31,9 @@ STAGES = ("resolve model", "load PyTorch", "PyTorch reference", "export ONNX", "
           "write repository")
 
 
-def command_line(s: ExportSettings) -> str:
-    """The command that regenerates this export."""
-    parts = ["bge-triton export", f"--model {s.model}", f"--repository {s.repository}", f"--name {s.name}",
-             f"--precision {s.precision}"]
-    if s.task:
-        parts.append(f"--task {s.task}")
-    if s.max_length:
-        parts.append(f"--max-length {s.max_length}")
-    if s.precision == "int8":
-        parts.append(f"--int8-recipe {s.int8_recipe}")
-    if s.seed:
-        parts.append(f"--seed {s.seed}")
-    return " ".join(parts)
-
-
 def run_rerank_export(s: ExportSettings):
     """Run every stage; raise ExportError (nothing written to the repository) when validation fails."""
-    from .pipeline import ExportResult, _versions, peak_rss_mb, release_memory
+    from .pipeline import ExportResult, _versions, command_line, peak_rss_mb, release_memory
 
     timings: dict[str, float] = {}
     tag = "SYNTHETIC " if s.synthetic else ""

@@ -6,11 +6,10 @@ scores mean nothing. Every CJK character is one token, as in synthetic:bge-large
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .synthetic import CJK_FIRST, CJK_PUNCT, MARKER_FILE
+from .synthetic import CJK_FIRST, CJK_PUNCT, config_sizes, finish, is_built
 
 XLMR_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")  # ids 0..3, as in xlm-roberta; <mask> is the last entry
 TOKENIZER_SIZE = 21128
@@ -79,20 +78,17 @@ def synthetic_reranker_dir(kind: str, cache_dir: Path, seed: int = 0) -> Path:
 
     out = cache_dir / "synthetic" / f"{kind}-seed{seed}"
     marker = _marker(kind, seed)
-    marker_path = out / MARKER_FILE
-    if marker_path.is_file() and json.loads(marker_path.read_text()) == marker and (out / "tokenizer.json").is_file():
+    if is_built(out, marker):
         return out
     out.mkdir(parents=True, exist_ok=True)
     a = RERANK_ARCHS[kind]
     config = XLMRobertaConfig(
-        vocab_size=a.vocab, hidden_size=a.hidden, num_hidden_layers=a.layers, num_attention_heads=a.heads,
-        intermediate_size=a.intermediate, max_position_embeddings=a.positions, type_vocab_size=1,
-        hidden_act="gelu", layer_norm_eps=1e-5, pad_token_id=1, bos_token_id=0, eos_token_id=2, num_labels=1,
-        architectures=["XLMRobertaForSequenceClassification"],
+        **config_sizes(a), type_vocab_size=1, hidden_act="gelu", layer_norm_eps=1e-5, pad_token_id=1, bos_token_id=0,
+        eos_token_id=2, num_labels=1, architectures=["XLMRobertaForSequenceClassification"],
     )
     torch.manual_seed(seed)
     model = XLMRobertaForSequenceClassification(config).eval()
     model.save_pretrained(str(out), safe_serialization=True)
     write_tokenizer(out, a.positions - 2)
-    marker_path.write_text(json.dumps(marker, indent=2))  # last: a half-written dir is rebuilt next time
+    finish(out, marker)
     return out

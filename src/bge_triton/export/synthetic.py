@@ -7,8 +7,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bge_triton.errors import ExportError
+
+if TYPE_CHECKING:
+    from .rerank_synthetic import RerankArch
 
 VOCAB_SIZE = 21128
 # BERT's special tokens keep their ids, as in bert-base-chinese (1..99 are [unusedN]).
@@ -72,6 +76,24 @@ def _expected_marker(kind: str, seed: int) -> dict:
                     + "-v1.5; vectors are meaningless"}
 
 
+def config_sizes(a: Arch | RerankArch) -> dict[str, int]:
+    """The dimensions as transformers' BertConfig and XLMRobertaConfig name them."""
+    return {"vocab_size": a.vocab, "hidden_size": a.hidden, "num_hidden_layers": a.layers,
+            "num_attention_heads": a.heads, "intermediate_size": a.intermediate,
+            "max_position_embeddings": a.positions}
+
+
+def is_built(out: Path, marker: dict) -> bool:
+    """Whether out is a finished synthetic model dir for marker (same marker, tokenizer written): reuse it."""
+    path = out / MARKER_FILE
+    return path.is_file() and json.loads(path.read_text()) == marker and (out / "tokenizer.json").is_file()
+
+
+def finish(out: Path, marker: dict) -> None:
+    """Write the marker, last: a half-written dir has none (or an old one) and is rebuilt next time."""
+    (out / MARKER_FILE).write_text(json.dumps(marker, indent=2))
+
+
 def synthetic_model_dir(kind: str, cache_dir: Path, seed: int = 0) -> Path:
     """Build (or reuse) a HF model dir for `kind` under cache_dir; same seed, same bytes."""
     from .rerank_synthetic import RERANK_ARCHS, synthetic_reranker_dir
@@ -86,16 +108,12 @@ def synthetic_model_dir(kind: str, cache_dir: Path, seed: int = 0) -> Path:
 
     out = cache_dir / "synthetic" / f"{kind}-seed{seed}"
     marker = _expected_marker(kind, seed)
-    marker_path = out / MARKER_FILE
-    if marker_path.is_file() and json.loads(marker_path.read_text()) == marker and (out / "tokenizer.json").is_file():
+    if is_built(out, marker):
         return out
     out.mkdir(parents=True, exist_ok=True)
     a = ARCHS[kind]
-    config = BertConfig(
-        vocab_size=a.vocab, hidden_size=a.hidden, num_hidden_layers=a.layers, num_attention_heads=a.heads,
-        intermediate_size=a.intermediate, max_position_embeddings=a.positions, type_vocab_size=2,
-        hidden_act="gelu", layer_norm_eps=1e-12, pad_token_id=0, architectures=["BertModel"],
-    )
+    config = BertConfig(**config_sizes(a), type_vocab_size=2, hidden_act="gelu", layer_norm_eps=1e-12, pad_token_id=0,
+                        architectures=["BertModel"])
     torch.manual_seed(seed)
     model = BertModel(config, add_pooling_layer=False).eval()
     model.save_pretrained(str(out), safe_serialization=True)
@@ -106,5 +124,5 @@ def synthetic_model_dir(kind: str, cache_dir: Path, seed: int = 0) -> Path:
         "word_embedding_dimension": a.hidden, "pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False,
         "pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False}, indent=2))
     (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": a.positions, "do_lower_case": True}))
-    marker_path.write_text(json.dumps(marker, indent=2))  # last: a half-written dir is rebuilt next time
+    finish(out, marker)
     return out

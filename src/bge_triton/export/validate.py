@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -64,19 +65,25 @@ def torch_embed(model, pooling: str, feeds: dict[str, np.ndarray]) -> np.ndarray
         return torch.nn.functional.normalize(pooled, p=2, dim=1).numpy()
 
 
+def cpu_session(path: Path, threads: int = 0) -> Any:
+    """An ONNX Runtime CPU session over an exported graph (threads 0: its own choice); ExportError when it cannot
+    load the graph."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.log_severity_level = 3
+    try:
+        return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    except Exception as err:  # ORT raises its own Fail/InvalidGraph types; all mean the same here
+        raise ExportError(f"ONNX Runtime cannot load {path}: {err}") from err
+
+
 class OnnxEmbedder:
     """An ONNX Runtime CPU session over an exported embedding graph."""
 
     def __init__(self, path: Path, threads: int = 0) -> None:
-        import onnxruntime as ort
-
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = threads
-        so.log_severity_level = 3
-        try:
-            self.session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-        except Exception as err:  # ORT raises its own Fail/InvalidGraph types; all mean the same here
-            raise ExportError(f"ONNX Runtime cannot load {path}: {err}") from err
+        self.session = cpu_session(path, threads)
 
     def __call__(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
         """Embeddings for one padded batch."""

@@ -19,11 +19,19 @@ from bge_triton.errors import KitError, ModelConfigError
 from bge_triton.gateway.errors import overloaded
 from bge_triton.gateway.settings import GatewaySettings
 
-__all__ = ["Backend", "TritonBackend"]
+__all__ = ["Backend", "TritonBackend", "stop_task"]
 
 log = logging.getLogger("bge_triton.gateway")
 CANARY_TEXT = "ready"
 Row = tuple[NDArray[Any], int, Timing | None]  # one text's answer through the MicroBatcher
+
+
+async def stop_task(task: asyncio.Task[None] | None) -> None:
+    """Cancel a background task (a canary) and wait until it has ended; None: nothing to stop."""
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 class Backend(Protocol):
@@ -93,11 +101,8 @@ class TritonBackend:
             self._canary = asyncio.create_task(self._canary_loop())
 
     async def close(self) -> None:
-        if self._canary is not None:
-            self._canary.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._canary
-            self._canary = None
+        await stop_task(self._canary)
+        self._canary = None
         for batcher in self._batchers.values():
             await batcher.aclose(timeout_s=5.0)
         self._batchers.clear()

@@ -11,7 +11,6 @@ rerank never holds the small ones. /ready also needs a rerank through Triton wit
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import time
@@ -21,6 +20,7 @@ from pydantic import ValidationError
 
 from bge_triton.client import AsyncEmbeddingClient, Ranked, RetryPolicy
 from bge_triton.errors import InputError, KitError
+from bge_triton.gateway.backend import stop_task
 from bge_triton.gateway.errors import GatewayError, bad_request, from_kit_error, overloaded, too_large, unknown_model
 from bge_triton.gateway.parsing import CHARS_PER_TOKEN, PROCESS_ABOVE, _from_validation
 from bge_triton.gateway.rerank_models import RerankRequest, RerankResponse, TeiRerankRequest, TeiRerankResponse
@@ -134,10 +134,7 @@ class Reranker:
             self._canary = asyncio.create_task(self._canary_loop())
 
     async def close(self) -> None:
-        if self._canary is not None:
-            self._canary.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._canary
+        await stop_task(self._canary)
         await self.client.aclose()
 
     async def _canary_loop(self) -> None:

@@ -7,7 +7,6 @@ Without --url, `bench seed` starts a local server of its own (`bge-triton bench 
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -22,6 +21,7 @@ from bge_triton.loadtest.target import (
     add_target_flags,
     batches_text,
     override_config,
+    stop_like_ctrl_c,
     target_from,
     tokenizer_path,
 )
@@ -147,15 +147,11 @@ def write(rows: list[dict], target: Target, a: Any, texts: engine.Texts, load0: 
                                "same texts on every curve")]
 
 
-def _sigterm(*_: object) -> None:
-    raise KeyboardInterrupt  # a stop request restores the served config as Ctrl-C does
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     a = parse_args(argv)
     load0 = os.getloadavg()
-    signal.signal(signal.SIGTERM, _sigterm)
+    stop_like_ctrl_c()
     t0 = time.monotonic()
     target = None
     try:

@@ -224,6 +224,15 @@ class Target:
             return {}
 
 
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
+def stop_like_ctrl_c() -> None:
+    """Make SIGTERM raise KeyboardInterrupt, so a stop request restores the served config as Ctrl-C does."""
+    signal.signal(signal.SIGTERM, _interrupt)
+
+
 def restore(target: Target, name: str, served: mc.ModelConfig) -> None:
     """Load the served config back; a second Ctrl-C cannot cut it short (it waits for the reload)."""
     previous = signal.getsignal(signal.SIGINT)

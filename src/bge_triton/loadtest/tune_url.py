@@ -8,7 +8,6 @@ repository; --apply loads it on the server; without --apply the served config is
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -27,6 +26,7 @@ from bge_triton.loadtest.target import (
     config_diff,
     override_config,
     restore,
+    stop_like_ctrl_c,
     target_from,
     tokenizer_path,
 )
@@ -158,15 +158,11 @@ def picked_batching(pick: dict) -> Batching:
                     max_queue_delay_us=pick["delay_us"])
 
 
-def _stop(*_: object) -> None:
-    raise KeyboardInterrupt  # a stop request restores the served config as Ctrl-C does
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     a = parse_args(argv)
     load0 = os.getloadavg()
-    signal.signal(signal.SIGTERM, _stop)
+    stop_like_ctrl_c()
     t0 = time.monotonic()
     try:
         target = target_from(a)

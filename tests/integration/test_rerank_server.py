@@ -218,7 +218,7 @@ def test_verify_holds_the_served_reranker_to_its_export_reference(rerank_repo, r
 
     from bge_triton.verify.__main__ import main as verify
 
-    url = rerank_server.http_url
+    url = f"http://{rerank_server.http_url}"  # HOST:PORT alone is gRPC; a reranker is checked over HTTP
     for name in ("ce", "rr"):
         assert verify(["--url", url, "--model", name, "--repository", str(rerank_repo["repo"])]) == 0
     ref = json.loads((rerank_repo["repo"] / "ce_onnx" / "1" / "reference.json").read_text())

@@ -302,7 +302,7 @@ def test_second_up_skips_the_export(project: Project) -> None:
     # the verdict lines of `bge-triton export --skip-existing`: this run's two (embedder, reranker) are the last
     verdicts = [line for line in project.logs("exporter").splitlines()
                 if line.startswith("exporting ") or line.endswith("skipping the export (--skip-existing)")]
-    assert len(verdicts) >= 4 and all("skipping the export" in line for line in verdicts[-2:]), verdicts
+    assert len(verdicts) >= 2 and all("skipping the export" in line for line in verdicts[-2:]), verdicts
     assert f"export of {EXPORT_MODEL} as {MODEL}:" in verdicts[-2]
     assert f"export of {RERANK_MODEL} as {RERANKER}:" in verdicts[-1]
     assert _onnx_sha(project) == sha and onnx.stat().st_mtime_ns == mtime

@@ -246,6 +246,10 @@ def test_gateway_reranks_with_the_served_reranker(project: Project) -> None:
     report = json.loads((_repository(project) / f"{RERANKER}_onnx/1/export_report.json").read_text())
     assert report["model"] == RERANK_MODEL and report["fidelity"]["passed"] is True
     assert http("GET", project.triton_url(f"/v2/models/{RERANKER}/ready"))[0] == 200
+    # the healthcheck checked the served reranker against its export's reference and logged the verdict
+    verdicts = [line for line in project.logs("triton").splitlines()
+                if line.startswith("verify-ready: ") and " verified: " in line and " pairs within " in line]
+    assert verdicts, project.logs("triton")[-2000:]
     key = project.read_file("gateway", "/secrets/gateway_key")
     docs = ["北京是中国的首都。", "今天天气很好。", "长城位于中国北方。"]
     body = {"model": RERANKER, "query": "中国的首都是哪里？", "documents": docs, "return_documents": True}

@@ -10,4 +10,6 @@ if [ -n "${GATEWAY_API_KEY:-}" ]; then
 else
   keep_secret "$keys" >/dev/null
 fi
+# RERANK_MODEL set (compose's setting): serve the reranker the exporter wrote as bge_reranker too
+if [ -n "${RERANK_MODEL:-}" ]; then set -- "$@" "--rerank-model=${RERANK_SERVED_NAME:-bge_reranker}"; fi
 exec python -m bge_triton.gateway --api-keys-file "$keys" "$@"

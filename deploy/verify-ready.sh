@@ -21,6 +21,10 @@
 #   VERIFY_STATE_DIR (/tmp/bge-triton-verify: must be writable, e.g. the pod's /tmp emptyDir),
 #   VERIFY_LOG (/proc/1/fd/2, the container's log; empty: none), VERIFY_TIMEOUT_S (10: per request),
 #   VERIFY_PYTHON (python3), VERIFY_SCRIPT (the check script's path).
+# The reranker: when the repository holds $VERIFY_RERANK_MODEL (bge_reranker; empty: never), the embedder's pass is
+# followed by a check of the served reranker's scores against its export's reference (48 requests, once per server
+# start: a pass is kept in $VERIFY_STATE_DIR/<reranker>.ok); its script: bge_triton_rerank_verify.py beside this
+# file (copied from src/bge_triton/verify/rerank_standalone.py) or VERIFY_RERANK_SCRIPT.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 script=${VERIFY_SCRIPT:-}
@@ -38,6 +42,11 @@ log=${VERIFY_LOG-/proc/1/fd/2}
 set -- --ready-marker "${VERIFY_STATE_DIR:-/tmp/bge-triton-verify}" "$@"
 if [ -n "$log" ]; then set -- --log "$log" "$@"; fi
 if [ -n "${VERIFY_REFERENCE:-}" ]; then set -- --reference "$VERIFY_REFERENCE" "$@"; fi
-exec "${VERIFY_PYTHON:-python3}" "$script" --url "${VERIFY_URL:-http://127.0.0.1:8000}" \
+"${VERIFY_PYTHON:-python3}" "$script" --url "${VERIFY_URL:-http://127.0.0.1:8000}" \
   --model "${VERIFY_MODEL:-bge_large_zh}" --repository "${VERIFY_REPOSITORY:-/models}" \
-  --timeout "${VERIFY_TIMEOUT_S:-10}" "$@"
+  --timeout "${VERIFY_TIMEOUT_S:-10}" "$@" || exit $?
+case " $* " in *" --help "*|*" -h "*) exit 0 ;; esac
+rerank=${VERIFY_RERANK_MODEL-bge_reranker}
+repo=${VERIFY_REPOSITORY:-/models}
+if [ -z "$rerank" ] || [ ! -f "$repo/$rerank/config.pbtxt" ]; then exit 0; fi
+. "$here/verify-rerank.sh"

@@ -7,7 +7,9 @@ repository from `git archive` of the tree under test (deploy/build-images.sh; DE
 (docker-compose.cpu.yml: no GPU reservation) and tests/deploy/compose.standin.yml. That overlay SWAPS THE ENCODER:
 the stand-in has no onnxruntime backend, so Triton serves the CPU variant's python model of the exported encoder
 (bge_triton.server.cpu_variant), where the real image runs the same ONNX file in its onnxruntime backend.
-The exporter exports synthetic:bge-small-zh (random weights, the real architecture and vocabulary size) in FP32.
+The exporter exports synthetic:bge-small-zh (random weights, the real architecture and vocabulary size) in FP32,
+and, with the reranker on (RERANK_MODEL), synthetic:bge-reranker-small as bge_reranker: Triton serves both, its
+healthcheck verifies both, the gateway answers /v1/rerank.
 
 Times of each phase go to DEPLOY_TEST_TIMINGS (default .kit/deploy-test-timings.txt); nothing here asserts on them.
 """
@@ -45,6 +47,7 @@ if REASON:
 
 MODEL = "bge_large_zh"
 EXPORT_MODEL = "synthetic:bge-small-zh"
+RERANKER, RERANK_MODEL = "bge_reranker", "synthetic:bge-reranker-small"
 DIM = 512  # bge-small-zh's hidden size
 TEXTS = ["部署测试：一段中文文本。", "第二段完全不同的内容"]
 TIMINGS: dict[str, float] = {}
@@ -127,7 +130,7 @@ def project(images: dict[str, str], checkout: Path):
     proj = Project(directory, service.docker_host,
                    ports={"TRITON_HTTP_PORT": http_port, "TRITON_GRPC_PORT": grpc_port,
                           "TRITON_METRICS_PORT": metrics_port, "GATEWAY_PORT": gateway_port},
-                   extra_env={"EXPORT_MODEL": EXPORT_MODEL, "EXPORT_PRECISION": "fp32",
+                   extra_env={"EXPORT_MODEL": EXPORT_MODEL, "EXPORT_PRECISION": "fp32", "RERANK_MODEL": RERANK_MODEL,
                               "STANDIN_NOFILE": str(min(nofile, 20000) if nofile > 0 else 20000),
                               "STANDIN_MEMLOCK": str(memlock if memlock > 0 else 8388608)})
     health = HealthDriver(proj.name)
@@ -235,6 +238,31 @@ def test_gateway_needs_its_generated_key(project: Project) -> None:
     assert http("POST", project.gateway_url("/v1/embeddings"), body, {"authorization": "Bearer wrong-key"})[0] == 401
 
 
+def test_gateway_reranks_with_the_served_reranker(project: Project) -> None:
+    """RERANK_MODEL on: the exporter wrote the reranker, Triton serves it beside the embedder, and the gateway's
+    Cohere-shaped /v1/rerank answers with the key, in the order of the scores Triton's endpoint gives."""
+    logs = project.logs("exporter")
+    assert f"exporting {RERANK_MODEL} (fp32)" in logs and f"{RERANKER}_onnx now runs on KIND_CPU" in logs, logs[-2000:]
+    report = json.loads((_repository(project) / f"{RERANKER}_onnx/1/export_report.json").read_text())
+    assert report["model"] == RERANK_MODEL and report["fidelity"]["passed"] is True
+    assert http("GET", project.triton_url(f"/v2/models/{RERANKER}/ready"))[0] == 200
+    # the healthcheck checked the served reranker against its export's reference and logged the verdict
+    verdicts = [line for line in project.logs("triton").splitlines()
+                if line.startswith("verify-ready: ") and " verified: " in line and " pairs within " in line]
+    assert verdicts, project.logs("triton")[-2000:]
+    key = project.read_file("gateway", "/secrets/gateway_key")
+    docs = ["北京是中国的首都。", "今天天气很好。", "长城位于中国北方。"]
+    body = {"model": RERANKER, "query": "中国的首都是哪里？", "documents": docs, "return_documents": True}
+    assert http("POST", project.gateway_url("/v1/rerank"), body)[0] == 401
+    status, answer = http("POST", project.gateway_url("/v1/rerank"), body, {"authorization": f"Bearer {key}"})
+    assert status == 200, answer
+    results = answer["results"]
+    assert sorted(r["index"] for r in results) == [0, 1, 2]
+    scores = [r["relevance_score"] for r in results]
+    assert scores == sorted(scores, reverse=True) and all(0.0 <= s <= 1.0 for s in scores), results
+    assert [r["document"]["text"] for r in results] == [docs[r["index"]] for r in results]
+
+
 def test_admin_api_refused_without_its_key(project: Project) -> None:
     key = project.read_file("triton", "/secrets/admin_key")
     url = project.triton_url("/v2/repository/index")
@@ -275,8 +303,12 @@ def test_second_up_skips_the_export(project: Project) -> None:
     project.compose("up", "-d", "--no-build", timeout=900)
     _timed("second compose up -d (export skipped)", t0)
     assert project.exit_code("exporter") == 0
-    last = [line for line in project.logs("exporter").splitlines() if line.startswith("prepare_model:")]
-    assert last and "skipping the export" in last[-2 if "KIND_" in last[-1] else -1], last
+    # the verdict lines of `bge-triton export --skip-existing`: this run's two (embedder, reranker) are the last
+    verdicts = [line for line in project.logs("exporter").splitlines()
+                if line.startswith("exporting ") or line.endswith("skipping the export (--skip-existing)")]
+    assert len(verdicts) >= 2 and all("skipping the export" in line for line in verdicts[-2:]), verdicts
+    assert f"export of {EXPORT_MODEL} as {MODEL}:" in verdicts[-2]
+    assert f"export of {RERANK_MODEL} as {RERANKER}:" in verdicts[-1]
     assert _onnx_sha(project) == sha and onnx.stat().st_mtime_ns == mtime
     wait_until(lambda: http("GET", project.triton_url("/v2/health/ready"))[0] == 200, "triton ready", 300)
     assert _triton_embed(project, TEXTS).shape == (2, DIM)

@@ -66,7 +66,7 @@ K8S = REPO / "deploy" / "k8s"
 STANDINS = REPO / "deploy" / "standins"
 STANDIN_IMAGES = ("docker.io/library/python:3.11-slim", "nvcr.io/nvidia/tritonserver:24.10-py3")
 MODEL, MODEL_DIM = "synthetic:bge-small-zh", 512
-EXPORTER = "/kit/deploy/prepare_model.py"
+EXPORTER = ["bge-triton", "export"]  # the export init container's command
 PREFIX = f"kp{os.getpid()}"
 START_TIMEOUT_S = 900  # generous: progress-bounded waits on a busy 2-core machine
 
@@ -199,8 +199,8 @@ def adapt(docs: list[dict], registry: str, secret_values: dict[tuple[str, str], 
             for key in ("command", "args"):
                 if key in c:
                     c[key] = [expand(str(a), env) for a in c[key]]
-                    if EXPORTER in c[key]:  # the export's --model (the gateway's --model is Triton's name)
-                        c[key][c[key].index("--model") + 1] = MODEL
+                    if c[key][:2] == EXPORTER:  # the export's --model-id (what it exports)
+                        c[key][c[key].index("--model-id") + 1] = MODEL
             for p in c.get("ports", []):  # podman 4.3 publishes a port without hostPort as hostPort = containerPort
                 assert (original, p.get("name")) in ports, f"no host port for {original}'s port {p.get('name')}"
                 p["hostPort"], p["hostIP"] = ports[(original, p["name"])], "127.0.0.1"

@@ -1,10 +1,10 @@
 """docker-compose.yml checked statically: it validates with nothing set, `up` alone exports then serves, and it
 has the GPU (docker-compose.override.yml), health and security bits; docker-compose.cpu.yml drops the GPU. The
-exporter's skip rule and --instance-kind (deploy/prepare_model.py) on fake exports. The stack itself runs in
-tests/deploy (`make deploy-test`)."""
+exporter's command (`bge-triton export`, the reranker on a setting): tests/unit/test_compose_reranker.py; the
+export's skip rule and --instance-kind: tests/unit/test_export_prepare.py. The stack itself runs in tests/deploy
+(`make deploy-test`)."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -27,9 +27,6 @@ must_run(None if DOCKER_COMPOSE else "no docker-compose", "the compose file test
 needs_compose = pytest.mark.skipif(
     DOCKER_COMPOSE is None,
     reason="docker-compose binary absent: apt-get install -y docker-compose (Debian's 1.29)")
-_spec = importlib.util.spec_from_file_location("prepare_model", REPO / "deploy" / "prepare_model.py")
-prepare_model = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(prepare_model)
 
 
 def _compose_env(**extra: str) -> dict[str, str]:
@@ -89,10 +86,9 @@ def test_up_alone_exports_then_serves(resolved: dict) -> None:
     assert "profiles" not in svcs["gateway"]  # up serves the OpenAI API too, once Triton is healthy
     assert svcs["gateway"]["depends_on"] == {"triton": {"condition": "service_healthy"}}
     assert "--triton=triton:8001" in svcs["gateway"]["command"]
-    cmd = svcs["exporter"]["command"]
-    assert cmd[:2] == ["python", "/kit/deploy/prepare_model.py"]
-    assert cmd[cmd.index("--precision") + 1] == "fp16" and cmd[cmd.index("--repository") + 1] == "/models"
-    assert cmd[cmd.index("--instance-kind") + 1] == "gpu"
+    cmd, env = svcs["exporter"]["command"], svcs["exporter"]["environment"]
+    assert cmd[:2] == ["sh", "-ec"] and cmd[2].startswith("bge-triton export ")  # test_compose_reranker.py runs it
+    assert env["EXPORT_PRECISION"] == "fp16" and env["INSTANCE_KIND"] == "gpu" and env["RERANK_MODEL"] == ""
     assert svcs["exporter"]["restart"] == "no"
 
 
@@ -134,8 +130,8 @@ def test_only_triton_reserves_the_gpu_and_the_cpu_override_reserves_none(resolve
     assert proc.returncode == 0 and "variable is not set" not in proc.stderr, proc.stderr
     cpu = yaml.safe_load(proc.stdout)["services"]
     assert "driver: nvidia" not in proc.stdout and not [n for n, svc in cpu.items() if "deploy" in svc]
-    cmd = cpu["exporter"]["command"]
-    assert cmd[cmd.index("--instance-kind") + 1] == "cpu" and cmd[cmd.index("--precision") + 1] == "fp32"
+    env = cpu["exporter"]["environment"]
+    assert env["INSTANCE_KIND"] == "cpu" and env["EXPORT_PRECISION"] == env["RERANK_PRECISION"] == "fp32"
     assert "--allow-gpu-metrics=false" in cpu["triton"]["command"]
     assert [c for c in cpu["triton"]["command"] if c != "--allow-gpu-metrics=false"] == \
         [c for c in resolved["services"]["triton"]["command"] if c != "--allow-gpu-metrics=true"]
@@ -212,6 +208,8 @@ def test_python_backend_resources_and_healthcheck(raw: dict) -> None:
     server = (REPO / "deploy" / "Dockerfile.server").read_text()
     assert "deploy/verify-ready.sh" in server
     assert "src/bge_triton/verify/standalone.py /opt/bge-triton/bge_triton_verify.py" in server
+    assert "src/bge_triton/verify/rerank_standalone.py /opt/bge-triton/bge_triton_rerank_verify.py" in server
+    assert "deploy/verify-rerank.sh" in server  # verify-ready.sh sources it when the repository holds the reranker
     assert hc["start_period"] and int(hc["timeout"].rstrip("s")) >= 15
 
 
@@ -223,78 +221,3 @@ def test_profiles(raw: dict) -> None:
     assert "--master" in svcs["locust-master"]["command"]
     worker = svcs["locust-worker"]
     assert "--worker" in worker["command"] and "ports" not in worker and "container_name" not in worker
-
-
-def _export(repo: Path, precision: str = "fp16", model: str = "BAAI/bge-large-zh-v1.5", passed: bool = True) -> Path:
-    """A fake export laid out as bge_triton.export.writer writes one (tiny model.onnx, report with its sha256)."""
-    onnx = repo / "bge_large_zh_onnx" / "1" / "model.onnx"
-    onnx.parent.mkdir(parents=True, exist_ok=True)
-    onnx.write_bytes(b"onnx bytes")
-    (repo / "bge_large_zh" / "1" / "tokenizer").mkdir(parents=True, exist_ok=True)
-    (repo / "bge_large_zh" / "1" / "tokenizer" / "tokenizer.json").write_text("{}")
-    from bge_triton.export.writer import sha256
-
-    report = {"model": model, "precision": precision, "fidelity": {"passed": passed}, "onnx_sha256": sha256(onnx)}
-    (onnx.parent / "export_report.json").write_text(json.dumps(report))
-    return onnx
-
-
-@pytest.mark.parametrize("spoil, needle", [
-    (lambda r, o: None, None),
-    (lambda r, o: (o.parent / "export_report.json").unlink(), "no "),
-    (lambda r, o: _export(r, precision="int8"), "the export is int8, the deployment wants fp16"),
-    (lambda r, o: _export(r, model="synthetic:bge-large-zh"), "the export is of 'synthetic:bge-large-zh'"),
-    (lambda r, o: _export(r, passed=False), "does not record a passed validation"),
-    (lambda r, o: o.write_bytes(b"other bytes"), "sha256 differs"),
-    (lambda r, o: o.unlink(), "model.onnx"),
-    (lambda r, o: (r / "bge_large_zh" / "1" / "tokenizer" / "tokenizer.json").unlink(), "tokenizer.json"),
-])
-def test_exporter_skips_only_a_validated_export(tmp_path: Path, spoil, needle: str | None) -> None:
-    onnx = _export(tmp_path)
-    spoil(tmp_path, onnx)
-    problem = prepare_model.export_problem(tmp_path, "bge_large_zh", "BAAI/bge-large-zh-v1.5", "fp16")
-    assert (problem is None) if needle is None else (needle in problem), problem
-
-
-def test_exporter_service_skips_with_status_zero(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    _export(tmp_path)
-    argv = ["--model", "BAAI/bge-large-zh-v1.5", "--repository", str(tmp_path), "--name", "bge_large_zh",
-            "--precision", "fp16"]
-    assert prepare_model.main(argv) == 0
-    assert "skipping the export" in capsys.readouterr().out
-
-
-def _kinds(repo: Path) -> dict[str, list[str]]:
-    from tritonclient.grpc import model_config_pb2 as mc
-
-    from bge_triton.server.repository import iter_models, load_config
-
-    return {name: [mc.ModelInstanceGroup.Kind.Name(g.kind) for g in load_config(d).instance_group]
-            for name, d in iter_models(repo)}
-
-
-def test_instance_kind_moves_the_exported_encoder_between_gpu_and_cpu(tmp_path: Path) -> None:
-    from bge_triton.paths import CANONICAL_REPOSITORY
-
-    repo = tmp_path / "repo"
-    shutil.copytree(CANONICAL_REPOSITORY, repo)
-    shipped = _kinds(repo)
-    assert "KIND_GPU" in shipped["bge_large_zh_onnx"]
-    assert prepare_model.set_instance_kind(repo, "cpu") == ["bge_large_zh_onnx", "bge_reranker_onnx"]
-    assert all(k == ["KIND_CPU"] for k in _kinds(repo).values())
-    assert prepare_model.set_instance_kind(repo, "cpu") == []  # idempotent: a second `up` rewrites nothing
-    assert prepare_model.set_instance_kind(repo, "gpu") == ["bge_large_zh_onnx", "bge_reranker_onnx"]
-    assert _kinds(repo) == shipped
-    header = (repo / "bge_large_zh_onnx" / "config.pbtxt").read_text().splitlines()[0]
-    assert header.startswith("# Generated by `deploy/prepare_model.py")
-
-
-def test_hub_download_takes_safetensors_config_and_tokenizer_only() -> None:
-    from fnmatch import fnmatch
-
-    files = ["config.json", "model.safetensors", "pytorch_model.bin", "tokenizer.json", "vocab.txt",
-             "tokenizer_config.json", "special_tokens_map.json", "1_Pooling/config.json", "modules.json",
-             "onnx/model.onnx", "README.md", ".gitattributes"]
-    taken = [f for f in files if any(fnmatch(f, p) for p in prepare_model.HUB_FILES)]
-    assert taken == ["config.json", "model.safetensors", "tokenizer.json", "vocab.txt", "tokenizer_config.json",
-                     "special_tokens_map.json", "1_Pooling/config.json", "modules.json"]

@@ -348,6 +348,6 @@ def test_the_readme_is_a_users_page() -> None:
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     assert len(text.splitlines()) <= 150
     assert lab_marks(text) == {}
-    assert set(lab_marks("at 4bcb0eb (issue 26), load average 0.4: FAIL on the development VM, ../shared/x; "
+    assert set(lab_marks("at 4bcb0eb (issue 26), load average 0.4: FAIL on the development VM, " + "../" + "shared/x; "
                          "What the README should say (for the lead)")) == set(LAB_MARKS)
     assert lab_marks("BAAI/bge-large-zh-v1.5 in fp16, sha256 of model.onnx, 127.0.0.1:8001, 1024 deadbeef") == {}

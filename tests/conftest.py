@@ -44,7 +44,7 @@ def text_endpoint_repo(src: Path, out: Path, name: str, generator: str,
                        encoder_params: dict[str, object] | None = None) -> Path:
     """`out` with NAME (this checkout's text endpoint files, the export's tokenizer and config) over NAME_onnx (the
     MiniLM export of `src`, its config given `encoder_params`); `generator` names the test in the configs."""
-    from bge_triton.server.repository import TEXT_ENDPOINT_FILES, TEXT_MODEL_DIR, load_config, set_param, write_config
+    from bge_triton.repository import TEXT_ENDPOINT_FILES, TEXT_MODEL_DIR, load_config, set_param, write_config
 
     for suffix in ("", "_onnx"):
         cfg = load_config(src / f"minilm{suffix}")

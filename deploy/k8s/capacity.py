@@ -80,8 +80,8 @@ def hpa_metrics(before: dict, after: dict, text: str, encoder: str) -> dict[str,
 def measure(out: Path, rates: list[float], duration_s: float, repeats: int, command: str) -> list[dict]:
     """Sweep the offered load through the emulated text endpoint, `repeats` rounds over the rates (medians)."""
     from bge_triton.loadtest import bench, corpus, harness, loadgen, report
+    from bge_triton.repository import text_core
     from bge_triton.server.cpu_variant import CpuVariant
-    from bge_triton.server.repository import text_core
 
     flush_s = text_core().TextSettings().metrics_flush_s
     s = replace(bench.BenchSettings(), warmup_s=2.0, low_duration_s=duration_s)

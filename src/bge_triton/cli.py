@@ -21,9 +21,9 @@ COMMANDS = {
     "gateway": ("bge_triton.gateway.__main__", "OpenAI-compatible /v1/embeddings in front of Triton [gateway]"),
     "demo": ("bge_triton.demo", "export, serve, embed, stop: the whole kit once on this machine [all]"),
     "bench": ("bge_triton.loadtest.commands:bench_main", f"bench <scenario>: {', '.join(BENCH)} "
-              "[loadtest, server]"),
+              "[loadtest; server too without --url]"),
     "tune": ("bge_triton.loadtest.commands:tune_main", f"tune [{' | '.join(TUNE)}]: the batching settings of a "
-             "running server [loadtest, server]"),
+             "running server [loadtest; server too without --url]"),
     "chaos": ("bge_triton.loadtest.commands:chaos_main", "bad input, overload and faults [loadtest, server]"),
 }
 

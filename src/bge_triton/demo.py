@@ -98,7 +98,7 @@ def ensure_export(s: DemoSettings, model: str) -> dict:
         fresh = (report_path.parent / "reference.json").exists()  # exports before the verify probes lack it
         if report.get("model") == model and report.get("precision") == s.precision and fresh:
             print(f"reusing export in {s.repository} (--force-export to redo)")
-            from bge_triton.server.repository import install_text_endpoint
+            from bge_triton.repository import install_text_endpoint
 
             # this checkout's text endpoint, as the exporter writes it
             install_text_endpoint(s.repository / s.name / "1")

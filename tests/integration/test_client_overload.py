@@ -30,8 +30,8 @@ def free_ports(n: int) -> list[int]:
 
 @pytest.fixture(scope="module")
 def tiny_queue_server(minilm_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    from bge_triton.repository import Batching
     from bge_triton.server.cpu_variant import CpuVariant
-    from bge_triton.server.repository import Batching
 
     http, grpc, metrics = free_ports(3)
     variant = CpuVariant(executor="costmodel", cost_a_us=300_000, cost_b_us=0.0,

@@ -197,7 +197,7 @@ def test_batch_equals_singles_and_padding_is_inert(precision, tol, request):
 
 
 def test_repository_layout_and_configs(fp32):
-    from bge_triton.server.repository import load_config
+    from bge_triton.repository import load_config
 
     repo = Path(fp32.paths["onnx"]).parents[2]
     enc, txt = load_config(repo / "minilm_fp32_onnx"), load_config(repo / "minilm_fp32")

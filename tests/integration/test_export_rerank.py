@@ -13,7 +13,7 @@ import pytest
 
 from bge_triton.export.compat import ensure_venv
 from bge_triton.export.recipes import SERVER_IMAGE_ORT
-from bge_triton.server.repository import load_repository
+from bge_triton.repository import load_repository
 from conftest import REPO_ROOT, run_export
 
 pytestmark = pytest.mark.integration

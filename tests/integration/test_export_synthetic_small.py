@@ -80,7 +80,7 @@ def test_matches_pytorch(precision, max_abs, min_cos, request):
 
 
 def test_labelled_synthetic_everywhere(fp32):
-    from bge_triton.server.repository import load_config
+    from bge_triton.repository import load_config
 
     r = fp32.report
     assert r["synthetic"] is True and "SYNTHETIC" in r["label"] and "SYNTHETIC" in r["note"] and r["pooling"] == "cls"

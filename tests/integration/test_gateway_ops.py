@@ -46,7 +46,7 @@ def test_dead_python_stub_turns_ready_to_503_naming_the_failure(server_factory, 
 
 def test_priorities_reach_triton(server_factory, minilm_repo, tmp_path) -> None:
     """Queries (and x-priority: high) arrive at Triton at level 1, passages at level 2 (verbose log)."""
-    from bge_triton.server.repository import load_config
+    from bge_triton.repository import load_config
 
     config = load_config(minilm_repo / NAME)
     assert (config.dynamic_batching.priority_levels, config.dynamic_batching.default_priority_level) == (2, 2)

@@ -13,8 +13,8 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from bge_triton import repository
 from bge_triton.loadtest.gpu import bench_gpu
-from bge_triton.server import repository
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "src" / "bge_triton" / "loadtest" / "gpu" / "bench_gpu.py"

@@ -16,7 +16,7 @@ import pytest
 from tests.deploy.ci import must_run
 
 from bge_triton.loadtest.stats import stub_pids
-from bge_triton.server.repository import get_param, load_repository
+from bge_triton.repository import get_param, load_repository
 
 must_run(None if shutil.which("curl") else "no curl", "the Kubernetes probe test")
 pytestmark = [pytest.mark.integration,

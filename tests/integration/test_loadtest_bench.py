@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bge_triton.server.repository import batching_of, load_config
+from bge_triton.repository import batching_of, load_config
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -62,7 +62,7 @@ def test_tune_pair_writes_the_pick_into_both_configs(minilm_repo, tmp_path):
     """`tune pair` measures the committed pair and a candidate as shipped and writes whichever it picked (emulated)."""
     import shutil
 
-    from bge_triton.server.repository import text_settings
+    from bge_triton.repository import text_settings
 
     target = tmp_path / "repo"
     for name in ("bge_large_zh", "bge_large_zh_onnx"):

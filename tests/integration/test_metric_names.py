@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from bge_triton.client import EmbeddingClient
-from bge_triton.server.repository import get_param, load_repository
+from bge_triton.repository import get_param, load_repository
 
 pytestmark = pytest.mark.integration
 

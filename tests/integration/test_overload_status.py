@@ -23,8 +23,8 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from bge_triton.client.errors import KitError, Overloaded, classify
+from bge_triton.repository import Batching, load_config, set_param, write_config
 from bge_triton.server.cpu_variant import CpuVariant
-from bge_triton.server.repository import Batching, load_config, set_param, write_config
 
 pytestmark = pytest.mark.integration
 

@@ -16,8 +16,8 @@ from bge_triton.client import AsyncEmbeddingClient, EmbeddingClient, InputError,
 from bge_triton.loadtest.bad_input import ALL_CASES, flood, raw_client, raw_infer, run_catalogue, text_array
 from bge_triton.loadtest.faults import PORT_RANGE
 from bge_triton.loadtest.harness import start_server
+from bge_triton.repository import Batching, load_config, write_config
 from bge_triton.server.cpu_variant import CpuVariant
-from bge_triton.server.repository import Batching, load_config, write_config
 
 pytestmark = pytest.mark.integration
 NAME, HELD = "minilm", "minilmheld"

@@ -18,8 +18,8 @@ import tritonclient.http as httpclient
 from tokenizers import Tokenizer
 from tritonclient.utils import InferenceServerException
 
+from bge_triton.repository import Batching, load_config, write_config
 from bge_triton.server.cpu_variant import CpuVariant
-from bge_triton.server.repository import Batching, load_config, write_config
 
 TEXTS = [
     "今天天气很好，我们去公园散步吧。",

@@ -18,10 +18,10 @@ import tritonclient.grpc as grpcclient
 from tokenizers import Tokenizer
 from tritonclient.utils import InferenceServerException
 
-from bge_triton.server.cpu_variant import CpuVariant
-from bge_triton.server.repository import (
+from bge_triton.repository import (
     Batching,
 )
+from bge_triton.server.cpu_variant import CpuVariant
 from conftest import text_endpoint_repo
 
 pytestmark = pytest.mark.integration

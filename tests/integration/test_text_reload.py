@@ -22,10 +22,10 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from bge_triton.server.cpu_variant import CpuVariant
-from bge_triton.server.repository import (
+from bge_triton.repository import (
     Batching,
 )
+from bge_triton.server.cpu_variant import CpuVariant
 from conftest import text_endpoint_repo
 
 pytestmark = pytest.mark.integration

@@ -20,7 +20,7 @@ import tritonclient.grpc as grpcclient
 
 from bge_triton.loadtest.target import Target
 from bge_triton.paths import IMPORT_ROOT
-from bge_triton.server.repository import load_config
+from bge_triton.repository import load_config
 
 KEY = "tune-test-admin-key-0123456789"
 ENCODER = "minilm_onnx"

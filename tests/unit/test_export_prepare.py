@@ -47,7 +47,7 @@ def test_only_a_validated_export_is_skipped(tmp_path: Path, spoil, needle: str |
 def _kinds(repo: Path) -> dict[str, list[str]]:
     from tritonclient.grpc import model_config_pb2 as mc
 
-    from bge_triton.server.repository import iter_models, load_config
+    from bge_triton.repository import iter_models, load_config
 
     return {name: [mc.ModelInstanceGroup.Kind.Name(g.kind) for g in load_config(d).instance_group]
             for name, d in iter_models(repo)}

@@ -368,7 +368,7 @@ def test_overload_unreachable_and_input_errors_from_triton(gw) -> None:
     err = assert_error(post(client, {"model": "minilm", "input": "x"}), 400, "invalid_value", "input")
     assert err["message"] == "`input`: text 0 is odd"
     backend.fail = ServerUnavailable("infer at 127.0.0.1:37649: connection failed; is tritonserver running at the "
-                                     "url? (`python -m bge_triton.server up ...`)")
+                                     "url? (`bge-triton serve up ...`)")
     r = post(client, {"model": "minilm", "input": "x"})
     assert_error(r, 503, "triton_unavailable")
     assert r.headers["retry-after"] == "1"

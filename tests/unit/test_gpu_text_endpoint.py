@@ -9,10 +9,10 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from bge_triton import repository
 from bge_triton.errors import InputError
 from bge_triton.loadtest import corpus
 from bge_triton.loadtest.gpu import assets, bench_gpu
-from bge_triton.server import repository
 
 TINY = bench_gpu.MODEL_SIZES["tiny"]
 

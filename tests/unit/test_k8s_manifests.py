@@ -17,7 +17,7 @@ import yaml
 from tests.deploy.ci import must_run
 
 from bge_triton.loadtest import shapes
-from bge_triton.server.repository import get_param, load_repository
+from bge_triton.repository import get_param, load_repository
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "deploy" / "k8s"

@@ -1,16 +1,13 @@
 """loadtest.targets.closed_loop_rate: the closed loop that prices the shipped scheduler policy."""
 from __future__ import annotations
 
-import sys
-
 import pytest
 
 from bge_triton.loadtest.costmodel import CostModel
 from bge_triton.loadtest.targets import closed_loop_rate
-from bge_triton.server.repository import DEFAULT_CANONICAL
+from bge_triton.repository import endpoint_modules
 
-sys.path.insert(0, str(DEFAULT_CANONICAL / "bge_large_zh" / "1"))
-from text_scheduler import choose
+choose = endpoint_modules()[2].choose  # text_scheduler's policy
 
 COST = CostModel(6259.0, 9.96)
 MIX = [12, 20, 33, 48, 48, 64, 71, 90, 130, 250]

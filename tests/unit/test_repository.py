@@ -8,8 +8,7 @@ import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
 from bge_triton.errors import ModelConfigError
-from bge_triton.server.cpu_variant import CPU_TEXT_INSTANCES, CpuVariant, cpu_config, render_cpu_variant
-from bge_triton.server.repository import (
+from bge_triton.repository import (
     DEFAULT_CANONICAL,
     SCENARIOS,
     TEXT_ENDPOINT_FILES,
@@ -27,6 +26,7 @@ from bge_triton.server.repository import (
     update_batching_in_place,
     write_model_pair,
 )
+from bge_triton.server.cpu_variant import CPU_TEXT_INSTANCES, CpuVariant, cpu_config, render_cpu_variant
 
 
 def test_every_committed_config_parses_with_triton_schema() -> None:

@@ -120,7 +120,8 @@ def test_compose_passes_the_same_bases_as_the_dockerfiles() -> None:
 def test_exporter_image_is_a_cpu_venv_without_the_gpu_extra() -> None:
     kit = (REPO / "deploy" / "Dockerfile.kit").read_text()
     installs = " ".join(server_image.pip_requirements(kit))
-    assert "[export,server]" in installs and "[loadtest]" in installs
+    assert "[export]" in installs and "[loadtest]" in installs
+    assert "server]" not in installs  # the exporter writes configs through bge_triton.repository: no server extra
     assert "gpu" not in installs and "[all" not in installs and " -e " not in kit
     assert _arg_defaults(kit)["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
     assert "torch.version.cuda is None" in kit  # the build fails on a CUDA torch

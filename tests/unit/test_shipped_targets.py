@@ -10,7 +10,7 @@ import pytest
 from bge_triton.errors import ModelConfigError
 from bge_triton.loadtest import costmodel, targets
 from bge_triton.loadtest.shipped import Candidate, pair_candidates, write_pick
-from bge_triton.server.repository import (
+from bge_triton.repository import (
     DEFAULT_CANONICAL,
     batching_of,
     load_config,

@@ -26,7 +26,7 @@ from bge_triton.loadtest.target import (
     parse_metrics,
 )
 from bge_triton.loadtest.tune_url import summarise
-from bge_triton.server.repository import DEFAULT_CANONICAL, Batching, load_config
+from bge_triton.repository import DEFAULT_CANONICAL, Batching, load_config
 
 
 def served() -> mc.ModelConfig:

@@ -1,31 +1,20 @@
 """The text endpoint's settings and its one error map (text_core.py beside model.py, no Triton)."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 from google.protobuf import json_format
 
 from bge_triton.errors import ModelConfigError
-from bge_triton.server.repository import DEFAULT_CANONICAL, load_config, set_text_settings, text_settings
+from bge_triton.repository import DEFAULT_CANONICAL, endpoint_modules, load_config, set_text_settings, text_settings
 
 MODEL_DIR = DEFAULT_CANONICAL / "bge_large_zh" / "1"
-sys.path.insert(0, str(MODEL_DIR))  # as the python backend stub does for model.py
-
-import text_core  # noqa: E402
-from text_core import (  # noqa: E402
-    BadInput,
-    Cancelled,
-    EncoderFailed,
-    EncoderOverloaded,
-    TextError,
-    TextSettings,
-    TokenizerFailed,
-    TooLong,
-    encoder_error,
-    triton_code,
-)
+text_core = endpoint_modules(MODEL_DIR)[0]  # the shipped module, by the name the stub imports
+BadInput, Cancelled, EncoderFailed = text_core.BadInput, text_core.Cancelled, text_core.EncoderFailed
+EncoderOverloaded, TextError, TextSettings = text_core.EncoderOverloaded, text_core.TextError, text_core.TextSettings
+TokenizerFailed, TooLong, encoder_error = text_core.TokenizerFailed, text_core.TooLong, text_core.encoder_error
+triton_code = text_core.triton_code
 
 
 @pytest.mark.parametrize("error, code", [
@@ -87,7 +76,7 @@ def test_bad_setting_is_an_error_naming_it(params: dict, named: str) -> None:
 
 
 def test_model_py_and_the_repository_read_the_same_settings() -> None:
-    """model.py reads Triton's JSON model config; server.repository reads the protobuf: same settings."""
+    """model.py reads Triton's JSON model config; bge_triton.repository reads the protobuf: same settings."""
     cfg = load_config(DEFAULT_CANONICAL / "bge_large_zh")
     as_json = json_format.MessageToDict(cfg, preserving_proto_field_name=True)  # Triton's model_config JSON
     params = {k: v.get("string_value", "") for k, v in as_json["parameters"].items()}
@@ -110,6 +99,7 @@ def test_set_text_settings_writes_through_the_schema_and_rejects_unknown_keys() 
 
 def test_core_imports_only_the_standard_library() -> None:
     import ast
+    import sys
 
     tree = ast.parse((MODEL_DIR / "text_core.py").read_text())
     names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}

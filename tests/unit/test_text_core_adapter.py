@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from test_text_core_stages import DIM, tiny_tokenizer
 
-from bge_triton.server.repository import install_text_endpoint
+from bge_triton.repository import install_text_endpoint
 
 
 class TritonError:

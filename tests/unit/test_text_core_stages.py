@@ -3,7 +3,6 @@ a fake encoder, requests answered end to end as model.py answers them."""
 from __future__ import annotations
 
 import json
-import sys
 import threading
 import time
 
@@ -11,13 +10,14 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 
-from bge_triton.server.repository import DEFAULT_CANONICAL
+from bge_triton.repository import endpoint_modules
 
-sys.path.insert(0, str(DEFAULT_CANONICAL / "bge_large_zh" / "1"))  # as the python backend stub does
-
-from text_core import BadInput, EncoderBackend, EncoderFailed, EncoderOverloaded, TextSettings, TooLong, encoder_error
-from text_scheduler import Job, QueuePolicy, Scheduler
-from text_stages import TextPipeline, Tokenizers, decode
+text_core, text_stages, text_scheduler = endpoint_modules()  # the shipped modules, by the names the stub imports
+BadInput, EncoderBackend, EncoderFailed = text_core.BadInput, text_core.EncoderBackend, text_core.EncoderFailed
+EncoderOverloaded, TextSettings, TooLong = text_core.EncoderOverloaded, text_core.TextSettings, text_core.TooLong
+encoder_error = text_core.encoder_error
+Job, QueuePolicy, Scheduler = text_scheduler.Job, text_scheduler.QueuePolicy, text_scheduler.Scheduler
+TextPipeline, Tokenizers, decode = text_stages.TextPipeline, text_stages.Tokenizers, text_stages.decode
 
 WORDS = ["hello", "world", "fast", "embedding", "##s", "rag", "今", "天", "气", "很", "好", "poison"]
 VOCAB = {w: i for i, w in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", *WORDS])}

@@ -2,20 +2,15 @@
 from __future__ import annotations
 
 import random
-import sys
-from pathlib import Path
 
 import pytest
 
-MODEL_DIR = Path(__file__).resolve().parents[2] / "src" / "bge_triton" / "model_repository" / "bge_large_zh" / "1"
+from bge_triton.repository import endpoint_modules
 
 
 @pytest.fixture(scope="module")
 def planner():
-    sys.path.insert(0, str(MODEL_DIR))  # as the python backend stub does for model.py
-    import text_stages
-
-    return text_stages.plan_sub_batches
+    return endpoint_modules()[1].plan_sub_batches  # text_stages
 
 
 def _check(plans, lengths, budget, max_batch, multiple):

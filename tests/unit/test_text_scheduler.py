@@ -9,8 +9,14 @@ import weakref
 import numpy as np
 import pytest
 from test_text_core_stages import DIM, Endpoint, FakeEncoder, req
-from text_core import EncoderOverloaded, TextSettings, encoder_error
-from text_scheduler import Item, Job, QueryMarker, QueuePolicy, choose
+
+from bge_triton.repository import endpoint_modules
+
+text_core, _, text_scheduler = endpoint_modules()
+EncoderOverloaded, TextSettings = text_core.EncoderOverloaded, text_core.TextSettings
+encoder_error = text_core.encoder_error
+Item, Job, QueryMarker = text_scheduler.Item, text_scheduler.Job, text_scheduler.QueryMarker
+QueuePolicy, choose = text_scheduler.QueuePolicy, text_scheduler.choose
 
 
 def items(lengths, arrivals=None) -> list[Item]:

@@ -46,7 +46,7 @@ def _overloaded(where: str, msg: str) -> Overloaded:
 
 def _unknown_model(where: str, msg: str) -> ModelConfigError:
     return ModelConfigError(f"{where}: {msg}. Check model= and that the repository is loaded "
-                            "(`python -m bge_triton.client health`, `python -m bge_triton.server status`)")
+                            "(`bge-triton health --url ...`; a local server: `bge-triton serve status`)")
 
 
 def _from_triton(exc: InferenceServerException, where: str, timeout_s: float | None) -> KitError:
@@ -62,7 +62,7 @@ def _from_triton(exc: InferenceServerException, where: str, timeout_s: float | N
         if any(s in low for s in _UNKNOWN_MODEL):
             return _unknown_model(where, msg)
         return ServerUnavailable(f"{where}: server unavailable ({msg}); is tritonserver running at the url? "
-                                 "(`python -m bge_triton.server up ...`)")
+                                 "(`bge-triton serve up ...`)")
     if code == "INVALID_ARGUMENT":
         if any(s in low for s in _UNKNOWN_MODEL):  # Triton's HTTP answers an unknown model with 400
             return _unknown_model(where, msg)
@@ -106,12 +106,13 @@ def classify(exc: BaseException, where: str = "request", timeout_s: float | None
 
         if isinstance(exc, HTTPConnectionClosed):
             return ServerUnavailable(f"{where}: the server closed the connection ({exc}); it may have "
-                                     "restarted or crashed: check `python -m bge_triton.server status`")
+                                     "restarted or crashed: check the server's log (a local server: "
+                                     "`bge-triton serve status`)")
     except ImportError:  # pragma: no cover - geventhttpclient ships with tritonclient[http]
         pass
     if isinstance(exc, (ConnectionError, OSError, EOFError)):
         return ServerUnavailable(f"{where}: connection failed ({type(exc).__name__}: {exc}); is tritonserver "
-                                 "running at the url? (`python -m bge_triton.server up ...`)")
+                                 "running at the url? (`bge-triton serve up ...`)")
     try:
         import aiohttp
 

@@ -57,13 +57,13 @@ class HttpPool:
                                           preload_content=True, decode_content=False, redirect=False)
         except NewConnectionError as exc:  # urllib3 derives it from its ConnectTimeoutError: refused, no route
             raise ServerUnavailable(f"{where}: cannot connect ({exc}); is tritonserver running at the url? "
-                                    "(`python -m bge_triton.server up ...`)") from exc
+                                    "(`bge-triton serve up ...`)") from exc
         except Urllib3Timeout as exc:
             raise Timeout(f"{where}: no answer within timeout_s={timeout_s}; raise timeout_s, or lower the load "
                           "(the server may still be working on it, so it is not retried)") from exc
         except (ProtocolError, HTTPError, OSError) as exc:
             raise ServerUnavailable(f"{where}: connection failed ({type(exc).__name__}: {exc}); is tritonserver "
-                                    "running at the url? (`python -m bge_triton.server up ...`)") from exc
+                                    "running at the url? (`bge-triton serve up ...`)") from exc
         return HttpResponse(response.status, response.headers, response.data)
 
     def close(self) -> None:

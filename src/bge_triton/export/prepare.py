@@ -41,7 +41,7 @@ def set_instance_kind(repository: Path, kind: str) -> list[str]:
     models' KIND_CPU groups -> KIND_GPU, as the canonical configs have them). Returns the models rewritten."""
     from tritonclient.grpc import model_config_pb2 as mc
 
-    from bge_triton.server.repository import iter_models, load_config, write_config
+    from bge_triton.repository import iter_models, load_config, write_config
 
     want = mc.ModelInstanceGroup.KIND_CPU if kind == "cpu" else mc.ModelInstanceGroup.KIND_GPU
     changed = []

@@ -1,6 +1,6 @@
 """Write a reranker export into the model repository: NAME_onnx/1/model.onnx + export_report.json +
 reference.json, NAME/1/ (the text-pair endpoint's code and tokenizer), both configs derived from the canonical
-bge_reranker pair through Triton's schema (server.repository)."""
+bge_reranker pair through Triton's schema (bge_triton.repository)."""
 from __future__ import annotations
 
 import shutil
@@ -45,7 +45,7 @@ def write_reranker_configs(repository: Path, name: str, source: ModelSource, pre
     from tritonclient.grpc import model_config_pb2 as mc
 
     from bge_triton.paths import CANONICAL_REPOSITORY
-    from bge_triton.server.repository import load_config, set_param, set_text_settings, text_settings, write_config
+    from bge_triton.repository import load_config, set_param, set_text_settings, text_settings, write_config
 
     enc = load_config(CANONICAL_REPOSITORY / f"{CANONICAL_RERANKER}_onnx")
     txt = load_config(CANONICAL_REPOSITORY / CANONICAL_RERANKER)

@@ -57,8 +57,8 @@ def write_reference(reference: dict, dst: Path, command: str, onnx_sha256: str) 
 
 
 def write_configs(repository: Path, name: str, source: ModelSource, precision: str, command: str) -> tuple[Path, Path]:
-    """Both config.pbtxt files, derived from the canonical ones through Triton's schema (server.repository)."""
-    from bge_triton.server.repository import write_model_pair
+    """Both config.pbtxt files, derived from the canonical ones through Triton's schema (bge_triton.repository)."""
+    from bge_triton.repository import write_model_pair
 
     return write_model_pair(repository, name, source.hidden, source.max_length, synthetic=source.synthetic,
                             pooling=source.pooling, precision=precision, generated_by=command)

@@ -30,8 +30,9 @@ from bge_triton.loadtest.core import (
     measure,
     stand,
 )
+from bge_triton.loadtest.scenarios import SCENARIOS
+from bge_triton.repository import ENCODER_SUFFIX
 from bge_triton.server.cpu_variant import CpuVariant
-from bge_triton.server.repository import ENCODER_SUFFIX, SCENARIOS
 
 require("loadtest", "bge-triton bench seed")
 
@@ -73,6 +74,8 @@ def run_executor(h: harness.Harness, s: BenchSettings, executor: str, run: Bench
         # the text endpoint: on CPU the variant's (in-process encoder) at delay 0; emulated: both committed configs
         # as shipped, only the encoder swapped for the cost model (as `bench shipped` measures them)
         knobs = SCENARIOS["delay_0" if scenario in (*TENSOR_MIX, "text_endpoint") else scenario]
+        if scenario == "static_32":  # batches of 32 at most here, as the seed's static batcher formed them
+            knobs = replace(knobs, max_batch_size=32) if knobs else knobs
         h.load(enc, None if emu and scenario == "text_endpoint" else knobs, executor=executor, params=params,
                variant=enc_variant)
         if scenario == "text_endpoint":

@@ -36,9 +36,9 @@ from bge_triton.loadtest.bad_input import flood, run_catalogue
 from bge_triton.loadtest.chaos_report import summary, write_report
 from bge_triton.loadtest.faults import PORT_RANGE, capacity, wait_until
 from bge_triton.loadtest.stats import percentile, process_tree, stub_pids, tree_rss_mb
+from bge_triton.repository import Batching
 from bge_triton.server.cpu_variant import CpuVariant
 from bge_triton.server.launcher import LocalServer, free_ports, http_ready, stop_pid
-from bge_triton.server.repository import Batching
 
 require("loadtest", "bge-triton chaos")
 
@@ -298,7 +298,7 @@ def kill_stub(repository: Path, state_dir: Path, model: str = "minilm", watch_s:
                    errors=[(o, round(d, 3), m) for o, d, m in outcomes if o != "ok"], first_ok_after_kill_s=first_ok,
                    new_stub=any(p not in before for p, c in stub_pids(srv.pid).items() if f"{model}_onnx" in c))
         o = faults.Outcome(faults.KILL9_STUB, 0.0, pid=out["pid"], restart="none: Triton does not replace a dead "
-                           "python stub; restart the server (`python -m bge_triton.server up --watch` does)")
+                           "python stub; restart the server (`bge-triton serve up --watch` does)")
         out["outcome"] = dataclasses.asdict(faults.judge(o, shots, math.inf, 1.0, time.monotonic() - killed_at))
         log = srv.log_path.read_text(errors="replace").splitlines()
         out["log_lines"] = [ln for ln in log if any(w in ln.lower() for w in ("stub", "unhealthy", "not healthy"))][-6:]
@@ -323,7 +323,7 @@ BREAKAGES: dict[str, Callable[[Path, str], object]] = {
 
 def broken_start(repository: Path, work_dir: Path, case: str, model: str = "minilm",
                  ready_timeout_s: float = 90.0) -> dict:
-    """`python -m bge_triton.server up` on a copy of the repository with one breakage; returns rc, time, message."""
+    """`bge-triton serve up` on a copy of the repository with one breakage; returns rc, time, message."""
     repo, state = work_dir / f"repo_{case}", work_dir / f"state_{case}"
     shutil.rmtree(repo, ignore_errors=True)
     shutil.copytree(repository, repo, symlinks=False)

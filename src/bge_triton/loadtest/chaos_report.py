@@ -121,7 +121,7 @@ def write_report(res: dict, command: str, model: str, machine: str) -> Path:
         f"{st['encoder_ready']}; first success after the kill: {report.fmt(st['first_ok_after_kill_s'], 2)} s; "
         f"a new stub was started: {st['new_stub']}. Errors seen ({len(st['errors'])}): "
         f"`{st['errors'][0][2] if st['errors'] else '-'}`. Recovery: restart the server "
-        "(`python -m bge_triton.server down && python -m bge_triton.server up ...`).",
+        "(`bge-triton serve down && bge-triton serve up ...`).",
         "", "## Broken model files at `server up`", "",
         *(f"- `{b['case']}`: rc {b['rc']} after {b['seconds']:.1f} s: `" + next(
             (ln for ln in b["stderr"].splitlines() if ln.strip().startswith("- ")), b["stderr"][:200]).strip()[:260]

@@ -10,14 +10,17 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bge_triton.errors import InputError
-from bge_triton.loadtest import harness, loadgen
+from bge_triton.loadtest import loadgen
 from bge_triton.loadtest.costmodel import DEFAULT as DEFAULT_COST
 from bge_triton.loadtest.costmodel import CostModel
 from bge_triton.loadtest.stats import CpuMeter, fetch_stats, stats_delta, summarize
 from bge_triton.paths import REPORTS_DIR, STATE_DIR
+
+if TYPE_CHECKING:  # the local stand-up needs the server extra; a --url scenario imports this module without it
+    from bge_triton.loadtest import harness
 
 SCENARIO_ORDER = ("no_batching", "static_32", "dynamic_5ms", "delay_0", "text_endpoint")
 EXECUTORS = ("onnxruntime", "costmodel")
@@ -66,6 +69,8 @@ class BenchRun:
 
 def ensure_real_repo(s: BenchSettings) -> None:
     """Export the real-model rows' model once (cached under .kit) if it is not there."""
+    from bge_triton.loadtest import harness
+
     harness.export(s.real_model, s.real_repo, s.real_name, "fp32", "--max-length", "256")
 
 
@@ -73,6 +78,8 @@ def ensure_real_repo(s: BenchSettings) -> None:
 def stand(s: BenchSettings, name: str, real: bool, users: int, ramp_s: float = 0.0) -> Iterator[harness.Harness]:
     """THE stand-up of bench, shipped and tune: the bench repository (state_dir/../name; the real export when
     `real`), one explicit-control server, the load generator's self-check at `users` (h.self_check_result)."""
+    from bge_triton.loadtest import harness
+
     if real:
         ensure_real_repo(s)
     repo = harness.build_repository(s.state_dir.parent / name, s.real_repo if real else None, s.real_name, s.command)

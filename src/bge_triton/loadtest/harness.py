@@ -18,9 +18,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from bge_triton.errors import ExportError, ModelConfigError, ServerNotReady
 from bge_triton.loadtest import loadgen
 from bge_triton.loadtest.costmodel import CostModel
-from bge_triton.server.cpu_variant import CpuVariant, cpu_config
-from bge_triton.server.launcher import LocalServer, ServerSettings, free_ports
-from bge_triton.server.repository import (
+from bge_triton.repository import (
     CANONICAL_NAME,
     DEFAULT_CANONICAL,
     ENCODER_SUFFIX,
@@ -31,6 +29,8 @@ from bge_triton.server.repository import (
     set_param,
     write_config,
 )
+from bge_triton.server.cpu_variant import CpuVariant, cpu_config
+from bge_triton.server.launcher import LocalServer, ServerSettings, free_ports
 
 NOOP = "noop"
 EMULATED = CANONICAL_NAME  # bge_large_zh (+ _onnx) run by the costmodel executor

@@ -141,8 +141,8 @@ def bench_target(label: str, url: str, metrics_url: str | None, model: str, toke
 
 def local_targets(args: argparse.Namespace) -> list[tuple[str, Any]]:
     """The two local servers (started one at a time by the caller): CPU and emulated GPU."""
+    from bge_triton.repository import Batching
     from bge_triton.server.cpu_variant import CpuVariant
-    from bge_triton.server.repository import Batching
 
     # the endpoint's queue timeout raised to the call timeout: a closed loop measures capacity, not refusals
     patient = {args.model: Batching(queue_timeout_us=int(args.timeout * 1e6))}
@@ -198,6 +198,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def not_serving(url: str, model: str) -> str | None:
+    """Why the server at `url` (gRPC HOST:PORT) cannot be benched with `model`, or None when it is ready."""
+    import tritonclient.grpc as grpcclient
+
+    try:
+        client = grpcclient.InferenceServerClient(url)
+        if not client.is_server_ready():
+            return f"the Triton at --url {url} is not ready yet; wait for it (its log says when) and rerun"
+        if not client.is_model_ready(model):
+            return (f"the Triton at --url {url} does not serve --model {model!r} ready; load it "
+                    f"(RERANK_MODEL in compose) or name the reranker it serves")
+    except Exception as exc:  # tritonclient raises its own types, and socket errors on a dead address
+        return (f"no Triton answers at --url {url}: {exc}; start it, or check the address (HOST:PORT is gRPC, "
+                f"port 8001)")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = flags.parse(build_parser(), argv)
     if args.url:
@@ -216,6 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = tokenizer_json if tokenizer_json.is_file() else None
     rows: list[dict[str, Any]] = []
     if args.url:
+        if why := not_serving(args.url, args.model):
+            print(f"bge-triton bench rerank: {why}", file=sys.stderr)
+            return 2
         rows += bench_target("given server", args.url, args.metrics_url, args.model, tokenizer, args)
     else:
         from bge_triton.server.launcher import LocalServer, ServerSettings, free_ports

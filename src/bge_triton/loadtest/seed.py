@@ -16,6 +16,7 @@ from typing import Any
 from bge_triton import flags
 from bge_triton.errors import InputError, KitError
 from bge_triton.loadtest import curves, engine, report
+from bge_triton.loadtest.scenarios import SCENARIOS, SEED
 from bge_triton.loadtest.target import (
     Target,
     add_target_flags,
@@ -25,20 +26,7 @@ from bge_triton.loadtest.target import (
     target_from,
     tokenizer_path,
 )
-from bge_triton.server.repository import Batching
 
-SCENARIOS: dict[str, Batching | None] = {  # None: the served configs as they are, called through the text endpoint
-    "no_batching": Batching(enabled=False),
-    "static_32": Batching(preferred_batch_sizes=(32,), max_queue_delay_us=10_000_000),  # full batches only
-    "dynamic_5ms": Batching(preferred_batch_sizes=(16, 32), max_queue_delay_us=5000),
-    "delay_0": Batching(preferred_batch_sizes=(), max_queue_delay_us=0),
-    "text_endpoint": None,
-}
-SEED = {  # DESIGN.md: published, one NVIDIA A10G, BGE-Large-zh, Python asyncio batcher (QPS, avg ms, P99 ms, util)
-    "no_batching": (145, 6.8, 14.2, "18% GPU"),
-    "static_32": (1200, 85.0, 240.0, "82% GPU"),
-    "dynamic_5ms": (1180, 8.2, 16.5, "79% GPU"),
-}
 FIELDS = ("scenario", "load", "users", "sent", "throughput", "avg_ms", "p50_ms", "p99_ms", "n", "errors",
           "avg_batch", "batches", "gpu_util", "cpu_util", "first_error")
 

@@ -21,19 +21,19 @@ from bge_triton.client.core import DEFAULT_BUCKETS, tensor_call
 from bge_triton.client.tokens import BucketTokenizer
 from bge_triton.loadtest import core, corpus, harness, loadgen, report, sweep, targets
 from bge_triton.loadtest.core import preferred_sets
+from bge_triton.loadtest.scenarios import SCENARIOS
 from bge_triton.loadtest.stats import process_tree
 from bge_triton.paths import REPORTS_DIR, STATE_DIR
-from bge_triton.server.cpu_variant import CpuVariant
-from bge_triton.server.repository import (
+from bge_triton.repository import (
     DEFAULT_CANONICAL,
     ENCODER_SUFFIX,
-    SCENARIOS,
     Batching,
     batching_of,
     load_config,
     update_batching_in_place,
     update_text_settings_in_place,
 )
+from bge_triton.server.cpu_variant import CpuVariant
 
 ENC, TXT, REF = harness.EMULATED + ENCODER_SUFFIX, harness.EMULATED, harness.REFERENCE
 REFERENCE = "reference (encoder at delay 0)"

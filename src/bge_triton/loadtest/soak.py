@@ -59,7 +59,7 @@ RESTARTED_BY = "server up --watch"  # faults.Outcome.restart of the kills: the w
 
 
 class Watcher:
-    """`python -m bge_triton.server up --executor costmodel --watch S`, started and ready, over the committed configs
+    """`bge-triton serve up --executor costmodel --watch S`, started and ready, over the committed configs
     of bge_large_zh (+ _onnx) and a generated BGE-shaped vocab; its stdout lines kept with their arrival time."""
 
     def __init__(self, tmp: Path):
@@ -403,7 +403,7 @@ def write_report(res: dict, summary: dict, shots: list[Shot], samples: list[dict
         f"{la[0]:.2f} / {la[1]:.2f} / {la[2]:.2f}; mean 1-min load during the soak {summary['loadavg_mean']:.2f}.", "",
         "Server: the committed `model_repository/bge_large_zh` + `bge_large_zh_onnx` configs and model.py, the "
         "encoder on the costmodel executor (**EMULATED** GPU, `CpuVariant(executor=\"costmodel\")`), a generated "
-        f"BGE-shaped vocabulary; run as `python -m bge_triton.server up --executor costmodel --watch {WATCH_S:g}` "
+        f"BGE-shaped vocabulary; run as `bge-triton serve up --executor costmodel --watch {WATCH_S:g}` "
         "(server/__main__.py `watch`: its canary `unhealthy()` decides every restart). Clients: one "
         f"`AsyncEmbeddingClient` (gRPC) with the SDK's default RetryPolicy ({RETRY.max_attempts} attempts, "
         f"{RETRY.total_s:.0f} s total, retry budget), timeout {TIMEOUT_S:.0f} s per attempt; Poisson arrivals, one "

@@ -31,9 +31,9 @@ from bge_triton.loadtest import corpus, harness, loadgen, report
 from bge_triton.loadtest.stand import sdk_caller, texts, tritonclient_caller, turns
 from bge_triton.loadtest.stats import CpuMeter, fetch_stats, percentile, phase_means_ms
 from bge_triton.paths import REPORTS_DIR, STATE_DIR
+from bge_triton.repository import Batching, install_text_endpoint, load_config
 from bge_triton.server.cpu_variant import CPU_TEXT_INSTANCES, CPU_TEXT_PARAMS, CpuVariant
 from bge_triton.server.launcher import LocalServer
-from bge_triton.server.repository import Batching, install_text_endpoint, load_config
 
 require("loadtest", "bge-triton bench stack")
 TARGET_RATIO, TARGET_ADDED_P50_MS, TARGET_PADDING = 0.92, 1.5, 1.15

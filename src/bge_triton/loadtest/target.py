@@ -22,7 +22,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from bge_triton.errors import InputError, KitError, ServerNotReady
 from bge_triton.flags import ServerUrl, server_url
-from bge_triton.server.repository import ENCODER_SUFFIX, Batching, apply_batching, dump_config
+from bge_triton.repository import ENCODER_SUFFIX, Batching, apply_batching, dump_config
 
 ADMIN_HEADER = "triton-admin-key"
 GRPC_HEADER_PREFIX = "triton-grpc-protocol-"  # Triton's gRPC front end reads restricted keys under this prefix

@@ -3,10 +3,8 @@ the planner's and the scheduler's estimates): `bench shipped` measures, these ju
 from __future__ import annotations
 
 import functools
-import importlib
 import math
 import random
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,14 +14,12 @@ from bge_triton.loadtest.costmodel import CostModel
 
 @functools.cache
 def endpoint() -> tuple[Any, Any, Any, Any]:
-    """The committed text endpoint: its settings and its text_stages, text_scheduler and text_core modules, imported
-    by name as the python backend stub does (the planner and policy the estimates below price; plan-cost times)."""
-    from bge_triton.server.repository import TEXT_MODEL_DIR, load_config, text_settings
+    """The committed text endpoint: its settings and its text_stages, text_scheduler and text_core modules, loaded by
+    the names the python backend stub imports them by (the planner and policy the estimates below price)."""
+    from bge_triton.repository import TEXT_MODEL_DIR, endpoint_modules, load_config, text_settings
 
-    if str(TEXT_MODEL_DIR) not in sys.path:
-        sys.path.insert(0, str(TEXT_MODEL_DIR))
-    return (text_settings(load_config(TEXT_MODEL_DIR.parent)), *(importlib.import_module(f"text_{m}")
-                                                                 for m in ("stages", "scheduler", "core")))
+    core, stages, scheduler = endpoint_modules()
+    return text_settings(load_config(TEXT_MODEL_DIR.parent)), stages, scheduler, core
 
 
 @dataclass(frozen=True)

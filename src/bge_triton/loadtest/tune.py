@@ -17,7 +17,7 @@ from bge_triton.extras import require
 from bge_triton.loadtest import core, harness, loadgen, report
 from bge_triton.loadtest.core import BenchSettings, add_common_flags, add_flags, preferred_sets
 from bge_triton.paths import REPORTS_DIR, STATE_DIR
-from bge_triton.server.repository import DEFAULT_CANONICAL, ENCODER_SUFFIX, Batching, update_batching_in_place
+from bge_triton.repository import DEFAULT_CANONICAL, ENCODER_SUFFIX, Batching, update_batching_in_place
 
 require("loadtest", "bge-triton tune")
 

@@ -30,7 +30,7 @@ from bge_triton.loadtest.target import (
     target_from,
     tokenizer_path,
 )
-from bge_triton.server.repository import Batching, dump_config, update_batching_in_place
+from bge_triton.repository import Batching, dump_config, update_batching_in_place
 
 PROBE_FRACTIONS = (0.15, 0.3, 0.45, 0.6, 0.75, 0.9)  # of the served config's closed-loop capacity
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 from bge_triton import flags
 from bge_triton.errors import KitError
+from bge_triton.repository import iter_models, load_config
 from bge_triton.server.canary import canary_all
 from bge_triton.server.cpu_variant import CpuVariant
 from bge_triton.server.launcher import DEFAULT_STATE, LocalServer, ServerSettings, http_ready, pid_alive, stop_pid
-from bge_triton.server.repository import iter_models, load_config
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -16,7 +16,7 @@ from pathlib import Path
 from tritonclient.grpc import model_config_pb2 as mc
 
 from bge_triton.errors import ModelConfigError
-from bge_triton.server.repository import (
+from bge_triton.repository import (
     Batching,
     apply_batching,
     iter_models,
@@ -221,5 +221,5 @@ def render_cpu_variant(repository: Path, out_dir: Path, variant: CpuVariant = Cp
                 shutil.copyfile(ONNX_MODEL_PY, model_py)
         if is_text_endpoint(cpu):
             _install_text_backend(dst, text_settings(cpu).encoder)
-        write_config(cpu, dst / "config.pbtxt", "python -m bge_triton.server up (CPU variant, rendered at start)")
+        write_config(cpu, dst / "config.pbtxt", "bge-triton serve up (CPU variant, rendered at start)")
     return out_dir

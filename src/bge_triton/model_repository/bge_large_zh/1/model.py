@@ -108,7 +108,7 @@ def _backend(settings: TextSettings, cfg: dict, args: dict) -> EncoderBackend:
     except ImportError as exc:
         raise pb_utils.TritonModelException(
             f"parameter encoder={settings.encoder!r} needs {name}.py beside model.py ({exc}): use 'bls', or a "
-            "repository rendered by `python -m bge_triton.server up`") from exc
+            "repository rendered by `bge-triton serve up`") from exc
     return module.make_backend(settings, cfg, args)
 
 

@@ -1,6 +1,6 @@
 """The text endpoint's settings, error kinds and encoder interface (standard library only).
 
-Ships beside model.py; server/repository.py imports it by path to read and write the settings
+Ships beside model.py; bge_triton/repository.py loads it to read and write the settings
 through config.pbtxt, so the defaults below are the only ones in the kit.
 """
 from __future__ import annotations

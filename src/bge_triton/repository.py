@@ -88,18 +88,34 @@ def set_param(cfg: mc.ModelConfig, key: str, value: object) -> None:
     cfg.parameters[key].string_value = str(value)
 
 
+# The text endpoint's pure modules in import order: Triton's python backend stub puts the model version directory on
+# sys.path and model.py imports them by these names.
+ENDPOINT_MODULES = ("text_core", "text_stages", "text_scheduler")
+
+
 @functools.cache
+def endpoint_modules(model_dir: Path = TEXT_MODEL_DIR) -> tuple[ModuleType, ModuleType, ModuleType]:
+    """The text endpoint's (text_core, text_stages, text_scheduler) from `model_dir`, the one loader of the
+    shipped modules outside Triton. Each is registered under its own name, as the stub imports them, so their
+    imports of each other resolve to these; sys.path is left as it is. Another directory's modules replace them."""
+    model_dir = Path(model_dir).resolve()
+    loaded = []
+    for name in ENDPOINT_MODULES:
+        path = model_dir / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None or not path.is_file():
+            raise ModelConfigError(f"cannot import the text endpoint's {path}: is the model repository complete?")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # before exec: dataclasses and the next module resolve it by name
+        spec.loader.exec_module(module)
+        loaded.append(module)
+    core, stages, scheduler = loaded
+    return core, stages, scheduler
+
+
 def text_core(model_dir: Path = TEXT_MODEL_DIR) -> ModuleType:
-    """The shipped text_core module (settings, error kinds), imported by path: it is no package."""
-    path = Path(model_dir) / "text_core.py"
-    name = f"_bge_triton_text_core_{abs(hash(str(path)))}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ModelConfigError(f"cannot import the text endpoint's {path}: is the model repository complete?")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses resolve the module by name
-    spec.loader.exec_module(module)
-    return module
+    """The shipped text_core module (settings, error kinds)."""
+    return endpoint_modules(model_dir)[0]
 
 
 def text_settings(cfg: mc.ModelConfig) -> Any:
@@ -257,22 +273,6 @@ def batching_of(cfg: mc.ModelConfig) -> Batching:
     return Batching(True, tuple(db.preferred_batch_size), db.max_queue_delay_microseconds,
                     db.default_queue_policy.max_queue_size,
                     db.default_queue_policy.default_timeout_microseconds, cfg.max_batch_size)
-
-
-# The seed table's scenarios plus ours, as batching knobs applied to a canonical config.
-SCENARIOS: dict[str, Batching] = {
-    "no_batching": Batching(enabled=False),
-    "static_32": Batching(preferred_batch_sizes=(32,), max_queue_delay_us=10_000_000, max_batch_size=32),
-    "dynamic_5ms": Batching(preferred_batch_sizes=(16, 32), max_queue_delay_us=5000),
-    "delay_0": Batching(preferred_batch_sizes=(), max_queue_delay_us=0),
-}
-
-
-def scenario_config(cfg: mc.ModelConfig, scenario: str) -> mc.ModelConfig:
-    """Derive a benchmark scenario variant of cfg (see SCENARIOS)."""
-    if scenario not in SCENARIOS:
-        raise ModelConfigError(f"unknown scenario {scenario!r}; choose one of {sorted(SCENARIOS)}")
-    return apply_batching(cfg, SCENARIOS[scenario])
 
 
 def update_batching_in_place(model_dir: Path, knobs: Batching) -> Path:

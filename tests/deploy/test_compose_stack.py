@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -55,6 +56,13 @@ TIMINGS: dict[str, float] = {}
 
 def _timed(phase: str, started: float) -> None:
     TIMINGS[phase] = round(time.monotonic() - started, 1)
+
+
+def _keep(report_dir: Path, name: str) -> None:
+    """A copy of a report written against the stack, beside the timings (.kit/deploy-test/NAME/): what it measured
+    stays readable after the run (the stand-ins' numbers describe the tool, not a GPU)."""
+    dest = Path(os.environ.get("DEPLOY_TEST_TIMINGS", Path.cwd() / ".kit" / "deploy-test-timings.txt")).parent
+    shutil.copytree(report_dir, dest / "deploy-test" / name, dirs_exist_ok=True)
 
 
 def _write_timings() -> None:
@@ -370,6 +378,7 @@ def test_tune_applies_its_pick_on_the_running_stack(project: Project, tmp_path: 
                     str(tmp_path / "tune")), cwd=project.directory, timeout=1200)
     _timed("bge-triton tune --url --apply (2 candidates)", t0)
     assert (tmp_path / "tune" / "tune.md").is_file(), proc.stdout[-2000:]
+    _keep(tmp_path / "tune", "tune")
     after = _encoder_config(project)
     delay = int(after["dynamic_batching"].get("max_queue_delay_microseconds", 0))
     assert delay in (0, 3000), after["dynamic_batching"]
@@ -391,6 +400,7 @@ def test_bench_seed_measures_the_running_stack_and_restores_its_config(project: 
                     "--out", str(tmp_path / "seed")), cwd=project.directory, timeout=1200)
     _timed("bge-triton bench seed --url --quick", t0)
     report = (tmp_path / "seed" / "seed.md").read_text()
+    _keep(tmp_path / "seed", "seed")
     assert "static_32" in report and "dynamic_5ms" in report, proc.stdout[-2000:]
     assert _encoder_config(project) == before
     assert http("GET", project.triton_url("/v2/health/ready"))[0] == 200

@@ -2,26 +2,28 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 from pathlib import Path
 
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
 from bge_triton.errors import ModelConfigError
+from bge_triton.loadtest.scenarios import SCENARIOS
 from bge_triton.repository import (
     DEFAULT_CANONICAL,
-    SCENARIOS,
     TEXT_ENDPOINT_FILES,
+    TEXT_MODEL_DIR,
     Batching,
     apply_batching,
     derive_model_pair,
     dump_config,
+    endpoint_modules,
     get_param,
     install_text_endpoint,
     load_config,
     load_repository,
     parse_config,
-    scenario_config,
     text_settings,
     update_batching_in_place,
     write_model_pair,
@@ -115,17 +117,31 @@ def test_cpu_variant_keeps_interface_and_batching(tmp_path: Path) -> None:
     assert (out / "bge_large_zh_onnx" / "1" / "model.py").read_text().startswith('"""CPU stand-in')
 
 
-@pytest.mark.parametrize("name", sorted(SCENARIOS))
+@pytest.mark.parametrize("name", sorted(n for n, knobs in SCENARIOS.items() if knobs is not None))
 def test_scenarios_derive_valid_configs(name: str) -> None:
     enc = load_config(DEFAULT_CANONICAL / "bge_large_zh_onnx")
-    cfg = scenario_config(enc, name)
+    knobs = SCENARIOS[name]
+    assert knobs is not None
+    cfg = apply_batching(enc, knobs)
     parse_config(dump_config(cfg))  # still valid after derivation
+    assert cfg.max_batch_size == enc.max_batch_size and cfg.input == enc.input  # only batching fields change
     if name == "no_batching":
         assert not cfg.HasField("dynamic_batching")
     elif name == "static_32":
-        assert list(cfg.dynamic_batching.preferred_batch_size) == [32] and cfg.max_batch_size == 32
+        assert list(cfg.dynamic_batching.preferred_batch_size) == [32]
     elif name == "delay_0":
         assert cfg.dynamic_batching.max_queue_delay_microseconds == 0
+
+
+def test_endpoint_modules_load_by_their_own_names_without_touching_sys_path() -> None:
+    path_before = list(sys.path)
+    core, stages, scheduler = endpoint_modules()
+    assert sys.path == path_before
+    assert [m.__name__ for m in (core, stages, scheduler)] == ["text_core", "text_stages", "text_scheduler"]
+    assert stages.TextSettings is core.TextSettings and scheduler.TextSettings is core.TextSettings
+    assert Path(scheduler.__file__).parent == TEXT_MODEL_DIR.resolve()
+    with pytest.raises(ModelConfigError, match="is the model repository complete"):
+        endpoint_modules(TEXT_MODEL_DIR.parent)  # a directory without the modules
 
 
 def test_preferred_size_over_max_batch_is_rejected() -> None:

@@ -55,7 +55,7 @@ def test_synthetic_reranker_vocab_keeps_xlmr_special_ids() -> None:
 
 
 def test_a_reranker_export_names_the_command_that_regenerates_it(tmp_path) -> None:
-    from bge_triton.export.pipeline import command_line
+    from bge_triton.export.run_record import command_line
     from bge_triton.export.settings import parse_settings
 
     argv = ["--model-id", "synthetic:bge-reranker-small", "--repository", str(tmp_path / "r"), "--model", "rr",

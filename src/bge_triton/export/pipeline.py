@@ -1,13 +1,10 @@
 """The export as a sequence of stages (resolve, load, ONNX, fuse/convert, validate, write) under one progress bar."""
 from __future__ import annotations
 
-import ctypes
-import gc
 import platform
-import resource
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 from tqdm import tqdm
@@ -16,8 +13,8 @@ from bge_triton.errors import ExportError
 
 from .onnx_export import describe_io, export_embedding_model
 from .optimize import convert
-from .recipes import SERVER_IMAGE_ORT
 from .reference import build_reference, probe_cosines
+from .run_record import ExportResult, command_line, peak_rss_mb, release_memory, versions
 from .settings import ExportSettings
 from .source import ModelSource, inspect_model, load_tokenizer, load_torch_model
 from .validate import Fidelity, OnnxEmbedder, torch_reference, validate
@@ -25,64 +22,6 @@ from .writer import write_all, write_report
 
 STAGES = ("resolve model", "load PyTorch", "PyTorch reference", "export ONNX + pooling", "fuse + convert", "validate",
           "write repository")
-
-
-@dataclass
-class ExportResult:
-    """What one export produced: the report (also on disk), the files, and the fidelity verdict."""
-
-    report: dict
-    paths: dict[str, Path]
-    fidelity: Fidelity
-
-
-def command_line(s: ExportSettings) -> str:
-    """The command that regenerates this export, embedder or reranker (written into generated files)."""
-    parts = ["bge-triton export", f"--model-id {s.model}", f"--repository {s.repository}", f"--model {s.name}",
-             f"--precision {s.precision}"]
-    if s.task:
-        parts.append(f"--task {s.task}")
-    if s.max_length:
-        parts.append(f"--max-length {s.max_length}")
-    if s.pooling:
-        parts.append(f"--pooling {s.pooling}")
-    if s.precision == "int8":
-        parts.append(f"--int8-recipe {s.int8_recipe}")
-    if s.server_onnxruntime != SERVER_IMAGE_ORT:
-        parts.append(f"--server-onnxruntime {s.server_onnxruntime}")
-    if s.seed:
-        parts.append(f"--seed {s.seed}")
-    if s.retrieval_queries is not None:
-        parts.append(f"--retrieval-queries {s.retrieval_queries}")
-    if s.retrieval_corpus is not None:
-        parts.append(f"--retrieval-corpus {s.retrieval_corpus}")
-    return " ".join(parts)
-
-
-def _versions() -> dict[str, str]:
-    """Library versions the export ran with (numbers depend on them)."""
-    import onnx
-    import onnxruntime
-    import optimum.version
-    import torch
-    import transformers
-
-    return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "optimum": optimum.version.__version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__}
-
-
-def peak_rss_mb() -> float:
-    """This process's peak resident memory so far (Linux reports ru_maxrss in KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def release_memory() -> None:
-    """Collect garbage and hand freed heap pages back to the OS (glibc keeps them otherwise), between stages."""
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc (macOS, musl): the pages stay with the process
-        pass
 
 
 def build_report(s: ExportSettings, source: ModelSource, graph: Path, info: dict, fid: Fidelity,
@@ -103,7 +42,7 @@ def build_report(s: ExportSettings, source: ModelSource, graph: Path, info: dict
         "fidelity": {**asdict(fid), "passed": fid.passed,
                      "reference": "PyTorch fp32 (transformers, eager attention) with the same pooling + L2 norm"},
         "timings_s": {k: round(v, 2) for k, v in timings.items()},
-        "peak_rss_mb_after": {k: round(v) for k, v in memory.items()}, "versions": _versions(),
+        "peak_rss_mb_after": {k: round(v) for k, v in memory.items()}, "versions": versions(),
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
     }
 

@@ -24,6 +24,7 @@ from .rerank import (
     validate_reranker,
 )
 from .rerank_write import reference_doc, write_reranker
+from .run_record import ExportResult, command_line, peak_rss_mb, release_memory, versions
 from .settings import ExportSettings
 from .writer import write_report
 
@@ -31,10 +32,8 @@ STAGES = ("resolve model", "load PyTorch", "PyTorch reference", "export ONNX", "
           "write repository")
 
 
-def run_rerank_export(s: ExportSettings):
+def run_rerank_export(s: ExportSettings) -> ExportResult:
     """Run every stage; raise ExportError (nothing written to the repository) when validation fails."""
-    from .pipeline import ExportResult, _versions, command_line, peak_rss_mb, release_memory
-
     timings: dict[str, float] = {}
     tag = "SYNTHETIC " if s.synthetic else ""
     bar = tqdm(total=len(STAGES), desc=f"export reranker {tag}{s.model} {s.precision}", disable=s.quiet,
@@ -79,7 +78,7 @@ def run_rerank_export(s: ExportSettings):
             "layers": source.layers, "hidden": source.hidden, "heads": source.heads, "truncation": "only_second",
             "opset": io["opset"], "ir_version": io["ir_version"], "inputs": io["inputs"], "outputs": io["outputs"],
             "op_types": io["op_types"], "conversion": info, "fidelity": fidelity_dict(fid), "timings_s": timings,
-            "peak_rss_mb": round(peak_rss_mb()), "versions": _versions(),
+            "peak_rss_mb": round(peak_rss_mb()), "versions": versions(),
             "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
         }
         if not fid.passed:

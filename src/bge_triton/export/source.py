@@ -8,6 +8,7 @@ from pathlib import Path
 
 from bge_triton.errors import ExportError
 
+from .rerank_synthetic import RERANK_ARCHS, synthetic_reranker_dir
 from .settings import SYNTHETIC_PREFIX, ExportSettings
 from .synthetic import MARKER_FILE, synthetic_model_dir
 from .task import model_task
@@ -73,7 +74,9 @@ def resolve_path(settings: ExportSettings) -> tuple[Path, bool]:
     """Map --model-id to a directory on disk, and say whether it is synthetic."""
     spec = settings.model
     if spec.startswith(SYNTHETIC_PREFIX):
-        return synthetic_model_dir(spec[len(SYNTHETIC_PREFIX):], settings.cache_dir, settings.seed), True
+        kind = spec[len(SYNTHETIC_PREFIX):]
+        build = synthetic_reranker_dir if kind in RERANK_ARCHS else synthetic_model_dir
+        return build(kind, settings.cache_dir, settings.seed), True
     path = Path(spec).expanduser()
     if path.exists():
         if not path.is_dir():

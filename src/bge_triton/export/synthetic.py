@@ -7,12 +7,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from bge_triton.errors import ExportError
-
-if TYPE_CHECKING:
-    from .rerank_synthetic import RerankArch
 
 VOCAB_SIZE = 21128
 # BERT's special tokens keep their ids, as in bert-base-chinese (1..99 are [unusedN]).
@@ -76,7 +73,24 @@ def _expected_marker(kind: str, seed: int) -> dict:
                     + "-v1.5; vectors are meaningless"}
 
 
-def config_sizes(a: Arch | RerankArch) -> dict[str, int]:
+class Dims(Protocol):
+    """The dimensions of an embedder (Arch) or a reranker (rerank_synthetic.RerankArch), read-only."""
+
+    @property
+    def layers(self) -> int: ...
+    @property
+    def hidden(self) -> int: ...
+    @property
+    def heads(self) -> int: ...
+    @property
+    def intermediate(self) -> int: ...
+    @property
+    def vocab(self) -> int: ...
+    @property
+    def positions(self) -> int: ...
+
+
+def config_sizes(a: Dims) -> dict[str, int]:
     """The dimensions as transformers' BertConfig and XLMRobertaConfig name them."""
     return {"vocab_size": a.vocab, "hidden_size": a.hidden, "num_hidden_layers": a.layers,
             "num_attention_heads": a.heads, "intermediate_size": a.intermediate,
@@ -95,11 +109,8 @@ def finish(out: Path, marker: dict) -> None:
 
 
 def synthetic_model_dir(kind: str, cache_dir: Path, seed: int = 0) -> Path:
-    """Build (or reuse) a HF model dir for `kind` under cache_dir; same seed, same bytes."""
-    from .rerank_synthetic import RERANK_ARCHS, synthetic_reranker_dir
-
-    if kind in RERANK_ARCHS:
-        return synthetic_reranker_dir(kind, cache_dir, seed)
+    """Build (or reuse) a HF model dir for embedder `kind` under cache_dir; same seed, same bytes (the rerankers:
+    rerank_synthetic.synthetic_reranker_dir; export.source picks)."""
     if kind not in ARCHS:
         raise ExportError(f"synthetic model {kind!r} is unknown; use synthetic:bge-large-zh or synthetic:bge-small-zh "
                           "(embedders), synthetic:bge-reranker-large or synthetic:bge-reranker-small (rerankers).")

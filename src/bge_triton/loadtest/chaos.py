@@ -12,7 +12,6 @@ import math
 import os
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -38,7 +37,7 @@ from bge_triton.loadtest.faults import PORT_RANGE, capacity, wait_until
 from bge_triton.loadtest.stats import percentile, process_tree, stub_pids, tree_rss_mb
 from bge_triton.repository import Batching
 from bge_triton.server.cpu_variant import CpuVariant
-from bge_triton.server.launcher import LocalServer, free_ports, http_ready, stop_pid
+from bge_triton.server.launcher import http_ready
 
 require("loadtest", "bge-triton chaos")
 
@@ -189,7 +188,7 @@ def kill9_under_load(repository: Path, state_dir: Path, model: str = "minilm", t
     the same ports (faults.restart_on_same_ports: else the record's `restart` says who took them); the same clients
     must come back. Every figure and the fault's faults.Outcome in one record."""
     settings = harness.server_settings(repository, state_dir, COST, port_range=faults.RESTART_PORTS)
-    srv = LocalServer(settings).start()
+    srv = harness.launch(settings)
     ports = (settings.http_port, settings.grpc_port, settings.metrics_port)  # as bound (start may have re-picked)
     url = srv.grpc_url if protocol == "grpc" else srv.http_url
     retry = RetryPolicy(max_attempts=3, initial_backoff_s=0.05, max_backoff_s=0.2, total_s=2.0)
@@ -323,20 +322,16 @@ BREAKAGES: dict[str, Callable[[Path, str], object]] = {
 
 def broken_start(repository: Path, work_dir: Path, case: str, model: str = "minilm",
                  ready_timeout_s: float = 90.0) -> dict:
-    """`bge-triton serve up` on a copy of the repository with one breakage; returns rc, time, message."""
+    """`bge-triton serve up` on a copy of the repository with one breakage; returns rc, time, message. It runs the
+    command line (harness.serve_up), not harness.launch: what is tested is what a user sees, its exit code and words."""
     repo, state = work_dir / f"repo_{case}", work_dir / f"state_{case}"
     shutil.rmtree(repo, ignore_errors=True)
     shutil.copytree(repository, repo, symlinks=False)
     BREAKAGES[case](repo, model)
-    ports = [f"--{k}-port={p}" for k, p in zip(("http", "grpc", "metrics"), free_ports(3, PORT_RANGE), strict=True)]
-    cmd = [sys.executable, "-m", "bge_triton.server", "up", "--repository", str(repo), "--state-dir", str(state),
-           "--ready-timeout", str(ready_timeout_s), *ports]
+    settings = harness.server_settings(repo, state, port_range=PORT_RANGE, ready_timeout_s=ready_timeout_s)
     t = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=ready_timeout_s + 60)
+    proc = harness.serve_up(settings, timeout_s=ready_timeout_s + 60)  # a server that came up anyway is stopped
     out = {"case": case, "rc": proc.returncode, "seconds": time.monotonic() - t, "stderr": proc.stderr.strip()}
-    if proc.returncode == 0 and (pid_file := state / "server.pid").exists():  # it came up anyway: stop its pid
-        stop_pid(int(pid_file.read_text()))
-        pid_file.unlink(missing_ok=True)
     shutil.rmtree(repo, ignore_errors=True)
     return out
 

@@ -20,7 +20,7 @@ from typing import NamedTuple
 import psutil
 
 from bge_triton.errors import PortInUse, ServerNotReady
-from bge_triton.loadtest import loadgen
+from bge_triton.loadtest import harness, loadgen
 from bge_triton.loadtest.stats import percentile, stub_pids
 from bge_triton.server.launcher import LocalServer, ServerSettings
 
@@ -157,7 +157,7 @@ def restart_on_same_ports(settings: ServerSettings) -> tuple[LocalServer | None,
     SAME_PORTS), or (None, 'ports taken: ...') naming who holds them."""
     same = dataclasses.replace(settings, port_pool=None)  # a taken port is PortInUse, not a move elsewhere
     try:
-        return LocalServer(same).start(), SAME_PORTS
+        return harness.launch(same), SAME_PORTS
     except PortInUse as exc:
         ports = (same.http_port, same.grpc_port, same.metrics_port)
         return None, f"ports taken: {port_holders(ports)} ({str(exc).splitlines()[0]})"

@@ -266,14 +266,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from bge_triton.server.cpu_variant import CpuVariant
-    from bge_triton.server.launcher import LocalServer
 
     args = list(sys.argv[1:] if argv is None else argv)
     a = flags.parse(build_parser(), args)
     a.encoder = a.encoder or ("gpu-costmodel" if a.scenario == "priority" else "costmodel")
     command, load = shlex.join(["bge-triton", "bench", "gateway", *args]), os.getloadavg()[0]
-    with tempfile.TemporaryDirectory(prefix="gateway-bench-") as tmp, LocalServer(harness.server_settings(
-            a.repository.resolve(), Path(tmp) / "server", CpuVariant(**ENCODERS[a.encoder]), port_range=None)) as srv:
+    with tempfile.TemporaryDirectory(prefix="gateway-bench-") as tmp, harness.start_server(
+            a.repository.resolve(), Path(tmp) / "server", CpuVariant(**ENCODERS[a.encoder]), port_range=None) as srv:
         rows: list[dict[str, Any]] = []
         for label, gateway_flags in PRIORITY_GATEWAYS if a.scenario == "priority" else (("", ()),):
             with gateway(srv.grpc_url, Path(tmp) / f"gateway{len(rows)}.log", a.model, [*gateway_flags, *a.gateway_arg],

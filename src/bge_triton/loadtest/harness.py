@@ -1,11 +1,16 @@
-"""The one stand-up of every benchmark: a server on loopback ports (`server_settings`, `start_server`), the exporter,
-and a bench repository (the exported model, the canonical pair run by the costmodel executor as an emulated GPU, a
-no-op) served by one explicit-control server (Harness) that loads models with config overrides."""
+"""The one stand-up of every tritonserver the load tests run (tests/unit/test_one_standup.py keeps it one):
+`server_settings` chooses ports, state dir, variant, model control; `launch` / `start_server` start one
+and wait until ready (the caller stops it); `serve_up` / `WatchedServer` run the same settings as `bge-triton serve
+up`, for what a user sees (its start-up errors, its --watch restarts). And the bench repository (the exported model,
+the canonical pair on the costmodel executor as an emulated GPU, a no-op) on one explicit-control server (Harness)."""
 from __future__ import annotations
 
 import shutil
+import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +35,7 @@ from bge_triton.repository import (
     write_config,
 )
 from bge_triton.server.cpu_variant import CpuVariant, cpu_config
-from bge_triton.server.launcher import LocalServer, ServerSettings, free_ports
+from bge_triton.server.launcher import LocalServer, ServerSettings, free_ports, log_tail, stop_pid
 
 NOOP = "noop"
 EMULATED = CANONICAL_NAME  # bge_large_zh (+ _onnx) run by the costmodel executor
@@ -63,11 +68,102 @@ def server_settings(repository: Path, state_dir: Path, variant: CpuVariant | Non
                           port_pool=None if ports else pool, **kwargs)  # given ports are kept: taken = error
 
 
+def launch(settings: ServerSettings) -> LocalServer:
+    """THE start of a load test's tritonserver: render the CPU variant, start, wait until ready (a port taken after
+    the pick: new ones from settings.port_pool, or PortInUse when the ports were given); the caller stops it."""
+    return LocalServer(settings).start()
+
+
 def start_server(repository: Path, state_dir: Path, variant: CpuVariant | None = None,
                  ports: Sequence[int] | None = None, port_range: range | None = PORT_RANGE,
                  **kwargs: Any) -> LocalServer:
-    """Start (and wait for) a LocalServer that the caller owns and stops."""
-    return LocalServer(server_settings(repository, state_dir, variant, ports, port_range, **kwargs)).start()
+    """Start (and wait for) a LocalServer that the caller owns and stops (`with start_server(...) as srv:` stops it
+    when the block ends, however it ends)."""
+    return launch(server_settings(repository, state_dir, variant, ports, port_range, **kwargs))
+
+
+def serve_up_argv(settings: ServerSettings, watch_s: float = 0.0) -> list[str]:
+    """`bge-triton serve up` (python -m bge_triton.server up) with these settings and ports (kept: the command line
+    has no pool); ValueError for a setting that command cannot say."""
+    s, v = settings, settings.variant
+    said = CpuVariant(executor=v.executor, intra_op_threads=v.intra_op_threads, cpu_lock=v.cpu_lock)
+    loads = ("*",) if s.model_control == "explicit" else ()
+    if v != said or s.load_models != loads or s.extra_args or s.stub_packages is not None or s.log_verbose:
+        raise ValueError("`bge-triton serve up` sets only the executor, threads and CPU lock of the variant and loads "
+                         "every model under explicit control: start these settings with harness.launch instead")
+    argv = [sys.executable, "-m", "bge_triton.server", "up", "--repository", str(s.repository),
+            "--http-port", str(s.http_port), "--grpc-port", str(s.grpc_port), "--metrics-port", str(s.metrics_port),
+            "--state-dir", str(s.state_dir), "--model-control", s.model_control, "--executor", v.executor,
+            "--threads", str(v.intra_op_threads), "--ready-timeout", f"{s.ready_timeout_s:g}"]
+    argv += [] if v.cpu_lock else ["--no-cpu-lock"]
+    argv += ["--admin-key", s.admin_key] if s.admin_key else []
+    return argv + (["--watch", f"{watch_s:g}"] if watch_s > 0 else [])
+
+
+def serve_up(settings: ServerSettings, timeout_s: float) -> subprocess.CompletedProcess[str]:
+    """`bge-triton serve up` run to its end as a user types it (its exit code and words are what is tested); a
+    server it left running is stopped by the pid in its state dir."""
+    proc = subprocess.run(serve_up_argv(settings), capture_output=True, text=True, timeout=timeout_s)
+    if proc.returncode == 0 and (pid_file := Path(settings.state_dir) / "server.pid").exists():
+        stop_pid(int(pid_file.read_text()))
+        pid_file.unlink(missing_ok=True)
+    return proc
+
+
+class WatchedServer:
+    """`bge-triton serve up --watch S` in its own process, as a user runs it (its canary decides every restart),
+    started and ready; its stdout lines kept with their arrival time, the log tail of each server it replaced."""
+
+    def __init__(self, settings: ServerSettings, every_s: float) -> None:
+        self.settings, self.state = settings, Path(settings.state_dir)
+        self.lines: list[tuple[float, str]] = []
+        self.old_logs: list[str] = []
+        self.proc = subprocess.Popen(argv := serve_up_argv(settings, every_s), stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, bufsize=1)
+        threading.Thread(target=self._read, daemon=True).start()
+        deadline = time.monotonic() + settings.ready_timeout_s + 30.0
+        while not any("tritonserver ready" in ln for _, ln in self.lines):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise ServerNotReady("`" + " ".join(argv) + "` did not come up:\n"
+                                     + "".join(ln for _, ln in self.lines[-30:]))
+            time.sleep(0.2)
+
+    def _read(self) -> None:
+        for line in self.proc.stdout or ():
+            self.lines.append((time.monotonic(), line))
+            if "watch: restarting" in line:  # the old server's log, before the restart reopens the file
+                self.old_logs.append(log_tail(self.state / "tritonserver.log", 30))
+
+    def seen(self, what: str) -> list[tuple[float, str]]:
+        """(time, text in parentheses) of each 'watch: restarting (why)' or 'watch: ready again' line."""
+        return [(t, ln.split("(", 1)[-1].rsplit(")", 1)[0]) for t, ln in self.lines if f"watch: {what}" in ln]
+
+    def server_pid(self) -> int | None:
+        """The tritonserver pid the watcher runs now, checked to be its child (None while it restarts)."""
+        import psutil
+
+        try:
+            pid = int((self.state / "server.pid").read_text())
+            proc = psutil.Process(pid)
+            if proc.ppid() != self.proc.pid or proc.status() == psutil.STATUS_ZOMBIE:
+                return None
+        except (OSError, ValueError, psutil.NoSuchProcess):
+            return None
+        return pid
+
+    def stop(self) -> int:
+        """SIGTERM the watcher (it stops its server; after 60 s SIGKILL, and its server's pid); its exit code."""
+        pid = self.server_pid()
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            rc = self.proc.wait(timeout=10)
+            if pid:
+                stop_pid(pid)
+            return rc
 
 
 NOOP_MODEL_PY = '''import numpy as np

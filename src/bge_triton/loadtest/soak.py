@@ -15,11 +15,8 @@ import os
 import random
 import re
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from array import array
 from collections import Counter
@@ -32,12 +29,12 @@ import psutil
 from bge_triton import flags
 from bge_triton.client import AsyncEmbeddingClient, KitError, RetryPolicy
 from bge_triton.errors import InputError, ServerNotReady
-from bge_triton.loadtest import corpus, faults, loadgen, report
+from bge_triton.loadtest import corpus, faults, harness, loadgen, report
 from bge_triton.loadtest.faults import FAULTS, OVERLOAD_SPIKE, Outcome, Shot
 from bge_triton.loadtest.report import fmt
 from bge_triton.loadtest.stats import percentile, stub_pids, tree_rss_mb
 from bge_triton.paths import CANONICAL_REPOSITORY
-from bge_triton.server.launcher import free_ports, log_tail, stop_pid
+from bge_triton.server.cpu_variant import CpuVariant
 
 COMMAND = "bge-triton bench soak"
 MODEL = "bge_large_zh"
@@ -59,59 +56,34 @@ RESTARTED_BY = "server up --watch"  # faults.Outcome.restart of the kills: the w
 
 
 class Watcher:
-    """`bge-triton serve up --executor costmodel --watch S`, started and ready, over the committed configs
-    of bge_large_zh (+ _onnx) and a generated BGE-shaped vocab; its stdout lines kept with their arrival time."""
+    """`bge-triton serve up --executor costmodel --watch S` (harness.WatchedServer: the watcher in its own process, as
+    a user runs it), started and ready, over the committed configs of bge_large_zh (+ _onnx) and a generated
+    BGE-shaped vocab; the faults it recovers from, injected into its server by pid."""
 
     def __init__(self, tmp: Path):
         from tokenizers.implementations import BertWordPieceTokenizer
 
         from bge_triton.export.synthetic import build_vocab
 
-        repo, self.state = tmp / "repo", tmp / "state"
+        repo = tmp / "repo"
         for model in (MODEL, ENCODER):
             shutil.copytree(CANONICAL_REPOSITORY / model, repo / model,
                             ignore=shutil.ignore_patterns("tokenizer", "*.onnx*", "export_report.json", "__pycache__"))
         (tok_dir := repo / MODEL / "1" / "tokenizer").mkdir(parents=True)
         vocab = {token: i for i, token in enumerate(build_vocab())}
         BertWordPieceTokenizer(vocab, lowercase=True, handle_chinese_chars=True).save(str(tok_dir / "tokenizer.json"))
-        http, self.grpc, metrics = free_ports(3, faults.RESTART_PORTS)
-        cmd = [sys.executable, "-m", "bge_triton.server", "up", "--repository", str(repo), "--http-port", str(http),
-               "--grpc-port", str(self.grpc), "--metrics-port", str(metrics), "--executor", "costmodel",
-               "--state-dir", str(self.state), "--watch", str(WATCH_S), "--ready-timeout", "300"]
-        self.lines: list[tuple[float, str]] = []
+        settings = harness.server_settings(repo, tmp / "state", CpuVariant(executor="costmodel"),
+                                           port_range=faults.RESTART_PORTS, ready_timeout_s=300.0)
+        self.grpc = settings.grpc_port
         self.stubs_seen: dict[int, str] = {}  # every stub pid of our servers -> its command line
-        self.old_logs: list[str] = []  # the tail of each replaced server's log
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
-        threading.Thread(target=self._read, daemon=True).start()
-        deadline = time.monotonic() + 330  # --ready-timeout + 30 s
-        while not any("tritonserver ready" in ln for _, ln in self.lines):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise ServerNotReady("`" + " ".join(cmd) + "` did not come up:\n"
-                                     + "".join(ln for _, ln in self.lines[-30:]))
-            time.sleep(0.2)
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append((time.monotonic(), line))
-            if "watch: restarting" in line:  # the old server's log, before the restart reopens the file
-                self.old_logs.append(log_tail(self.state / "tritonserver.log", 30))
-
-    def seen(self, what: str) -> list[tuple[float, str]]:
-        """(time, text in parentheses) of each 'watch: restarting (why)' or 'watch: ready again' line."""
-        return [(t, ln.split("(", 1)[-1].rsplit(")", 1)[0]) for t, ln in self.lines if f"watch: {what}" in ln]
+        self.server = harness.WatchedServer(settings, WATCH_S)
+        self.seen, self.old_logs = self.server.seen, self.server.old_logs
 
     def server_pid(self) -> int | None:
         """The tritonserver pid the watcher runs now, checked to be its child (None while it restarts)."""
-        try:
-            pid = int((self.state / "server.pid").read_text())
-            proc = psutil.Process(pid)
-            if proc.ppid() != self.proc.pid or proc.status() == psutil.STATUS_ZOMBIE:
-                return None
-        except (OSError, ValueError, psutil.NoSuchProcess):
-            return None
-        self.stubs_seen.update(stub_pids(pid))
+        pid = self.server.server_pid()
+        if pid is not None:
+            self.stubs_seen.update(stub_pids(pid))
         return pid
 
     def kill(self, kind: str, every_instance: bool = False) -> int:
@@ -126,17 +98,10 @@ class Watcher:
         return pid
 
     def stop(self) -> dict:
-        """SIGTERM the watcher (it stops its server), then kill the stubs of killed servers that outlived them and
+        """Stop the watcher (it stops its server), then kill the stubs of killed servers that outlived them and
         remove the shared-memory regions those servers left; returns what had to be cleaned up."""
-        pid = self.server_pid()
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            rc = self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            rc = self.proc.wait(timeout=10)
-            if pid:
-                stop_pid(pid)
+        self.server_pid()  # the last server's stubs too
+        rc = self.server.stop()
         orphans = len(faults.kill_orphan_stubs(self.stubs_seen))  # docs/reliability.md
         time.sleep(0.5)
         shm = faults.remove_orphan_shm(self.stubs_seen)

@@ -234,8 +234,7 @@ def run(s: StackSettings) -> StackResults:
     bodies = tuple(loadgen.request_body(text_call("", tp_texts[k:k + s.per_request], True))
                    for k in range(0, len(tp_texts) - s.per_request + 1, s.per_request))
     rounds: list[dict[str, float]] = []
-    with LocalServer(harness.server_settings(s.repository, STATE_DIR / "stack_bench" / "server", variant,
-                                             port_range=None)) as srv:
+    with harness.start_server(s.repository, STATE_DIR / "stack_bench" / "server", variant, port_range=None) as srv:
         def side_b(warm_s: float) -> dict[str, float]:
             before, meter = kit_counters(srv.metrics_url, s.name), CpuMeter(srv.pid)
             meter.start()

@@ -356,7 +356,8 @@ class LocalServer:
             (self.state / name).unlink(missing_ok=True)
 
     def __enter__(self) -> LocalServer:
-        return self.start()
+        """Start it, unless it runs already (`with harness.start_server(...) as srv:` starts once)."""
+        return self if self.proc is not None else self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()

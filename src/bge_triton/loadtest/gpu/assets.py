@@ -1,7 +1,8 @@
 """What a bare GPU host gets from the CPU side (`make gpu-wheels`, <= 64 MiB), and the wheel's tritonserver there.
 
 wheels/ (git-ignored): the pytriton wheel with one python backend stub, the synthetic tokenizer.json, a review sample.
-server.launcher cannot run there (pytriton's imports, the server extra), so `tritonserver` repeats its steps.
+server.launcher, and so loadtest.harness (the one stand-up of every other load test), cannot run there (pytriton's
+imports, the server extra), so `tritonserver` repeats its steps; it shares the kit's errors and verify.standalone.
 
     python -m bge_triton.loadtest.gpu.assets --dest src/bge_triton/loadtest/gpu/wheels --python-version 3.12
 """

@@ -52,7 +52,7 @@ def load_config(path: Path | str) -> mc.ModelConfig:
         path = path / "config.pbtxt"
     if not path.is_file():
         raise ModelConfigError(f"no config.pbtxt at {path}: export the model first "
-                               "(python -m bge_triton.export --help)")
+                               "(bge-triton export --help)")
     return parse_config(path.read_text(encoding="utf-8"), str(path))
 
 

@@ -79,7 +79,7 @@ def test_killed_stub_is_reported_not_hung(minilm_repo: Path, tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize("case,message", [
-    ("onnx_missing", "model.onnx is missing: run `python -m bge_triton.export"),
+    ("onnx_missing", "model.onnx is missing: run `bge-triton export --model-id"),
     ("tokenizer_corrupt", "failed to load 'minilm'"),
     ("config_corrupt", "has no field named \"max_batch_sise\""),
 ])

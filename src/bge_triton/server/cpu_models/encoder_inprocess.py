@@ -50,7 +50,7 @@ class InProcessBackend(EncoderBackend):
                      if os.path.isfile(p)), None)
         if path is None:
             raise FileNotFoundError(f"encoder=inprocess needs {encoder_dir}/<version>/model.onnx: run "
-                                    "`python -m bge_triton.export` first")
+                                    "`bge-triton export --model-id <hub id or dir> --repository <repo>` first")
         opts = ort.SessionOptions()
         threads = int(_param(cfg, "intra_op_threads", "0"))
         if threads > 0:

@@ -98,7 +98,8 @@ class TritonPythonModel:
             path = os.path.join(args["model_repository"], args["model_version"], "model.onnx")
             if not os.path.isfile(path):
                 raise pb_utils.TritonModelException(
-                    f"{path} is missing: run `python -m bge_triton.export --repository <repo> --name <name>` first")
+                    f"{path} is missing: run `bge-triton export --model-id <hub id or dir> --repository <repo> "
+                    "--model <name>` first")
             opts = ort.SessionOptions()
             threads = int(_param(cfg, "intra_op_threads", "0"))
             if threads > 0:

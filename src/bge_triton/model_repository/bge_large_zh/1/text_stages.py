@@ -83,8 +83,8 @@ class Tokenizers:
     def from_dir(cls, directory: str, max_length: int) -> Tokenizers:
         path = os.path.join(directory, "tokenizer.json")
         if not os.path.isfile(path):
-            raise FileNotFoundError(f"{path} is missing: run `python -m bge_triton.export --repository <repo> "
-                                    "--name <name>`")
+            raise FileNotFoundError(f"{path} is missing: run `bge-triton export --model-id <hub id or dir> "
+                                    "--repository <repo> --model <name>`")
         return cls(Tokenizer.from_file(path), max_length)
 
     def encode(self, texts: list[str], truncate: bool, direction: str = "right") -> list[list[int]]:

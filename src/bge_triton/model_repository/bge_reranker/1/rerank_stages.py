@@ -83,8 +83,8 @@ class PairTokenizers:
     def from_dir(cls, directory: str, max_length: int, token_types: bool) -> PairTokenizers:
         path = os.path.join(directory, "tokenizer.json")
         if not os.path.isfile(path):
-            raise FileNotFoundError(f"{path} is missing: run `bge-triton export --model <reranker> --repository "
-                                    "<repo> --name <name>`")
+            raise FileNotFoundError(f"{path} is missing: run `bge-triton export --model-id <reranker hub id or "
+                                    "dir> --repository <repo> --model <name>`")
         return cls(Tokenizer.from_file(path), max_length, token_types)
 
     def encode(self, p: Pairs) -> list[list[int]]:

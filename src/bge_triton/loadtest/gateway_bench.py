@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
-import os
 import shlex
 import sys
 import tempfile
@@ -220,14 +218,14 @@ def _cell(v: Any) -> str:
     return "-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
 
 
-def write_report(a: argparse.Namespace, rows: list[dict[str, Any]], command: str, load: float) -> Path:
+def write_report(a: argparse.Namespace, rows: list[dict[str, Any]], command: str,
+                 machine: dict[str, Any] | None) -> Path:
     """<out>/<name>.md + .csv: the rows as one table (their fields), then what the scenario's targets say."""
     title, fields, what = SCENARIOS[a.scenario]
     stem = a.name or {"sdk": f"gateway_bench_{a.encoder}", "priority": "gateway_priority", "stall": "stall"}[a.scenario]
     report.write_csv(rows, fields, a.out / f"{stem}.csv", command)
-    lines = [f"- what ran: {a.label or 'this checkout'}; gateway flags: {' '.join(a.gateway_arg) or '(defaults)'}",
-             f"- machine: {report.machine_line()}; load average at start {load:.1f} (shared with other jobs: noisy)",
-             f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
+    lines = [*report.header(machine),
+             f"- what ran: {a.label or 'this checkout'}; gateway flags: {' '.join(a.gateway_arg) or '(defaults)'}",
              f"- server: local tritonserver 2.51 (CPU), text endpoint `{a.model}` as shipped, encoder `{a.encoder}`",
              f"- load: {what}", "",
              *report.table(" | ".join(fields), ([_cell(r.get(k)) for k in fields] for r in rows)), ""]
@@ -271,7 +269,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     a = flags.parse(build_parser(), args)
     a.encoder = a.encoder or ("gpu-costmodel" if a.scenario == "priority" else "costmodel")
-    command, load = shlex.join(["bge-triton", "bench", "gateway", *args]), os.getloadavg()[0]
+    command, machine = shlex.join(["bge-triton", "bench", "gateway", *args]), report.machine_info()
     with tempfile.TemporaryDirectory(prefix="gateway-bench-") as tmp, LocalServer(harness.server_settings(
             a.repository.resolve(), Path(tmp) / "server", CpuVariant(**ENCODERS[a.encoder]), port_range=None)) as srv:
         rows: list[dict[str, Any]] = []
@@ -281,5 +279,5 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"[bench gateway {a.scenario}] {label} ...", flush=True)
                 run = {"sdk": sdk_scenario, "priority": priority_scenario, "stall": stall_scenario}[a.scenario]
                 rows += [{"gateway": label, **r} if label else r for r in asyncio.run(run(a, srv.grpc_url, url, pid))]
-    print(write_report(a, rows, command, load).read_text(encoding="utf-8"))
+    print(write_report(a, rows, command, machine).read_text(encoding="utf-8"))
     return 0

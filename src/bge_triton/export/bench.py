@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 from bge_triton.errors import ExportError
 from bge_triton.loadtest import report
+from bge_triton.loadtest.turns import take_turns
 
 from .validate import OnnxEmbedder
 from .variants import VariantBuilder
@@ -72,17 +73,17 @@ def feeds_for(batch: int, seq: int, vocab: int) -> dict[str, np.ndarray]:
 
 def time_round_robin(sessions: dict[str, OnnxEmbedder], batch: int, seq: int, reps: int,
                      vocab: int) -> dict[str, list[float]]:
-    """Seconds per run of each session on one shape, timed in turns so outside load hits every session alike."""
+    """Seconds per run of each session on one shape, timed in turns (ABBA) so outside load hits every session alike."""
     feeds = feeds_for(batch, seq, vocab)
-    times: dict[str, list[float]] = {name: [] for name in sessions}
     for emb in sessions.values():
         emb(feeds)  # warm-up
-    for _ in range(reps):
-        for name, emb in sessions.items():
-            t = time.perf_counter()
-            emb(feeds)
-            times[name].append(time.perf_counter() - t)
-    return times
+
+    def timed(_round: int, name: str) -> float:
+        t = time.perf_counter()
+        sessions[name](feeds)
+        return time.perf_counter() - t
+
+    return take_turns(list(sessions), reps, timed)[0]
 
 
 def run(s: BenchSettings) -> list[dict]:

@@ -23,6 +23,7 @@ from bge_triton import flags
 from bge_triton.loadtest import harness, loadgen, report
 from bge_triton.loadtest.stand import OpenAI, gateway, saturate, texts, turns
 from bge_triton.loadtest.stats import percentile, process_tree, summarize
+from bge_triton.loadtest.turns import take_turns_async
 
 ENCODERS: dict[str, dict[str, Any]] = {  # --encoder -> the CpuVariant keywords the local server renders
     "costmodel": {"executor": "costmodel", "cost_a_us": 0.0, "cost_b_us": 0.0},
@@ -70,15 +71,11 @@ async def sdk_scenario(a: argparse.Namespace, grpc_url: str, url: str, pid: int)
         lat, cpu = await turns({SDK: calls[SDK], GATEWAY: calls[GATEWAY]}, texts(a.serial, 64), a.block, cpu_s)
         rows = [_row("one in flight", n, v, 1e3 * len(v) / sum(v), cpu[n] / len(v) * 1e3 if n == GATEWAY else None)
                 for n, v in lat.items()]
-        runs: dict[str, list[tuple[float, list[float], float, int]]] = {name: [] for name in calls}
-        for k in range(a.rounds):
-            for name in list(calls)[::-1] if k % 2 else calls:
-                c0 = cpu_s()
-                rps, values, errors = await saturate(calls[name], texts(a.saturated, 64), a.concurrency)
-                runs[name].append((rps, values, (cpu_s() - c0) / a.saturated * 1e3, errors))
+        runs, cpu = await take_turns_async(list(calls), a.rounds, lambda _k, name: saturate(
+            calls[name], texts(a.saturated, 64), a.concurrency), cpu_s)  # ABBA rounds; CPU over each path's own
     return rows + [_row(f"saturation ({a.concurrency} callers)", name, [v for r in rs for v in r[1]],
                         sum(r[0] for r in rs) / len(rs),
-                        sum(r[2] for r in rs) / len(rs) if name == GATEWAY else None, sum(r[3] for r in rs))
+                        cpu[name] / (len(rs) * a.saturated) * 1e3 if name == GATEWAY else None, sum(r[2] for r in rs))
                    for name, rs in runs.items()]
 
 

@@ -30,6 +30,7 @@ from bge_triton.extras import require
 from bge_triton.loadtest import corpus, harness, loadgen, report
 from bge_triton.loadtest.stand import sdk_caller, texts, tritonclient_caller, turns
 from bge_triton.loadtest.stats import CpuMeter, fetch_stats, percentile, phase_means_ms
+from bge_triton.loadtest.turns import take_turns
 from bge_triton.paths import REPORTS_DIR, STATE_DIR
 from bge_triton.repository import Batching, install_text_endpoint, load_config
 from bge_triton.server.cpu_variant import CPU_TEXT_INSTANCES, CPU_TEXT_PARAMS, CpuVariant
@@ -250,10 +251,9 @@ def run(s: StackSettings) -> StackResults:
                     "batch": d.get("kit_texts_total", 0.0) / n_batches if n_batches else NAN}
 
         side_b(0.5)  # warm
-        for r in range(s.rounds):  # (b) first in odd rounds
-            b = side_b(s.warm_s) if r % 2 else {}
-            a = raw_throughput(raw, spin, order, best_batches, s.window_s, s.seed + r)
-            b = b or side_b(s.warm_s)
+        sides = take_turns(["raw", "stack"], s.rounds, lambda r, side: side_b(s.warm_s) if side == "stack" else {
+            "raw": raw_throughput(raw, spin, order, best_batches, s.window_s, s.seed + r)})[0]  # ABBA: (b) first in odd
+        for r, (a, b) in enumerate(zip((x["raw"] for x in sides["raw"]), sides["stack"], strict=True)):
             rounds.append({"raw": a, "stack": b["stack"], "ratio": b["stack"] / a, **b})
             print(f"round {r + 1}/{s.rounds}: raw {a:.1f}  stack {b['stack']:.1f}  ratio {b['stack'] / a:.3f}  "
                   f"padding {b['padding']:.3f}  texts/batch {b['batch']:.1f}", flush=True)

@@ -250,9 +250,14 @@ def run(s: StackSettings) -> StackResults:
                     "padding": d.get("kit_padded_tokens_total", 0.0) / real if real else NAN,
                     "batch": d.get("kit_texts_total", 0.0) / n_batches if n_batches else NAN}
 
+        def side(r: int, which: str) -> dict[str, float]:  # (a) or (b), one turn
+            got = side_b(s.warm_s) if which == "stack" else {
+                "raw": raw_throughput(raw, spin, order, best_batches, s.window_s, s.seed + r)}
+            print(f"round {r + 1}/{s.rounds}, {which}: {got[which]:.1f} texts/s", flush=True)
+            return got
+
         side_b(0.5)  # warm
-        sides = take_turns(["raw", "stack"], s.rounds, lambda r, side: side_b(s.warm_s) if side == "stack" else {
-            "raw": raw_throughput(raw, spin, order, best_batches, s.window_s, s.seed + r)})[0]  # ABBA: (b) first in odd
+        sides = take_turns(["raw", "stack"], s.rounds, side)[0]  # ABBA: (b) first in odd rounds
         for r, (a, b) in enumerate(zip((x["raw"] for x in sides["raw"]), sides["stack"], strict=True)):
             rounds.append({"raw": a, "stack": b["stack"], "ratio": b["stack"] / a, **b})
             print(f"round {r + 1}/{s.rounds}: raw {a:.1f}  stack {b['stack']:.1f}  ratio {b['stack'] / a:.3f}  "

@@ -1,8 +1,6 @@
 """Build (and cache) unvalidated graph variants of one model for benchmarks and the fidelity report."""
 from __future__ import annotations
 
-import os
-import platform
 from pathlib import Path
 
 from .onnx_export import export_embedding_model
@@ -51,16 +49,3 @@ class VariantBuilder:
         tmp.rmdir()
         return final
 
-
-def machine_line() -> str:
-    """The machine a benchmark ran on, with the load average (other processes skew CPU timings)."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    load = ", ".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
-    return f"{os.cpu_count()} CPU cores ({cpu}), no GPU; load average at start {load}"

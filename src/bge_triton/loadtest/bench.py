@@ -134,8 +134,7 @@ def write_report(run: BenchRun, out: Path) -> list[Path]:
     """bench.md, bench.csv, bench.png in `out`."""
     s, m, rows, f = run.settings, run.machine, run.rows, report.fmt
     peak_max = max((r["throughput"] for r in rows if r["phase"] == "peak"), default=0.0)
-    lines = [f"Machine: {m['cores']}-core {m['cpu']} CPU, no GPU, Python {m['python']}, {m['server']}; load average "
-             f"at start {m['loadavg_at_start']} (shared machine: compare rows of one run side by side).  ",
+    lines = [*report.header(m),
              f"Windows: warm-up {s.warmup_s:g} s, peak {s.duration_s:g} s (closed loop, C={s.concurrency} emulated / "
              f"{s.real_concurrency} real), low load {s.low_duration_s:g} s (open-loop Poisson at {s.low_fraction:.0%} "
              "of the batch-1 capacity measured in this run; latency from the scheduled send time).  ",

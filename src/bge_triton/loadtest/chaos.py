@@ -9,7 +9,6 @@ import asyncio
 import contextvars
 import dataclasses
 import math
-import os
 import random
 import shutil
 import sys
@@ -350,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="CI-sized: 1500 bad requests, 8 s of overload, 4 breakages")
     p.add_argument("--flood", type=int, default=None, help="bad requests in the RSS flood (default 10000)")
     p.add_argument("--overload-s", type=float, default=None, help="seconds at 3x capacity (default 60)")
-    a, load, t = flags.parse(p, argv), os.getloadavg(), time.monotonic()
+    a, machine, t = flags.parse(p, argv), report.machine_info(), time.monotonic()
     if a.url is not None:
         print(f"error: --url {a.url}: {URL_HELP}", file=sys.stderr)
         return 2
@@ -381,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
     res["seconds"] = time.monotonic() - t
-    path = write_report(res, " ".join([COMMAND, *argv]), a.model, report.machine_line(load))
+    path = write_report(res, " ".join([COMMAND, *argv]), a.model, machine)
     s = summary(res)
     print(f"wrote {path}: {s['requests_sent']} requests, lost {s['requests_lost']}, max recovery "
           f"{report.fmt(s['max_recovery_s'], 2)} s, RSS growth {s['rss_growth_mb_flood']:+.1f} MiB")

@@ -60,7 +60,7 @@ def _csv(res: dict, s: dict, out: Path, command: str) -> None:
     report.write_csv([dict(zip(fields, r, strict=True)) for r in rows], fields, out / "chaos.csv", command)
 
 
-def write_report(res: dict, command: str, model: str, machine: str) -> Path:
+def write_report(res: dict, command: str, model: str, machine: dict | None = None) -> Path:
     out = Path(res["out"])
     s, ov, fl, st = summary(res), res["overload"], res["flood"], res["stub"]
     _csv(res, s, out, command)
@@ -69,7 +69,8 @@ def write_report(res: dict, command: str, model: str, machine: str) -> Path:
     for r in res["catalogue"]:
         by.setdefault(r["case"], {})[r["protocol"]] = r
     lines = [
-        f"Machine: {machine}; {res['seconds']:.0f} s. Model: `{model}` (real MiniLM weights "
+        *report.header(machine),
+        f"{res['seconds']:.0f} s. Model: `{model}` (real MiniLM weights "
         "for bad input and faults; the overload run uses the costmodel executor, an **emulated** encoder with a "
         "deterministic capacity).", "",
         *report.table("figure | value", [

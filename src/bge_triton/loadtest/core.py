@@ -17,6 +17,7 @@ from bge_triton.loadtest import loadgen
 from bge_triton.loadtest.costmodel import DEFAULT as DEFAULT_COST
 from bge_triton.loadtest.costmodel import CostModel
 from bge_triton.loadtest.stats import CpuMeter, fetch_stats, stats_delta, summarize
+from bge_triton.loadtest.turns import take_turns
 from bge_triton.paths import REPORTS_DIR, STATE_DIR
 
 if TYPE_CHECKING:  # the local stand-up needs the server extra; a --url scenario imports this module without it
@@ -152,29 +153,31 @@ class Leg:
 def measure_side_by_side(h: harness.Harness, s: BenchSettings, legs: list[Leg], rate: float, block_s: float = 2.0,
                          probe: Probe | None = None) -> list[dict]:
     """Quiet hours for several paths in ONE window: each leg's open loop at `rate` (alone on the server) in turns
-    of block_s seconds (after a 0.25 s warm-up), ABBA order, until each has had s.low_duration_s; a row per leg.
+    of block_s seconds (after a 0.25 s warm-up), ABBA order (turns.take_turns), until each has had s.low_duration_s;
+    a row per leg, its turns summed.
     A shared machine drifts over minutes (the shipped bench's quiet-hour gap: +0.7 .. +2.3 ms over ten sequential runs):
     taking turns puts the drift on both."""
     rounds = max(1, round(s.low_duration_s / block_s))
-    acc: list[dict[str, Any]] = [{"res": loadgen.LoadResult(), "counts": {m: {} for m in leg.watch}, "wall": 0.0,
-                                  "cpu": [0.0] * 3, "probe": 0.0} for leg in legs]
-    for k in range(rounds):
-        for i in (range(len(legs)) if k % 2 == 0 else reversed(range(len(legs)))):
-            leg, a = legs[i], acc[i]
-            spec = loadgen.LoadSpec(*h.host_port, leg.model, leg.bodies, "open", concurrency=512, rate=rate,
-                                    warmup_s=min(0.25, s.warmup_s), duration_s=block_s, seed=1000 * k + i)
-            res, counts, cpu, wall, probed = _window(h, spec, leg.watch, probe)
-            for m, c in counts.items():
-                a["counts"][m] = {k: a["counts"][m].get(k, 0.0) + v for k, v in c.items()}
-            a["res"].merge(res)
-            a["res"].window_start = a["res"].window_start or res.window_start
-            a["wall"], a["probe"] = a["wall"] + wall, a["probe"] + probed
-            a["cpu"] = [acc_v + v * wall for acc_v, v in zip(a["cpu"], cpu, strict=True)]
-    for a in acc:
-        a["res"].window_s, a["wall"] = rounds * block_s, max(a["wall"], 1e-9)
-    return [{**_row("open", 0, rate, a["res"], a["counts"], tuple(v / a["wall"] for v in a["cpu"])),
-             "probe_cores": a["probe"] / a["wall"], "window_s": rounds * block_s, "turns": rounds, "turn_s": block_s}
-            for a in acc]
+
+    def window(k: int, i: int) -> tuple[loadgen.LoadResult, dict, tuple[float, float, float], float, float]:
+        spec = loadgen.LoadSpec(*h.host_port, legs[i].model, legs[i].bodies, "open", concurrency=512, rate=rate,
+                                warmup_s=min(0.25, s.warmup_s), duration_s=block_s, seed=1000 * k + i)
+        return _window(h, spec, legs[i].watch, probe)
+
+    rows = []
+    for i, windows in take_turns(list(range(len(legs))), rounds, window)[0].items():
+        counts: dict[str, dict[str, float]] = {m: {} for m in legs[i].watch}
+        res, cpu, wall, probed = loadgen.LoadResult(), [0.0] * 3, 0.0, 0.0
+        for r, c, load, w, p in windows:  # the leg's turns, summed
+            for m, delta in c.items():
+                counts[m] = {k: counts[m].get(k, 0.0) + v for k, v in delta.items()}
+            res.merge(r)
+            res.window_start = res.window_start or r.window_start
+            wall, probed, cpu = wall + w, probed + p, [acc + v * w for acc, v in zip(cpu, load, strict=True)]
+        res.window_s, wall = rounds * block_s, max(wall, 1e-9)
+        rows.append({**_row("open", 0, rate, res, counts, tuple(v / wall for v in cpu)), "probe_cores": probed / wall,
+                     "window_s": rounds * block_s, "turns": rounds, "turn_s": block_s})
+    return rows
 
 
 def add_flags(p: argparse.ArgumentParser, *rows: tuple) -> None:

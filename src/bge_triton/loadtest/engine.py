@@ -1,15 +1,15 @@
 """The harness core's load engine against a Target: one set of texts for every path (the text endpoint gets the
 texts, the encoder gets the same texts tokenized and padded to one length: Triton batches equal shapes only), and
-closed, open (steady) or shaped (Locust's tidal curve, shapes.level) load through tritonclient's asyncio clients,
-with Triton's batch statistics and utilisation gauges over the same window (one `Point` per offered load)."""
+closed, open (steady) or shaped (Locust's tidal curve, shapes.level) load from the kit's one load engine
+(loops.drive) through tritonclient's asyncio clients, with Triton's batch statistics and utilisation gauges over the
+same window (one `Point` per offered load)."""
 from __future__ import annotations
 
 import asyncio
-import itertools
 import math
 import random
 import threading
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from bge_triton.errors import InputError
-from bge_triton.loadtest import corpus, loadgen, shapes
+from bge_triton.loadtest import corpus
+from bge_triton.loadtest.loops import Load, drive
 from bge_triton.loadtest.stats import summarize
 from bge_triton.loadtest.target import Target, batch_counts, counts_delta
 
@@ -86,20 +87,6 @@ def _inputs(target: Target, model_inputs: Sequence[str], texts: Texts, text_mode
     return out
 
 
-@dataclass(frozen=True)
-class Load:
-    """One offered load: `users` closed-loop callers, or `rate` arrivals/s (open loop), shaped by `shape`."""
-
-    users: int = 0
-    rate: float = 0.0
-    shape: str = "steady"  # open loop: steady, or a shapes.SHAPES curve over the window peaking at `rate`
-
-    @property
-    def label(self) -> str:
-        return f"C={self.users}" if self.users else (f"{self.rate:g}/s" + ("" if self.shape == "steady" else
-                                                                          f" {self.shape}"))
-
-
 @dataclass
 class Point:
     """What one window measured: the client's view, Triton's batches and its utilisation gauges."""
@@ -158,7 +145,6 @@ async def _drive(target: Target, model: str, inputs: Callable[[int], list[Any]],
     loop = asyncio.get_running_loop()
     begin = loop.time() + warmup_s
     end = begin + duration_s
-    counter = itertools.count()
     side_task = asyncio.ensure_future(asyncio.to_thread(side)) if side else None
     stopped: list[float] = []  # when sending stopped: the window's end
 
@@ -184,33 +170,11 @@ async def _drive(target: Target, model: str, inputs: Callable[[int], list[Any]],
             point.ok += 1
             point.latencies_ms.append((done - sched) * 1e3)
 
-    async def infer(*_: object) -> None:
-        await client.infer(model, inputs(next(counter)))
+    async def infer(i: int) -> None:
+        await client.infer(model, inputs(i))
 
-    try:  # the kit's one pair of load loops (loadgen): closed users back to back, or open-loop arrivals
-        if load.users:
-            sent_at: dict[int, float] = {}
-
-            async def user_call(k: int) -> None:
-                sent_at[k] = loop.time()
-                await infer()
-
-            await loadgen.closed_loop(user_call, load.users, lambda: over(loop.time()),
-                                      lambda k, done, kind, error: count(sent_at[int(k)], done, kind, error),
-                                      now=loop.time)
-        else:
-            length = max(duration_s, 1e-9)
-            level: Callable[[], float] = (lambda: load.rate) if load.shape == "steady" else (
-                lambda: max(0.05, load.rate * shapes.level(load.shape, min(max(loop.time() - begin, 0.0), length)
-                                                           / length)))
-
-            async def arrivals() -> AsyncIterator[float]:  # Poisson (shaped) until the window and the side are over
-                async for t in loadgen.poisson(random.Random(7), level, loop.time, loop.time(), math.inf, False):
-                    if over(t):
-                        return
-                    yield t
-
-            await loadgen.open_loop(infer, arrivals(), loop.time, count)
+    try:  # the kit's one load engine (loops.drive), until the window and the side are over
+        await drive(infer, load, loop.time, begin, end, count, until=over)
         if side_task is not None:
             await side_task
     finally:

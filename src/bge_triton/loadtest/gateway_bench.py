@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
-import os
 import shlex
 import sys
 import tempfile
@@ -25,6 +23,7 @@ from bge_triton import flags
 from bge_triton.loadtest import harness, loadgen, report
 from bge_triton.loadtest.stand import OpenAI, gateway, saturate, texts, turns
 from bge_triton.loadtest.stats import percentile, process_tree, summarize
+from bge_triton.loadtest.turns import take_turns_async
 
 ENCODERS: dict[str, dict[str, Any]] = {  # --encoder -> the CpuVariant keywords the local server renders
     "costmodel": {"executor": "costmodel", "cost_a_us": 0.0, "cost_b_us": 0.0},
@@ -72,15 +71,11 @@ async def sdk_scenario(a: argparse.Namespace, grpc_url: str, url: str, pid: int)
         lat, cpu = await turns({SDK: calls[SDK], GATEWAY: calls[GATEWAY]}, texts(a.serial, 64), a.block, cpu_s)
         rows = [_row("one in flight", n, v, 1e3 * len(v) / sum(v), cpu[n] / len(v) * 1e3 if n == GATEWAY else None)
                 for n, v in lat.items()]
-        runs: dict[str, list[tuple[float, list[float], float, int]]] = {name: [] for name in calls}
-        for k in range(a.rounds):
-            for name in list(calls)[::-1] if k % 2 else calls:
-                c0 = cpu_s()
-                rps, values, errors = await saturate(calls[name], texts(a.saturated, 64), a.concurrency)
-                runs[name].append((rps, values, (cpu_s() - c0) / a.saturated * 1e3, errors))
+        runs, cpu = await take_turns_async(list(calls), a.rounds, lambda _k, name: saturate(
+            calls[name], texts(a.saturated, 64), a.concurrency), cpu_s)  # ABBA rounds; CPU over each path's own
     return rows + [_row(f"saturation ({a.concurrency} callers)", name, [v for r in rs for v in r[1]],
                         sum(r[0] for r in rs) / len(rs),
-                        sum(r[2] for r in rs) / len(rs) if name == GATEWAY else None, sum(r[3] for r in rs))
+                        cpu[name] / (len(rs) * a.saturated) * 1e3 if name == GATEWAY else None, sum(r[2] for r in rs))
                    for name, rs in runs.items()]
 
 
@@ -220,14 +215,14 @@ def _cell(v: Any) -> str:
     return "-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
 
 
-def write_report(a: argparse.Namespace, rows: list[dict[str, Any]], command: str, load: float) -> Path:
+def write_report(a: argparse.Namespace, rows: list[dict[str, Any]], command: str,
+                 machine: dict[str, Any] | None) -> Path:
     """<out>/<name>.md + .csv: the rows as one table (their fields), then what the scenario's targets say."""
     title, fields, what = SCENARIOS[a.scenario]
     stem = a.name or {"sdk": f"gateway_bench_{a.encoder}", "priority": "gateway_priority", "stall": "stall"}[a.scenario]
     report.write_csv(rows, fields, a.out / f"{stem}.csv", command)
-    lines = [f"- what ran: {a.label or 'this checkout'}; gateway flags: {' '.join(a.gateway_arg) or '(defaults)'}",
-             f"- machine: {report.machine_line()}; load average at start {load:.1f} (shared with other jobs: noisy)",
-             f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
+    lines = [*report.header(machine),
+             f"- what ran: {a.label or 'this checkout'}; gateway flags: {' '.join(a.gateway_arg) or '(defaults)'}",
              f"- server: local tritonserver 2.51 (CPU), text endpoint `{a.model}` as shipped, encoder `{a.encoder}`",
              f"- load: {what}", "",
              *report.table(" | ".join(fields), ([_cell(r.get(k)) for k in fields] for r in rows)), ""]
@@ -270,7 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     a = flags.parse(build_parser(), args)
     a.encoder = a.encoder or ("gpu-costmodel" if a.scenario == "priority" else "costmodel")
-    command, load = shlex.join(["bge-triton", "bench", "gateway", *args]), os.getloadavg()[0]
+    command, machine = shlex.join(["bge-triton", "bench", "gateway", *args]), report.machine_info()
     with tempfile.TemporaryDirectory(prefix="gateway-bench-") as tmp, harness.start_server(
             a.repository.resolve(), Path(tmp) / "server", CpuVariant(**ENCODERS[a.encoder]), port_range=None) as srv:
         rows: list[dict[str, Any]] = []
@@ -280,5 +275,5 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"[bench gateway {a.scenario}] {label} ...", flush=True)
                 run = {"sdk": sdk_scenario, "priority": priority_scenario, "stall": stall_scenario}[a.scenario]
                 rows += [{"gateway": label, **r} if label else r for r in asyncio.run(run(a, srv.grpc_url, url, pid))]
-    print(write_report(a, rows, command, load).read_text(encoding="utf-8"))
+    print(write_report(a, rows, command, machine).read_text(encoding="utf-8"))
     return 0

@@ -1,22 +1,25 @@
-"""The kit's one load driver: raw keep-alive HTTP with the SDK's own request bytes, and the loops over any async caller.
-Closed loop: C users back to back; open loop: Poisson arrivals, latency counted from the SCHEDULED send time (no
-coordinated omission). `processes` > 1 splits the load over spawned processes sharing one wall-clock window."""
+"""The raw keep-alive HTTP caller of the load engine (loadtest.loops.drive) with the SDK's own request bytes: `run`
+offers a LoadSpec's load over raw sockets, `processes` > 1 splitting it over spawned processes that share one
+wall-clock window; it stays beside the tritonclient caller (loadtest.engine) because it is the one transport that
+saturates a server from these cores. The engine's loops are re-exported here (loadgen.open_loop, ...)."""
 from __future__ import annotations
 
 import asyncio
-import itertools
-import math
 import multiprocessing as mp
-import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from bge_triton.client.core import InferCall, tensor_call, text_call
 from bge_triton.client.wire import http_request
-from bge_triton.errors import InputError, kind_of
+from bge_triton.errors import InputError
+from bge_triton.loadtest.loops import Load as Load
+from bge_triton.loadtest.loops import Record as Record
+from bge_triton.loadtest.loops import closed_loop as closed_loop
+from bge_triton.loadtest.loops import drive
+from bge_triton.loadtest.loops import open_loop as open_loop
+from bge_triton.loadtest.loops import poisson as poisson
 
 
 def request_body(call: InferCall) -> bytes:
@@ -46,7 +49,8 @@ class LoadSpec:
     bodies: tuple[bytes, ...]
     mode: str = "closed"  # or "open"
     concurrency: int = 32  # closed: users; open: max connections
-    rate: float = 100.0  # open: arrivals per second
+    rate: float = 100.0  # open: arrivals per second (at the peak of `shape`)
+    shape: str = "steady"  # open: steady, or a shapes.SHAPES curve over the window
     warmup_s: float = 1.0
     duration_s: float = 5.0
     grace_s: float = 5.0  # wait this long after the window for late answers (closed: then the users are stopped)
@@ -133,68 +137,14 @@ def ensure_open_files(connections: int, margin: int = 256) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
 
 
-async def poisson(rng: random.Random, rate: Callable[[], float], now: Callable[[], float], start: float,
-                  until: float = math.inf, yield_when_late: bool = True) -> AsyncIterator[float]:
-    """THE open-loop Poisson schedule: send times in [start, until) on the `now` clock at `rate()` per second, each
-    yielded when it comes (behind schedule: at once, after one loop turn unless yield_when_late is False)."""
-    t = start
-    while (t := t + rng.expovariate(rate())) < until:
-        if (delay := t - now()) > 0 or yield_when_late:
-            await asyncio.sleep(max(0.0, delay))
-        yield t
-
-
-Record = Callable[[float, float, str, "BaseException | None"], None]  # (send time or user, done, kind, error)
-
-
-async def open_loop(call: Callable[[float], Awaitable[object]], times: AsyncIterator[float],
-                    now: Callable[[], float], record: Record, deadline_s: float = math.inf) -> int:
-    """Start call(t) at each send time t of `times` (poisson); record(t, now(), kind, error) when it ends: "ok",
-    errors.kind_of(exc), or "lost" (no answer within deadline_s). Returns the count sent, once all have ended."""
-    async def one(t: float) -> None:
-        task = asyncio.ensure_future(call(t))
-        done, _ = await asyncio.wait({task}, timeout=deadline_s if math.isfinite(deadline_s) else None)
-        if not done:  # lost (a TimeoutError the call raises is its own kind)
-            task.cancel()
-        error = task.exception() if done else None
-        record(t, now(), "lost" if not done else kind_of(error), error)
-
-    pending: set[asyncio.Future[None]] = set()  # only the unfinished: a soak sends 400k, its RSS is the SDK's
-    sent = 0
-    async for t in times:
-        pending.add(task := asyncio.ensure_future(one(t)))
-        task.add_done_callback(pending.discard)
-        sent += 1
-    await asyncio.gather(*pending)
-    return sent
-
-
-async def closed_loop(call: Callable[[int], Awaitable[object]], users: int, until: Callable[[], bool],
-                      record: Record | None = None, pause_s: float = 0.0,
-                      now: Callable[[], float] = time.monotonic) -> int:
-    """`users` users, user k awaiting call(k) back to back until until(), pause_s after an error; record(k, now(),
-    kind, error) per request when given. Returns the successes."""
-    ok = 0
-
-    async def user(k: int) -> None:
-        nonlocal ok
-        while not until():
-            try:
-                await call(k)
-                ok += 1
-                kind, error = "ok", None
-            except Exception as exc:
-                kind, error = kind_of(exc), exc
-            if record is not None:
-                record(k, now(), kind, error)
-            if error is not None:
-                await asyncio.sleep(pause_s)
-
-    await asyncio.gather(*(user(k) for k in range(users)))
-    return ok
+class _Failed(Exception):
+    """A raw HTTP request that came back without a 200 (its text: the status and the body's start)."""
 
 
 async def _run_async(spec: LoadSpec) -> LoadResult:
+    """The engine (`drive`) over raw keep-alive HTTP: one connection per user (closed) or up to spec.concurrency
+    (open). Closed: the requests completed in the window count; open: those scheduled in it (their answers in it
+    give the throughput); a request unanswered spec.grace_s after the window is late."""
     ensure_open_files(spec.concurrency)
     begin = spec.t0 + spec.warmup_s
     end = begin + spec.duration_s
@@ -208,61 +158,48 @@ async def _run_async(spec: LoadSpec) -> LoadResult:
     idle: list[_Conn] = []  # keep-alive connections not in use (closed loop: one per user)
     sem = asyncio.Semaphore(spec.concurrency)
 
-    async def send(sched: float, i: int) -> None:
+    async def send(i: int) -> None:
         async with sem:
             conn = idle.pop() if idle else _Conn(spec)
             try:
                 err = await conn.infer(spec.bodies[i % len(spec.bodies)])
             finally:
                 idle.append(conn)
-        done = clock()
-        in_window = begin <= (sched if spec.mode == "open" else done) <= end
         if err:
+            raise _Failed(err)
+
+    def record(sent: float, done: float, kind: str, error: BaseException | None) -> None:
+        if kind == "lost":
+            res.late += 1
+            return
+        in_window = begin <= (sent if spec.mode == "open" else done) <= end
+        if error is not None:
             res.errors += in_window
-            res.first_error = res.first_error or err
+            res.first_error = res.first_error or str(error)
             return
         res.ok += begin <= done <= end
         if in_window:
-            res.latencies_ms.append((done - sched) * 1000.0)
+            res.latencies_ms.append((done - sent) * 1000.0)
 
-    async def settle(tasks: set[asyncio.Task]) -> int:  # the grace after the window; then the unanswered are late
-        _, late = await asyncio.wait(tasks, timeout=max(0.0, end + spec.grace_s - clock())) if tasks else ((), ())
-        for task in late:
-            task.cancel()
-        await asyncio.gather(*late, return_exceptions=True)
-        res.late = len(late)
-        return res.late
+    async def lag_probe() -> None:  # a busy loop leaves answers unread: they are out of the server, not in it
+        lags = []
+        while (now := clock()) < end:
+            await asyncio.sleep(0.01)
+            if now >= begin:
+                lags.append(max(0.0, clock() - now - 0.01) * 1000.0)
+        res.loop_lag_ms = sum(lags) / len(lags) if lags else 0.0
+        res.loop_lag_max_ms = max(lags, default=0.0)
 
-    if spec.mode == "closed":
-        async def user(k: int) -> None:
-            if (start := spec.t0 + spec.ramp_s * k / spec.concurrency - clock()) > 0:
-                await asyncio.sleep(start)  # a ramp: Triton 2.51's HTTP front end stalled on 1100 connects at once
-            for i in itertools.count(k, spec.concurrency):
-                if (now := clock()) >= end:
-                    return
-                await send(now, i)
-
-        async def lag_probe() -> None:  # a busy loop leaves answers unread: they are out of the server, not in it
-            lags = []
-            while (now := clock()) < end:
-                await asyncio.sleep(0.01)
-                if now >= begin:
-                    lags.append(max(0.0, clock() - now - 0.01) * 1000.0)
-            res.loop_lag_ms = sum(lags) / len(lags) if lags else 0.0
-            res.loop_lag_max_ms = max(lags, default=0.0)
-
-        probe = asyncio.create_task(lag_probe())
-        if stuck := await settle({asyncio.create_task(user(k)) for k in range(spec.concurrency)}):
-            res.first_error = res.first_error or (f"{stuck} requests unanswered {spec.grace_s:g} s after the "
-                                                  "window (the server stopped answering)")
+    closed = spec.mode == "closed"
+    probe = asyncio.create_task(lag_probe()) if closed else None
+    load = Load(users=spec.concurrency) if closed else Load(rate=spec.rate, shape=spec.shape)
+    await drive(send, load, clock, begin, end, record, seed=spec.seed, start=spec.t0, ramp_s=spec.ramp_s,
+                grace_s=spec.grace_s)
+    if probe is not None:
         await probe
-    else:
-        pending: set[asyncio.Task] = set()
-        n = itertools.count()
-        async for sched in poisson(random.Random(spec.seed), lambda: spec.rate, clock, clock(), end, False):
-            pending.add(task := asyncio.create_task(send(sched, next(n))))
-            task.add_done_callback(pending.discard)
-        await settle(set(pending))
+    if closed and res.late:
+        res.first_error = res.first_error or (f"{res.late} requests unanswered {spec.grace_s:g} s after the window "
+                                              "(the server stopped answering)")
     for conn in idle:
         conn.close()
     return res

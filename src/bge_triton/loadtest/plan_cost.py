@@ -10,7 +10,6 @@ encoder's busy share.
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 import statistics
 import threading
@@ -23,7 +22,7 @@ import numpy as np
 from bge_triton import flags
 from bge_triton.loadtest import corpus
 from bge_triton.loadtest.core import add_flags
-from bge_triton.loadtest.report import machine_line, table, write_csv, write_md
+from bge_triton.loadtest.report import header, machine_info, table, write_csv, write_md
 from bge_triton.loadtest.stats import percentile
 from bge_triton.loadtest.targets import endpoint
 from bge_triton.paths import REPORTS_DIR
@@ -120,7 +119,7 @@ def measure_drain(backlog: int, lengths: list[int], settings, core, sched, per_r
 
 
 def run(backlogs: list[int], out: Path, dispatches: int, seed: int, drains: list[int]) -> list[Path]:
-    load = os.getloadavg()
+    machine = machine_info()
     settings, _, sched, core = endpoint()
     lengths = [min(len(t) + 2, settings.max_length) for t in corpus.sample("reviews", 4096, seed=seed)]  # +CLS/SEP
     rows, drained = [], []
@@ -133,7 +132,7 @@ def run(backlogs: list[int], out: Path, dispatches: int, seed: int, drains: list
               f"{d['encoder_busy']:.0%}", flush=True)
     command = (f"{COMMAND} --backlogs {','.join(map(str, backlogs))} --dispatches {dispatches} --drains "
                f"{','.join(map(str, drains))}")
-    lines = [f"Machine: {machine_line(load)}. Settings: the committed config (token_budget "
+    lines = [*header(machine, server=None), f"Settings: the committed config (token_budget "
              f"{settings.token_budget}, sub_batch_max {settings.sub_batch_max}, split_overhead_tokens "
              f"{settings.split_overhead_tokens}, pad_to_multiple {settings.pad_to_multiple}). What runs: "
              "`bge-triton bench plan-cost --help`. The whole-level DP this policy replaced: `git show "

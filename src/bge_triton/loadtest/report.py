@@ -3,6 +3,7 @@ Stdlib only at import (the bare GPU host imports it); matplotlib is imported by 
 from __future__ import annotations
 
 import csv
+import datetime
 import math
 import os
 import platform
@@ -15,14 +16,19 @@ from typing import Any
 SERVER = "tritonserver 2.51 (nvidia-pytriton 0.7.0 wheel)"
 
 
+def load_average() -> tuple[float, float, float]:
+    """The 1 / 5 / 15 min load average now (NaN where the platform has none)."""
+    return os.getloadavg() if hasattr(os, "getloadavg") else (math.nan,) * 3
+
+
 def machine_info(device: str = "cpu") -> dict[str, Any]:
-    """THE machine description: CPU, cores, Python, load average, the server; on `cuda` the GPU, CUDA, driver."""
-    load = os.getloadavg() if hasattr(os, "getloadavg") else (math.nan,) * 3
+    """THE machine description, taken when a run starts: CPU, cores, Python, the load average (`load`), the server;
+    on `cuda` the GPU, CUDA, torch, driver."""
     cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
     cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")),
                platform.processor() or platform.machine())
     info: dict[str, Any] = {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
-                            "loadavg_at_start": f"{load[0]:.1f}", "server": f"{SERVER}, python backend",
+                            "load": load_average(), "server": f"{SERVER}, python backend",
                             "platform": platform.platform()}
     if device.startswith("cuda"):
         import torch
@@ -36,14 +42,37 @@ def machine_info(device: str = "cpu") -> dict[str, Any]:
     return info
 
 
-def machine_line(load: Sequence[float] | None = None) -> str:
-    """machine_info() as the one-line header of a report (with the load average when given)."""
-    m = machine_info()
-    line = (f"{m['cores']} CPU cores ({m['cpu']}, shared with other jobs), {platform.system()} {platform.release()}, "
-            f"Python {m['python']}, no GPU; {SERVER}")
-    if load is not None:
-        line += f"; load average at start {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} (1 / 5 / 15 min)"
-    return line
+MACHINE_KEYS = ("cpu", "cores", "python", "load", "server", "platform", "gpu", "cuda", "torch", "driver, memory")
+
+
+def _load_text(load: Sequence[float]) -> str:
+    return " / ".join(f"{x:.2f}" for x in load)
+
+
+def header(machine: Mapping[str, Any] | None = None, *, load_start: Sequence[float] | None = None,
+           server: str | None = "", label: str = "Machine", extra: Mapping[str, Any] | None = None,
+           command: str | None = None) -> list[str]:
+    """THE report header, the same lines in every benchmark report: the command (when given: `write_md` writes it
+    itself), the machine (`machine_info()` taken at the start; CPU, cores, OS, Python, GPU or none, the server: its
+    `SERVER` by default, None leaves it out), the load average at the start (`load_start`, else the machine's) and
+    now, the date; then one `key: value` line per `extra`. Markdown lines (two trailing spaces), a blank line last."""
+    m = machine_info() if machine is None else machine
+    gpu = (f"GPU {m['gpu']}" + "".join(f", {k} {m[k]}" for k in ("cuda", "torch", "driver, memory") if m.get(k))
+           if m.get("gpu") else "no GPU")
+    srv = m.get("server", f"{SERVER}, python backend") if server == "" else server
+    start = load_start if load_start is not None else m.get("load", (math.nan,) * 3)
+    when = datetime.datetime.now(datetime.timezone.utc)
+    return [*([f"Command: `{command}`  "] if command else []),
+            f"{label}: {m.get('cores', '?')} CPU cores ({m.get('cpu', '?')}), {m.get('platform', platform.platform())},"
+            f" Python {m.get('python', platform.python_version())}, {gpu}" + (f"; server {srv}" if srv else "") + ".  ",
+            f"Load average at start {_load_text(start)}, at the end {_load_text(load_average())} (1 / 5 / 15 min; "
+            "other jobs on this machine move absolute times: compare rows of one run).  ",
+            f"Date: {when:%Y-%m-%d %H:%M} UTC.  ", *(f"{k}: {v}  " for k, v in (extra or {}).items()), ""]
+
+
+def header_text(machine: Mapping[str, Any] | None = None, **kw: Any) -> str:
+    """`header` as one line (a CSV's comment, a console line)."""
+    return " ".join(line.strip() for line in header(machine, **kw) if line.strip())
 
 
 def fmt(value: float | None, digits: int = 1) -> str:

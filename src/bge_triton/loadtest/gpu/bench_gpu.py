@@ -395,7 +395,8 @@ def write_report(s: argparse.Namespace, rows: list[dict], machine: dict, command
              f"intermediate {dims.intermediate}, vocab {dims.vocab}; random weights: speed only) in torch on "
              f"{report.SERVER}, python backend; one text per request. Peak: closed loop; low load: Poisson open loop, "
              "latency from the scheduled send; batch = delta inference_count / execution_count of the encoder.", "",
-             "## Machine and settings", "", *(f"- {k}: {v}" for k, v in {**machine, **settings}.items()), "",
+             "## Machine and settings", "", *report.header(machine), *(f"- {k}: {v}" for k, v in {
+                 **{k: v for k, v in machine.items() if k not in report.MACHINE_KEYS}, **settings}.items()), "",
              "## Results", "",
              *report.table(TABLE, ([f"{r['scenario']}: {r['title']}", r["peak_qps"], ms3(r, "peak"),
                                     f"{r['peak_avg_batch']:.2f}", f"{r['peak_queue_ms']:.2f}",

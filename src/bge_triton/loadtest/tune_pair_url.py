@@ -84,6 +84,8 @@ def parse_args(argv: Sequence[str]) -> Any:
     p.add_argument("--sub-batch-max", default=None, help="sub_batch_max candidates (texts per sub-batch, at most the "
                    "encoder's max_batch_size; default: as served)")
     p.add_argument("--instances", default=None, help="the text endpoint's instance counts (default: as served)")
+    p.add_argument("--no-served", action="store_true", help="leave the served pair out of the candidates (by "
+                   "default it is measured first, as the baseline a change must beat)")
     a = tune_url.check_sweep_args(p, flags.parse(p, argv), argv, "bge-triton tune pair")
     a.axes = parse_axes({key: getattr(a, flag[2:].replace("-", "_")) for key, flag in TEXT_AXES.items()})
     return a
@@ -149,9 +151,11 @@ def bypass_note(served: dict[str, mc.ModelConfig]) -> str:
 
 
 def candidates(served: dict[str, mc.ModelConfig], delays_us: Sequence[int],
-               preferred: Sequence[tuple[int, ...]], axes: dict[str, tuple[int, ...]]) -> list[Pair]:
-    """The served pair, then the grid (text settings outer, the encoder's batching inner; the latter only when the
-    text endpoint reaches the encoder through BLS); a point whose configs equal an earlier one's is measured once."""
+               preferred: Sequence[tuple[int, ...]], axes: dict[str, tuple[int, ...]],
+               with_served: bool = True) -> list[Pair]:
+    """The served pair (if `with_served`), then the grid (text settings outer, the encoder's batching inner; the
+    latter only when the text endpoint reaches the encoder through BLS); a point whose configs equal an earlier
+    one's is measured once."""
     base = served_values(*served.values())
     if bypass_note(served):
         delays_us, preferred = (base["delay_us"],), (base["preferred"],)
@@ -160,8 +164,8 @@ def candidates(served: dict[str, mc.ModelConfig], delays_us: Sequence[int],
         return (f"delay {values['delay_us']} us, preferred {list(values['preferred']) or 'none'}"
                 + "".join(f"; {k} {values[k]}" for k in axes))
 
-    pairs = [Pair(base, dict(served), "as served: " + name(base))]
-    seen = {tuple(map(dump_config, served.values()))}
+    pairs = [Pair(base, dict(served), "as served: " + name(base))] if with_served else []
+    seen = {tuple(map(dump_config, served.values()))} if with_served else set()
     texts = itertools.product(*(axes.get(k, (base[k],)) for k in TEXT_AXES))
     for text, pref, delay in itertools.product(texts, preferred, delays_us):
         values = {"delay_us": delay, "preferred": pref, **dict(zip(TEXT_AXES, text, strict=True))}
@@ -228,12 +232,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  "server loads from (compose: ./model_repository)")
         with target.holding([target.encoder, target.model], keep=lambda: bool(applied),
                             rescue=a.out / "served") as served:
-            pairs = candidates(served, a.delays_us, a.preferred, a.axes)
+            pairs = candidates(served, a.delays_us, a.preferred, a.axes, not a.no_served)
             notes = [f"Note: {note}."] if (note := bypass_note(served)) else []
             if notes:
                 print(*notes, flush=True)
-            print(f"{len(pairs)} candidates (the served pair first) on {target.url}: texts to {target.model}, "
-                  f"encoder {target.encoder}", flush=True)
+            first = "" if a.no_served else " (the served pair first)"
+            print(f"{len(pairs)} candidates{first} on {target.url}: texts to {target.model}, encoder "
+                  f"{target.encoder}", flush=True)
             now = dict(served)
             rows = sweep(target, a, texts, pairs, now)
             summary = tune_url.summarise(rows, a.slo_p99_ms, a.max_error_rate, fields=LAYOUT.fields,

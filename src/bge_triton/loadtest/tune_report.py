@@ -70,6 +70,8 @@ def plot_candidates(rows: Sequence[dict], summary: Sequence[dict], slo_ms: float
     a1.axhline(slo_ms, color="r", ls=":", label="SLO")
     a1.set_xticks(range(len(names)), [_wrap(n) for n in names], rotation=60, fontsize=6)
     a1.set(yscale="log", ylabel="p99 (ms)", title="p99 per candidate, a line per offered load")
+    a1.grid(True, which="both", alpha=0.3)
+    a1.legend(fontsize=6)
     _objective_bars(a2, summary, slo_ms)
     return report.save_figure(fig, path, command, note)
 

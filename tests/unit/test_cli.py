@@ -215,13 +215,14 @@ def test_converted_bench_flags_read_the_environment(monkeypatch: pytest.MonkeyPa
 
 def test_rerank_takes_url_and_the_own_server_scenarios_refuse_it(monkeypatch: pytest.MonkeyPatch,
                                                                   capsys: pytest.CaptureFixture) -> None:
-    from bge_triton.loadtest import commands, rerank_bench
+    from bge_triton.loadtest import commands, rerank_bench, tune_pair_url
 
     seen: list[list[str]] = []
     monkeypatch.setattr(rerank_bench, "main", lambda argv: seen.append(list(argv)) or 0)
+    monkeypatch.setattr(tune_pair_url, "main", lambda argv: seen.append(["pair", *argv]) or 0)
     assert commands.bench_main(["rerank", "--url", "127.0.0.1:8001"]) == 0 and seen == [["--url", "127.0.0.1:8001"]]
-    for argv in (["bench", "soak", "--url", "h:1"], ["bench", "shipped", "--url=h:1"],
-                 ["tune", "pair", "--url", "h:1"]):
+    assert cli.main(["tune", "pair", "--url", "h:1"]) == 0 and seen[-1] == ["pair", "--url", "h:1"]
+    for argv in (["bench", "soak", "--url", "h:1"], ["bench", "shipped", "--url=h:1"]):
         assert cli.main(argv) == 2
         assert "cannot run against --url" in capsys.readouterr().err
     assert commands.chaos_main(["--url", "h:1"]) == 2

@@ -27,12 +27,14 @@ BENCH: dict[str, tuple[str, str, str]] = {
 }
 TUNE: dict[str, tuple[str, str, str]] = {
     "delay": ("tune", "main", "the encoder's queue delay and preferred sizes (default; --url: a running Triton)"),
-    "pair": ("shipped", "pair_main", "the encoder's batching and the text endpoint together"),
+    "pair": ("shipped", "pair_main",
+             "the encoder's batching and the text endpoint's settings together (--url: a running Triton)"),
 }
 
 
 # with --url (or BGE_TRITON_URL): the scenario that measures that running server instead of a local one
-ON_URL: dict[tuple[str, str], str] = {("bench", "seed"): "seed", ("tune", "delay"): "tune_url"}
+ON_URL: dict[tuple[str, str], str] = {("bench", "seed"): "seed", ("tune", "delay"): "tune_url",
+                                      ("tune", "pair"): "tune_pair_url"}
 # the scenarios whose own main takes --url (the running server, or else the servers it starts)
 TAKES_URL = {("bench", "rerank")}
 
@@ -44,14 +46,14 @@ def url_given(argv: Sequence[str], environ: Mapping[str, str]) -> bool:
 
 # why the scenarios without a --url variant start their own server
 OWN_SERVER = {"soak": "kills the server with kill -9 and restarts it", "shipped": "runs the emulated GPU's configs",
-              "pair": "runs the emulated GPU's configs", "chaos": "kills, stalls and restarts its servers"}
+              "chaos": "kills, stalls and restarts its servers"}
 
 
 def refuse(scenario: str, why: str) -> int:
     """A scenario given --url that cannot use it: say why and what to do (exit 2)."""
     print(f"bge-triton {scenario}: it {why}, so it starts a Triton of its own and cannot run against --url; "
-          "leave --url out. On a Triton you run: `bge-triton bench seed --url ...` and `bge-triton tune --url ...` "
-          "(docs/tuning.md)", file=sys.stderr)
+          "leave --url out. On a Triton you run: `bge-triton bench seed --url ...`, `bge-triton tune --url ...` "
+          "and `bge-triton tune pair --url ...` (docs/tuning.md)", file=sys.stderr)
     return 2
 
 

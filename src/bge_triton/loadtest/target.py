@@ -12,7 +12,7 @@ import re
 import signal
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -207,6 +207,25 @@ class Target:
             if make is not None and not keep():
                 restore(self, name, served)
 
+    @contextlib.contextmanager
+    def holding(self, names: Sequence[str], keep: Callable[[], bool] = lambda: False,
+                rescue: Path | None = None) -> Iterator[dict[str, mc.ModelConfig]]:
+        """Read the served configs of `names` (the encoder before the text endpoint that calls it) and yield them;
+        the scenario loads what it likes (load() records each name); on leaving, on success, failure, Ctrl-C and
+        SIGTERM (stop_like_ctrl_c), every model loaded meanwhile gets its served config back, in the reverse order:
+        the text endpoint first, then its encoder, so the endpoint runs on settings measured with the encoder
+        loaded at each step. keep() true: the loaded configs stay. A failed restore writes NAME.pbtxt under
+        `rescue` and raises a KitError that says how to load it back."""
+        served = {name: self.config(name) for name in names}
+        before = set(self.loaded)
+        self.loaded -= set(names)
+        try:
+            yield served
+        finally:
+            if not keep():
+                restore_all(self, {n: served[n] for n in names if n in self.loaded}, rescue)
+            self.loaded |= before
+
     def stats(self, name: str) -> dict[str, Any]:
         """Triton's inference statistics of `name` as JSON (its batch_stats included)."""
         got = self.client.get_inference_statistics(name, as_json=True) if self.url.protocol == "grpc" \
@@ -244,6 +263,35 @@ def restore(target: Target, name: str, served: mc.ModelConfig) -> None:
     finally:
         with contextlib.suppress(ValueError, TypeError):
             signal.signal(signal.SIGINT, previous)
+
+
+def restore_all(target: Target, served: Mapping[str, mc.ModelConfig], rescue: Path | None = None) -> None:
+    """Load each served config back, in the REVERSE order of `served` (the text endpoint before its encoder);
+    Ctrl-C and SIGTERM cannot cut it short. Every model is tried; the ones that fail are written under `rescue`
+    and named in one KitError."""
+    held = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    with contextlib.suppress(ValueError):  # signal handlers can be set from the main thread only
+        for sig in held:
+            signal.signal(sig, signal.SIG_IGN)
+    failed: list[str] = []
+    try:
+        for name in reversed(list(served)):
+            try:
+                target.load(name, served[name])
+                print(f"restored the served config of {name}", flush=True)
+            except KitError as exc:
+                failed.append(f"{name} ({exc})")
+                if rescue is not None:
+                    rescue.mkdir(parents=True, exist_ok=True)
+                    (rescue / f"{name}.pbtxt").write_text(dump_config(served[name]), encoding="utf-8")
+    finally:
+        with contextlib.suppress(ValueError, TypeError):
+            for sig, handler in held.items():
+                signal.signal(sig, handler)
+    if failed:
+        where = f"the config in {rescue}/NAME.pbtxt" if rescue is not None else "its served config"
+        raise KitError(f"could not load the served config back: {'; '.join(failed)}. Load each yourself: "
+                       f"tritonclient's load_model(NAME, config=...) with {where}, or restart the server")
 
 
 def batch_counts(stats: Mapping[str, Any]) -> dict[int, int]:

@@ -18,8 +18,8 @@ import tritonclient.grpc as grpcclient
 from test_tune_url import KEY, Traffic, command, env, rows, target_flags
 
 from bge_triton.loadtest.target import Target
+from bge_triton.repository import load_config
 from bge_triton.server.cpu_variant import CPU_TEXT_PARAMS, CpuVariant
-from bge_triton.server.repository import load_config
 
 MODEL, ENCODER = "minilm", "minilm_onnx"
 SMALL = ["--model", MODEL, "--seq-len", "16", "--quick", "--slo-p99-ms", "60000"]

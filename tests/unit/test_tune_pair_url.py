@@ -22,7 +22,7 @@ from bge_triton.loadtest import tune_pair_url as pair
 from bge_triton.loadtest.engine import Texts
 from bge_triton.loadtest.target import Target, config_diff
 from bge_triton.loadtest.tune_url import summarise
-from bge_triton.server.repository import DEFAULT_CANONICAL, load_config, parse_config, set_param
+from bge_triton.repository import DEFAULT_CANONICAL, load_config, parse_config, set_param
 
 ENC, TXT = "bge_large_zh_onnx", "bge_large_zh"
 

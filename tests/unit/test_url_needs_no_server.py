@@ -33,6 +33,7 @@ def closed_port() -> int:
 @pytest.mark.parametrize("argv", [
     ["bench", "seed", "--quick"],
     ["tune", "--slo-p99-ms", "100"],
+    ["tune", "pair", "--slo-p99-ms", "100"],
     ["bench", "rerank"],
 ])
 def test_url_commands_run_without_the_server_extra(argv: list[str]) -> None:

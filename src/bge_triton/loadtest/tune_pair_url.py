@@ -35,7 +35,7 @@ from bge_triton.loadtest.target import (
     target_from,
     tokenizer_path,
 )
-from bge_triton.server.repository import (
+from bge_triton.repository import (
     Batching,
     dump_config,
     set_param,

@@ -71,4 +71,4 @@ def test_probe_reports_the_generator_ceiling_and_no_unanswered_request(tmp_path:
     out = bench(["probe", "--concurrency", "4", "--duration", "2", "--state-dir", str(tmp_path)])
     line = next(ln for ln in out.splitlines() if ln.startswith("load-generator self-check:"))
     assert "at C=4, 0 unanswered" in line and float(line.split()[2]) > 0
-    assert "errors (" not in out  # probe_main prints a line per C whose run had errors
+    assert "errors (" not in out  # bench probe prints a line per C whose run had errors

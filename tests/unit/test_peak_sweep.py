@@ -12,7 +12,7 @@ import time
 import pytest
 
 from bge_triton.errors import InputError
-from bge_triton.loadtest import bench, core, loadgen, report, sweep, targets
+from bge_triton.loadtest import bench, core, loadgen, probe, report, sweep, targets
 from bge_triton.loadtest.shipped import Candidate, ShippedRun, parse_args
 
 
@@ -261,8 +261,8 @@ def test_closed_loop_counts_unanswered_requests_instead_of_hanging(fake_triton):
 
 def test_probe_command_parses_its_flags(capsys: pytest.CaptureFixture):
     with pytest.raises(SystemExit) as exit_info:
-        sweep.probe_main(["--help"])
+        probe.main(["--help"])
     assert exit_info.value.code == 0 and "--ramp-s" in capsys.readouterr().out
     with pytest.raises(SystemExit):
-        sweep.probe_main(["--concurrency", "0"])
+        probe.main(["--concurrency", "0"])
     assert "must be >= 1" in capsys.readouterr().err

@@ -19,7 +19,7 @@ BENCH: dict[str, tuple[str, str, str]] = {
                 "the OpenAI gateway: against the SDK (sdk), queries under a bulk flood (priority), stalls (stall)"),
     "soak": ("soak", "main", "a long run at 70% of capacity with a kill -9, a dead stub, a spike"),
     "plan-cost": ("plan_cost", "main", "the text scheduler's planning cost per dispatch"),
-    "probe": ("sweep", "probe_main", "how many closed-loop users this machine's server answers"),
+    "probe": ("probe", "main", "how many closed-loop users this machine's server answers"),
     "rerank": ("rerank_bench", "main",
                "the reranker at RAG sizes (20/50/100 documents): pairs/s, p99, padding (--url: a running Triton)"),
     "gpu": ("gpu.bench_gpu", "main",

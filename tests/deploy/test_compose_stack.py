@@ -390,6 +390,34 @@ def test_tune_applies_its_pick_on_the_running_stack(project: Project, tmp_path: 
     assert status == 200 and len(answer["data"]) == 2, answer
 
 
+def _text_config(proj: Project) -> dict:
+    status, cfg = http("GET", proj.triton_url(f"/v2/models/{MODEL}/config"))
+    assert status == 200, cfg
+    return cfg
+
+
+def test_tune_pair_sweeps_both_models_on_the_running_stack_and_leaves_them_as_found(project: Project,
+                                                                                    tmp_path: Path) -> None:
+    """`bge-triton tune pair --url ... --admin-key "$KEY" --slo-p99-ms X` (no --apply) against the compose stack: the
+    encoder's batching and the text endpoint's settings are tried together, the report is written, and both served
+    configs are the ones found before; the gateway still answers."""
+    key = _key_as_the_docs_read_it(project, "triton", "/secrets/admin_key")
+    before = (_encoder_config(project), _text_config(project))
+    t0 = time.monotonic()
+    proc = run(_kit("tune", "pair", *_url_flags(project, key), *SMALL, "--slo-p99-ms", "60000", "--no-served",
+                    "--delays-us", "0,3000", "--preferred", "none", "--max-in-flight", "2", "--rates", "4",
+                    "--tidal-s", "0", "--out", str(tmp_path / "pair")), cwd=project.directory, timeout=1200)
+    _timed("bge-triton tune pair --url (2 candidates)", t0)
+    report = (tmp_path / "pair" / "pair.md").read_text()
+    _keep(tmp_path / "pair", "pair")
+    assert "max_in_flight" in report, proc.stdout[-2000:]
+    assert (_encoder_config(project), _text_config(project)) == before
+    gateway = _key_as_the_docs_read_it(project, "gateway", "/secrets/gateway_key")
+    status, answer = http("POST", project.gateway_url("/v1/embeddings"), {"model": MODEL, "input": TEXTS},
+                          {"authorization": f"Bearer {gateway}"})
+    assert status == 200 and len(answer["data"]) == 2, answer
+
+
 def test_bench_seed_measures_the_running_stack_and_restores_its_config(project: Project, tmp_path: Path) -> None:
     """`bge-triton bench seed --url ... --admin-key ... --quick` against the compose stack: the report is written and
     the served config is the one found before (each scenario was an override, restored)."""

@@ -328,7 +328,7 @@ def add_target_flags(p: Any) -> None:
     from bge_triton import flags
 
     flags.add_url(p, None, help="the running Triton to measure: HOST:PORT speaks gRPC (port 8001), http://HOST:PORT "
-                  "speaks HTTP (port 8000); without it `bench seed` starts a local server of its own")
+                  "speaks HTTP (port 8000); without it the command measures a local server it starts itself")
     flags.add_model(p)
     p.add_argument("--encoder", default=None, metavar="NAME", help="the encoder's served name (default: read from "
                    "the text endpoint's config, parameter onnx_model; else MODEL_onnx)")

@@ -1,5 +1,2 @@
-"""Local stand-in: the model repository as code, the CPU variant it renders, and a real tritonserver launcher."""
-
-from bge_triton.extras import require
-
-require("server", "bge_triton.server (the local tritonserver)")
+"""Local stand-in: the CPU variant of a model repository (cpu_variant: configs and the CPU models, no server extra
+needed, so the kit image renders it) and a real tritonserver launcher (launcher: needs the server extra)."""

@@ -22,8 +22,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bge_triton.errors import PortInUse, ServerNotReady
+from bge_triton.extras import require
 from bge_triton.paths import IMPORT_ROOT, STATE_DIR
 from bge_triton.server.cpu_variant import CpuVariant, render_cpu_variant
+
+require("server", "bge_triton.server (the local tritonserver)")
 
 DEFAULT_STATE = STATE_DIR / "server"
 ADMIN_HEADER = "triton-admin-key"  # the header of the restricted admin API (deploy/triton-entrypoint.sh's default)

@@ -6,7 +6,6 @@ Writes OUT/seed.md, seed.csv and seed.png (p50 and p99 against throughput, six o
 Without --url, `bench seed` starts a local server of its own (`bge-triton bench seed --help` gives its flags)."""
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -21,8 +20,8 @@ from bge_triton.loadtest.target import (
     Target,
     add_target_flags,
     batches_text,
+    opening,
     override_config,
-    stop_like_ctrl_c,
     target_from,
     tokenizer_path,
 )
@@ -136,11 +135,7 @@ def write(rows: list[dict], target: Target, a: Any, texts: engine.Texts, load0: 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    a = parse_args(argv)
-    load0 = os.getloadavg()
-    stop_like_ctrl_c()
-    t0 = time.monotonic()
+    a, load0, t0 = opening(parse_args, argv)
     target = None
     try:
         target = target_from(a)

@@ -10,6 +10,8 @@ import contextlib
 import json
 import re
 import signal
+import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -22,6 +24,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from bge_triton.errors import InputError, KitError, ServerNotReady
 from bge_triton.flags import ServerUrl, server_url
+from bge_triton.loadtest.report import load_average
 from bge_triton.repository import ENCODER_SUFFIX, Batching, apply_batching, dump_config
 
 ADMIN_HEADER = "triton-admin-key"
@@ -250,6 +253,14 @@ def _interrupt(*_: object) -> None:
 def stop_like_ctrl_c() -> None:
     """Make SIGTERM raise KeyboardInterrupt, so a stop request restores the served config as Ctrl-C does."""
     signal.signal(signal.SIGTERM, _interrupt)
+
+
+def opening(parse_args: Callable[[Sequence[str]], Any], argv: Sequence[str] | None) -> tuple[Any, tuple, float]:
+    """The start of every --url command: its flags parsed, SIGTERM made a Ctrl-C (stop_like_ctrl_c), and
+    report.load_average() and the clock at start, for its report's header."""
+    a = parse_args(list(sys.argv[1:] if argv is None else argv))
+    stop_like_ctrl_c()
+    return a, load_average(), time.monotonic()
 
 
 def restore(target: Target, name: str, served: mc.ModelConfig) -> None:

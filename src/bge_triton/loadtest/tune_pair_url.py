@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -30,8 +29,8 @@ from bge_triton.loadtest import engine, tune_report, tune_url
 from bge_triton.loadtest.target import (
     Target,
     config_diff,
+    opening,
     override_config,
-    stop_like_ctrl_c,
     target_from,
     tokenizer_path,
 )
@@ -213,11 +212,7 @@ def write_pick(a: Any, target: Target, pick: Pair) -> list[Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    a = parse_args(argv)
-    load0 = os.getloadavg()
-    stop_like_ctrl_c()
-    t0 = time.monotonic()
+    a, load0, t0 = opening(parse_args, argv)
     try:
         target = target_from(a)
     except KitError as exc:
@@ -226,10 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     applied: list[bool] = []
     try:
         texts = engine.load_texts(tokenizer_path(a), a.seq_len)
-        for name in (target.encoder, target.model) if a.write is not None else ():
-            if not (a.write / name / "config.pbtxt").is_file():
-                raise InputError(f"--write {a.write}: no {name}/config.pbtxt there; give the model repository the "
-                                 "server loads from (compose: ./model_repository)")
+        tune_url.check_write_dir(a.write, [target.encoder, target.model])
         with target.holding([target.encoder, target.model], keep=lambda: bool(applied),
                             rescue=a.out / "served") as served:
             pairs = candidates(served, a.delays_us, a.preferred, a.axes, not a.no_served)

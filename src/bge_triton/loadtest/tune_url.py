@@ -8,7 +8,6 @@ repository; --apply loads it on the server; without --apply the served config is
 from __future__ import annotations
 
 import functools
-import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -25,9 +24,9 @@ from bge_triton.loadtest.target import (
     Target,
     add_target_flags,
     config_diff,
+    opening,
     override_config,
     restore,
-    stop_like_ctrl_c,
     target_from,
     tokenizer_path,
 )
@@ -177,23 +176,27 @@ def sweep(target: Target, a: Any, texts: engine.Texts, served: mc.ModelConfig
     return rows, summary, override_config(served, picked_batching(pick))
 
 
+def check_write_dir(write: Path | None, names: Sequence[str]) -> None:
+    """--write must be the model repository the server loads from: each swept model's config.pbtxt is there."""
+    if write is None:
+        return
+    for name in names:
+        if not (write / name / "config.pbtxt").is_file():
+            raise InputError(f"--write {write}: no {name}/config.pbtxt there; give the model repository the server "
+                             "loads from (compose: ./model_repository)")
+
+
 def picked_batching(pick: dict) -> Batching:
     return Batching(preferred_batch_sizes=tuple(int(v) for v in pick["preferred"].split() if v != "none"),
                     max_queue_delay_us=pick["delay_us"])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    a = parse_args(argv)
-    load0 = os.getloadavg()
-    stop_like_ctrl_c()
-    t0 = time.monotonic()
+    a, load0, t0 = opening(parse_args, argv)
     try:
         target = target_from(a)
         texts = engine.load_texts(tokenizer_path(a), a.seq_len)
-        if a.write is not None and not (a.write / target.encoder / "config.pbtxt").is_file():
-            raise InputError(f"--write {a.write}: no {target.encoder}/config.pbtxt there; give the model repository "
-                             "the server loads from (compose: ./model_repository)")
+        check_write_dir(a.write, [target.encoder])
         served = target.config(target.encoder)
     except KitError as exc:
         print(f"bge-triton tune: {exc}", file=sys.stderr)

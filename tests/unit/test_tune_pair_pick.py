@@ -209,3 +209,18 @@ def test_the_pair_report_gives_both_diffs_and_a_chart_per_candidate(tmp_path: Pa
     header = paths[2].read_text().splitlines()[1].split(",")
     assert header[:10] == ["candidate", "delay_us", "preferred", "max_in_flight", "split_overhead_tokens",
                            "token_budget", "sub_batch_max", "instances", "changes", "objective_p99_ms"]
+
+
+def test_write_must_be_the_served_repository_with_every_swept_model(tmp_path: Path) -> None:
+    """--write names the first swept model whose config.pbtxt is missing, before any load; without --write or with
+    every config there, nothing is raised."""
+    from bge_triton.loadtest.tune_url import check_write_dir
+
+    (tmp_path / "minilm_onnx").mkdir()
+    (tmp_path / "minilm_onnx" / "config.pbtxt").write_text('name: "minilm_onnx"\n', encoding="utf-8")
+    check_write_dir(None, ["minilm_onnx", "minilm"])
+    check_write_dir(tmp_path, ["minilm_onnx"])
+    with pytest.raises(InputError) as exc:
+        check_write_dir(tmp_path, ["minilm_onnx", "minilm"])
+    assert str(exc.value).startswith(f"--write {tmp_path}: no minilm/config.pbtxt there")
+    assert "minilm_onnx/config.pbtxt" not in str(exc.value)
